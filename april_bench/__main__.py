@@ -1,0 +1,5 @@
+import sys
+
+from april_bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,31 @@
+"""Inference engines behind one protocol, registered lazily by name."""
+
+from april_bench.engines.protocol import (
+    Completion,
+    Engine,
+    EngineError,
+    EngineInfo,
+    EngineLoad,
+    GenerateRequest,
+    SamplingParams,
+    WeightUpdate,
+)
+from april_bench.registry import Registry
+
+__all__ = [
+    "ENGINES",
+    "Completion",
+    "Engine",
+    "EngineError",
+    "EngineInfo",
+    "EngineLoad",
+    "GenerateRequest",
+    "SamplingParams",
+    "WeightUpdate",
+]
+
+ENGINES: Registry[type] = Registry("engine")
+ENGINES.register("sim", "april_bench.sim.engine:SimEngine", "discrete-event model of an SGLang deployment")
+ENGINES.register(
+    "fake", "april_bench.engines.fake:FakeEngine", "deterministic fake: one token per tick per request"
+)

@@ -1,0 +1,184 @@
+"""A deterministic fake engine for tests and strategy experiments.
+
+Every running request emits one token every ``token_time_s`` seconds of the
+loop's clock, independent of batch size, so schedules are exact and easy to
+write down by hand.  Token ids are a pure function of the request's first
+input ids and the absolute position, so a resumed request continues with
+exactly the tokens an uninterrupted one would have produced.
+
+Abort follows SGLang: a running request finishes the token it is decoding and
+returns with it; a queued request returns at once with nothing.  Requests reach
+the engine ``landing_delays`` after ``generate()`` (a stand-in for HTTP
+transit): one that lands after an abort runs on until aborted again, the race
+the rollout loop's re-abort exists for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.engines.protocol import Completion, EngineInfo, EngineLoad, GenerateRequest, WeightUpdate
+from april_bench.engines.stream import CompletionStream
+from april_bench.types import FinishReason
+
+__all__ = ["FakeEngine", "fake_token"]
+
+VOCAB = 1000
+
+
+def fake_token(seed: int, position: int) -> int:
+    """The token a fake engine emits at ``position`` of a sequence whose first id is ``seed``."""
+    return (seed * 7919 + position * 104729) % VOCAB
+
+
+@dataclass(slots=True)
+class _Request:
+    request: GenerateRequest
+    stream: CompletionStream
+    target: int
+    reason: FinishReason
+    start: float = 0.0
+    handle: asyncio.TimerHandle | None = None
+    aborted: bool = False
+
+
+class FakeEngine(Configurable):
+    """One token per ``token_time_s`` per running request; exact, seeded, instant to run."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        token_time_s: float = param(1.0, help="seconds per generated token, per request")
+        max_running: int | None = param(None, help="concurrent requests; the rest queue (None: unlimited)")
+        landing_delays: tuple[float, ...] = param(
+            (0.0,), help="seconds from submit to landing, cycled over requests in submission order"
+        )
+        default_len: int = param(16, help="response length when a request has no replayed length")
+        weight_sync_s: float = param(0.0, help="seconds update_weights takes")
+
+        def __post_init__(self) -> None:
+            if self.token_time_s <= 0:
+                raise ConfigError("token_time_s must be > 0")
+            if self.max_running is not None and self.max_running < 1:
+                raise ConfigError("max_running must be >= 1 or None")
+            if not self.landing_delays or min(self.landing_delays) < 0:
+                raise ConfigError("landing_delays needs at least one delay, all >= 0")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.version = 0
+        self._running: dict[str, _Request] = {}
+        self._queued: deque[_Request] = deque()
+        self._started = False
+        self._submitted = 0
+        self._info = EngineInfo(name="fake", simulated=True, produces_tokens=True, virtual_time=True)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    async def start(self) -> None:
+        self._started = True
+
+    async def close(self) -> None:
+        self._started = False
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        stream = CompletionStream(len(requests))
+        loop = asyncio.get_running_loop()
+        for req in requests:
+            target, reason = req.max_new_tokens, FinishReason.LENGTH
+            wanted = req.replay_len if req.replay_len is not None else self.config.default_len
+            if wanted <= target:
+                target, reason = wanted, FinishReason.STOP
+            entry = _Request(req, stream, target, reason)
+            delays = self.config.landing_delays
+            delay = delays[self._submitted % len(delays)]
+            self._submitted += 1
+            if delay > 0:
+                loop.call_later(delay, self._land, entry)
+            else:
+                self._land(entry)
+        return stream
+
+    def _land(self, entry: _Request) -> None:
+        if self.config.max_running is None or len(self._running) < self.config.max_running:
+            self._start(entry)
+        else:
+            self._queued.append(entry)
+
+    def _start(self, entry: _Request) -> None:
+        loop = asyncio.get_running_loop()
+        entry.start = loop.time()
+        self._running[entry.request.request_id] = entry
+        entry.handle = loop.call_at(
+            entry.start + entry.target * self.config.token_time_s, self._finish, entry
+        )
+
+    def _finish(self, entry: _Request) -> None:
+        del self._running[entry.request.request_id]
+        self._deliver(entry, entry.reason)
+        if self._queued and (self.config.max_running is None or len(self._running) < self.config.max_running):
+            self._start(self._queued.popleft())
+
+    def _deliver(self, entry: _Request, reason: FinishReason) -> None:
+        loop = asyncio.get_running_loop()
+        n = entry.target
+        req = entry.request
+        seed = req.input_ids[0] if req.input_ids else 0
+        first = req.input_len
+        entry.stream.deliver(
+            Completion(
+                request_id=req.request_id,
+                num_tokens=n,
+                finish_reason=reason,
+                policy_version=self.version,
+                t_done=loop.time(),
+                t_first_token=entry.start + self.config.token_time_s if n else None,
+                output_ids=tuple(fake_token(seed, first + i) for i in range(n)),
+                logprobs=tuple(-0.1 * (1 + (first + i) % 7) for i in range(n)),
+            )
+        )
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        dt = self.config.token_time_s
+        hit = [e for e in self._queued if request_ids is None or e.request.request_id in request_ids]
+        for entry in hit:
+            self._queued.remove(entry)
+        for entry in hit:  # queued requests return at once, with nothing
+            entry.target = 0
+            entry.start = now
+            self._deliver(entry, FinishReason.ABORT)
+        for entry in list(self._running.values()):
+            if entry.aborted or (request_ids is not None and entry.request.request_id not in request_ids):
+                continue
+            done = math.floor((now - entry.start) / dt + 1e-9)
+            keep = min(done + 1, entry.target)  # the token being decoded still completes
+            if keep < entry.target:
+                entry.aborted = True
+                entry.target = keep
+                entry.reason = FinishReason.ABORT
+                assert entry.handle is not None
+                entry.handle.cancel()
+                entry.handle = loop.call_at(entry.start + keep * dt, self._finish, entry)
+
+    async def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self._running), waiting=len(self._queued))
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        if self._running or self._queued:
+            raise RuntimeError("update_weights while requests are in flight: abort and drain first")
+        if self.config.weight_sync_s:
+            await asyncio.sleep(self.config.weight_sync_s)
+        self.version = update.version
+
+    def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
+        if self.config.max_running is not None:
+            concurrency = min(concurrency, self.config.max_running)
+        return concurrency / self.config.token_time_s

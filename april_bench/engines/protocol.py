@@ -1,0 +1,170 @@
+"""The engine protocol: the only thing a rollout strategy knows about inference.
+
+Five async methods and one synchronous submit are enough for every strategy in
+april-bench, on the simulator and on real engines alike:
+
+* ``generate(requests)`` submits a batch of token-id requests *before it
+  returns* and gives back an async iterator that yields one final
+  :class:`Completion` per request, in completion order;
+* ``abort(request_ids)`` (``None`` = all) makes running requests return their
+  partial tokens with ``finish_reason == "abort"``; queued requests return what
+  they have (possibly nothing).  Abort may be asynchronous: a request that
+  lands after the abort keeps running until it is aborted again, which is why
+  the rollout loop re-aborts until the engine reports idle;
+* ``update_weights(update)`` installs new weights and sets the policy version
+  stamped on every token generated afterwards;
+* ``load()`` reports running and queued requests;
+* ``start()`` / ``close()``.
+
+Native engine arguments are not flattened into this interface: each engine's
+``Config`` has an ``engine_args`` mapping passed unchanged to the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from april_bench.types import FinishReason
+
+__all__ = [
+    "Completion",
+    "Engine",
+    "EngineError",
+    "EngineInfo",
+    "EngineLoad",
+    "GenerateRequest",
+    "SamplingParams",
+    "WeightUpdate",
+]
+
+
+class EngineError(RuntimeError):
+    """The engine failed or broke its contract."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling settings, in engine-neutral names (adapters translate them)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """Generate up to ``max_new_tokens`` after ``input_ids`` (prompt + any partial response)."""
+
+    request_id: str
+    input_len: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    #: Prompt + partial response ids; ``None`` only for token-free engines (the simulator).
+    input_ids: tuple[int, ...] | None = None
+    #: Replayed length: the response ends with EOS after this many new tokens (benchmarks
+    #: replay recorded output lengths this way; the simulator always needs it).
+    replay_len: int | None = None
+    #: Requests with the same key share a prefix (a prompt's samples); routers may co-locate them.
+    routing_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"{self.request_id}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.input_ids is not None and len(self.input_ids) != self.input_len:
+            raise ValueError(f"{self.request_id}: input_len {self.input_len} != {len(self.input_ids)} ids")
+        if self.replay_len is not None and self.replay_len < 1:
+            raise ValueError(f"{self.request_id}: replay_len must be >= 1, got {self.replay_len}")
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The final answer to one request (possibly partial, when aborted)."""
+
+    request_id: str
+    num_tokens: int
+    finish_reason: FinishReason
+    #: Policy version of the weights that produced these tokens.
+    policy_version: int
+    t_done: float
+    t_first_token: float | None = None
+    output_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+    num_retractions: int = 0
+    replica: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    running: int
+    waiting: int
+    kv_tokens_used: int | None = None
+    kv_tokens_capacity: int | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.running == 0 and self.waiting == 0
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdate:
+    """New policy weights.  ``weights`` is engine-specific (a state dict, a path; ``None`` in simulation)."""
+
+    version: int
+    weights: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    name: str
+    #: True when time and tokens come from a model of an engine, not from an engine.
+    simulated: bool
+    #: True when completions carry token ids and log-probs.
+    produces_tokens: bool
+    #: True when the engine runs on a virtual clock (the harness then uses a virtual-time loop).
+    virtual_time: bool
+    replicas: int = 1
+    hardware: str = ""
+    model: str = ""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the rollout loop needs from an inference engine."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    async def start(self) -> None:
+        """Bring the engine up (load weights, spawn servers)."""
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        """Submit ``requests`` now; yield one final :class:`Completion` per request as they finish."""
+        ...
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        """Abort the given in-flight requests, or all of them when ``None``."""
+
+    async def load(self) -> EngineLoad:
+        """Running and queued requests right now."""
+        ...
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Install new weights; tokens generated afterwards carry ``update.version``."""
+
+    async def close(self) -> None:
+        """Release the engine."""
+
+    def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
+        """Decode tokens/s with ``concurrency`` requests always running at ``mean_context`` tokens
+        of context: the rate a rollout would reach with no tail.  ``None`` when unknown."""
+        ...

@@ -1,0 +1,203 @@
+"""An experiment: the same workload run under several rollout strategies.
+
+``run(config)`` runs one *arm* per strategy.  Every arm gets a fresh engine,
+trainer, buffer and prompt stream over the same prompts and the same
+per-(prompt, sample) draws, so arms differ in the strategy alone.  A step is
+rollout, then train, then weight sync, timed on the arm's clock (virtual for
+the simulator, ``time.monotonic`` for real engines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from april_bench.algorithms import ALGORITHMS
+from april_bench.config import BaseConfig, ConfigError, param
+from april_bench.engines import ENGINES, WeightUpdate
+from april_bench.engines.detect import resolve_engine
+from april_bench.results.records import Fate, RunRecorder
+from april_bench.rollout.loop import RolloutConfig
+from april_bench.strategies import STRATEGIES, build_strategy
+from april_bench.vtime import run_real, run_virtual
+
+__all__ = ["ExperimentConfig", "RunResult", "run"]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ExperimentConfig(BaseConfig):
+    hardware: str = param("h100", help="hardware: cpu, h100, h200, mi300x")
+    algorithm: str = param("grpo", help="grpo, dapo (adds dynamic sampling) or gspo")
+    dataset: str = param("dapo-math-17k", help="dapo-math-17k, deepscaler or deepmath-103k")
+    model: str = param("qwen3-4b", help="policy model profile")
+    engine: str = param("auto", help="auto (real engine if present, else sim), or an engine name")
+    strategies: tuple[str, ...] = param(("sync", "oversample-discard", "april"), help="arms to compare")
+    steps: int = param(20, help="training steps per arm")
+    seed: int = param(0, help="seed of the workload draws")
+    rollout: RolloutConfig = param(help="rollout batch settings", default_factory=RolloutConfig)
+    dynamic_sampling: bool | None = param(None, help="override the algorithm's DAPO dynamic sampling")
+    max_version_span: int | None = param(
+        None, help="APRIL cap: restart samples older than this many versions"
+    )
+    max_aborts_per_sample: int | None = param(None, help="APRIL cap: restart samples aborted more often")
+    num_gpus: int | None = param(None, help="GPUs (default: one node of the hardware)")
+    engine_args: Mapping[str, Any] = param(
+        help="native engine arguments, passed through", default_factory=dict
+    )
+    workload_args: Mapping[str, Any] = param(help="simulated-workload overrides", default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ALGORITHMS.get(self.algorithm)
+        if not self.strategies:
+            raise ConfigError("--strategies needs at least one strategy, e.g. sync,april")
+        for name in self.strategies:
+            STRATEGIES.get(name)
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ConfigError(f"--strategies lists a strategy twice: {','.join(self.strategies)}")
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if self.engine != "auto":
+            ENGINES.get(self.engine)
+
+    @property
+    def dynamic_sampling_on(self) -> bool:
+        if self.dynamic_sampling is not None:
+            return self.dynamic_sampling
+        return ALGORITHMS.get(self.algorithm).dynamic_sampling
+
+    def rollout_config(self) -> RolloutConfig:
+        return self.rollout.replace(dynamic_sampling=self.dynamic_sampling_on)
+
+
+@dataclass(slots=True)
+class RunResult:
+    config: ExperimentConfig
+    engine: str
+    simulated: bool
+    recorder: RunRecorder
+    notes: list[str] = field(default_factory=list)
+
+
+def run(
+    config: ExperimentConfig,
+    *,
+    progress: bool = True,
+    echo: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Run every arm of ``config`` and return the tidy records."""
+    engine_name, note = resolve_engine(config.engine, config.hardware)
+    notes = [note] if note else []
+    if note and echo:
+        echo(note)
+    components = _components(config, engine_name)
+    recorder = RunRecorder()
+    simulated = True
+    for name in config.strategies:
+        engine = components.engine()
+        simulated = engine.info.simulated
+        runner = run_virtual if engine.info.virtual_time else run_real
+        bar = tqdm(total=config.steps, desc=f"{name:>18}", unit="step", disable=not progress, file=sys.stderr)
+        try:
+            runner(_run_arm(config, name, engine, components, recorder, bar))
+        finally:
+            bar.close()
+    return RunResult(config=config, engine=engine_name, simulated=simulated, recorder=recorder, notes=notes)
+
+
+@dataclass(slots=True)
+class _Components:
+    engine: Callable[[], Any]
+    trainer: Callable[[], Any]
+    workload: Any
+
+
+def _components(config: ExperimentConfig, engine_name: str) -> _Components:
+    """Factories for the engine and trainer, and the workload shared by every arm."""
+    if engine_name != "sim":
+        raise ConfigError(f"engine {engine_name!r} cannot run experiments from the CLI yet; use --engine sim")
+    from april_bench.sim.engine import SimEngine
+    from april_bench.sim.trainer import SimTrainer
+    from april_bench.sim.workload import SimWorkload
+
+    engine_fields = SimEngine.Config.field_help()
+    unknown = sorted(set(config.engine_args) - set(engine_fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown --engine-arg {', '.join(unknown)} for the simulator; it understands: "
+            + ", ".join(k for k in engine_fields if k not in ("hardware", "model", "num_gpus"))
+        )
+    engine_config = SimEngine.Config(
+        hardware=config.hardware, model=config.model, num_gpus=config.num_gpus, **dict(config.engine_args)
+    )
+    trainer_config = SimTrainer.Config(hardware=config.hardware, model=config.model, num_gpus=config.num_gpus)
+    workload = SimWorkload.Config(
+        dataset=config.dataset, model=config.model, seed=config.seed, **dict(config.workload_args)
+    ).build(n_samples_per_prompt=config.rollout.n_samples_per_prompt)
+    if config.dynamic_sampling_on and not workload.has_rewards:
+        raise ConfigError("dynamic sampling needs rewards: add a 'reward' column to the length trace")
+    return _Components(engine=engine_config.build, trainer=trainer_config.build, workload=workload)
+
+
+async def _run_arm(
+    config: ExperimentConfig,
+    name: str,
+    engine: Any,
+    components: _Components,
+    recorder: RunRecorder,
+    bar: tqdm,
+) -> None:
+    loop = asyncio.get_running_loop()
+    await engine.start()
+    try:
+        trainer = components.trainer()
+        strategy = build_strategy(
+            name,
+            over_sampling_batch_size=config.rollout.over_sampling_batch_size,
+            max_version_span=config.max_version_span,
+            max_aborts_per_sample=config.max_aborts_per_sample,
+        )
+        t0 = loop.time()
+        rollout = config.rollout_config().build(
+            arm=name,
+            engine=engine,
+            strategy=strategy,
+            workload=components.workload,
+            prompts=components.workload.prompt_stream(),
+            recorder=recorder,
+            t0=t0,
+        )
+        for step in range(config.steps):
+            version = step  # one policy update per step
+            outcome = await rollout.run_step(step, version)
+            t_train = loop.time()
+            await trainer.train(outcome.batch, step=step, policy_version=version)
+            t_sync = loop.time()
+            await engine.update_weights(WeightUpdate(version=version + 1, weights=trainer.weights()))
+            t_end = loop.time()
+            record = outcome.record
+            record.train_time_s = t_sync - t_train
+            record.weight_sync_time_s = t_end - t_sync
+            record.step_time_s = t_end - (t0 + record.t_start)
+            recorder.steps.append(record)
+            recorder.sample_fates(
+                name, outcome.batch, step=step, fate=Fate.TRAINED, reason="accepted", train_version=version
+            )
+            bar.update(1)
+        recorder.sample_fates(
+            name, list(rollout.buffer), step=config.steps, fate=Fate.BUFFERED, reason="end_of_run"
+        )
+    finally:
+        await engine.close()
+
+
+def load_config(data: Mapping[str, Any]) -> ExperimentConfig:
+    """Rebuild an :class:`ExperimentConfig` from its ``to_dict()`` form (a run's config.json)."""
+    data = dict(data)
+    data["rollout"] = RolloutConfig(**data.get("rollout", {}))
+    data["strategies"] = tuple(data.get("strategies", ()))
+    return ExperimentConfig(**data)

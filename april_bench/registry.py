@@ -1,0 +1,64 @@
+"""A small lazy registry: names map to ``"module:Attr"`` placeholders.
+
+Importing :mod:`april_bench` never imports an engine SDK: a registered engine
+is only imported when somebody asks for it by name.  Unknown names raise a
+:class:`KeyError` that suggests the closest registered names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["Registry"]
+
+
+class Registry(Generic[T]):
+    """Name -> object, materialised from a ``"module:Attr"`` string on first use."""
+
+    def __init__(self, kind: str, base_cls: type | None = None) -> None:
+        self.kind = kind
+        self._base_cls = base_cls
+        self._entries: dict[str, str | T] = {}
+        self._descriptions: dict[str, str] = {}
+
+    def register(self, name: str, target: str | T, description: str = "") -> None:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._entries[name] = target
+        self._descriptions[name] = description
+
+    def get(self, name: str) -> T:
+        try:
+            target = self._entries[name]
+        except KeyError:
+            raise KeyError(self._unknown_message(name)) from None
+        if isinstance(target, str):
+            module_name, _, attr = target.partition(":")
+            obj = getattr(importlib.import_module(module_name), attr)
+            if self._base_cls is not None and not (isinstance(obj, type) and issubclass(obj, self._base_cls)):
+                raise TypeError(f"{self.kind} {name!r} -> {target} is not a {self._base_cls.__name__}")
+            self._entries[name] = obj
+            target = obj
+        return target  # type: ignore[return-value]
+
+    def describe(self, name: str) -> str:
+        return self._descriptions.get(name, "")
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def _unknown_message(self, name: str) -> str:
+        close = difflib.get_close_matches(name, self._entries, n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        return f"unknown {self.kind} {name!r}.{hint} Available: {', '.join(self._entries)}"

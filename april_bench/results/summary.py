@@ -1,0 +1,180 @@
+"""Per-arm metrics: pure functions of the request, sample and step rows.
+
+Definitions (all totals over the arm's steps, so long steps weigh more):
+
+``generated_tokens_per_s``
+    every token the engine produced (discarded ones included) / rollout time:
+    APRIL's ``partial_rollout/tokens_throughput``.
+``useful_tokens_per_s``
+    response tokens of trained samples / rollout time.
+``throughput_gain_vs_sync``
+    ``generated_tokens_per_s`` / the sync arm's - 1 (``None`` without a sync arm).
+``useful_gain_vs_sync``, ``end_to_end_gain_vs_sync``
+    the same ratio for useful tokens per rollout second, and for trained tokens
+    per step second (rollout + train + weight sync).
+``rollout_efficiency``
+    generated tokens / sum over steps of (rollout time x the engine's saturated
+    tokens/s at the step's peak concurrency and mean context): 1 means no tail.
+``tail_time_share``
+    time from the completion of the ceil(0.9 n)-th finished request to the end
+    of the rollout, over rollout time (Seer's "last 10%").
+``off_policy_token_ratio``
+    trained response tokens produced by a policy older than the one trained,
+    over trained response tokens, from per-token versions (correct for
+    samples resumed several times).
+``max_version_span``
+    over trained samples, newest minus oldest version among its tokens.
+``wasted_tokens``
+    tokens generated and never trained: dropped groups and restarts.  With the
+    tokens still buffered at the end, generated = trained + wasted + buffered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["summarize"]
+
+Row = Mapping[str, Any]
+
+
+def summarize(
+    requests: Iterable[Row], samples: Iterable[Row], steps: Iterable[Row], *, baseline: str = "sync"
+) -> dict[str, dict[str, Any]]:
+    """Metrics per arm, keyed by arm name (in the order arms appear in ``steps``)."""
+    by_arm_steps: dict[str, list[Row]] = defaultdict(list)
+    for row in steps:
+        by_arm_steps[row["arm"]].append(row)
+    by_arm_requests: dict[str, list[Row]] = defaultdict(list)
+    for row in requests:
+        by_arm_requests[row["arm"]].append(row)
+    by_arm_samples: dict[str, list[Row]] = defaultdict(list)
+    for row in samples:
+        by_arm_samples[row["arm"]].append(row)
+    summary = {
+        arm: _arm_metrics(arm_steps, by_arm_requests[arm], by_arm_samples[arm])
+        for arm, arm_steps in by_arm_steps.items()
+    }
+    base = summary.get(baseline)
+    for metrics in summary.values():
+        metrics["throughput_gain_vs_sync"] = _gain(metrics, base, "generated_tokens_per_s")
+        metrics["useful_gain_vs_sync"] = _gain(metrics, base, "useful_tokens_per_s")
+        metrics["end_to_end_gain_vs_sync"] = _gain(metrics, base, "trained_tokens_per_step_s")
+        metrics["accuracy_improvement_vs_sync"] = _accuracy_gain(metrics, base)
+    return summary
+
+
+def _gain(metrics: Mapping[str, Any], base: Mapping[str, Any] | None, key: str) -> float | None:
+    if base is None or not base.get(key) or metrics.get(key) is None:
+        return None
+    return metrics[key] / base[key] - 1
+
+
+def _accuracy_gain(metrics: Mapping[str, Any], base: Mapping[str, Any] | None) -> float | None:
+    if base is None or metrics.get("accuracy") is None or base.get("accuracy") is None:
+        return None
+    return metrics["accuracy"] - base["accuracy"]
+
+
+def _arm_metrics(steps: Sequence[Row], requests: Sequence[Row], samples: Sequence[Row]) -> dict[str, Any]:
+    rollout = sum(s["rollout_time_s"] for s in steps)
+    step_time = sum(s["step_time_s"] for s in steps)
+    generated = sum(r["output_len"] for r in requests)
+    trained = [s for s in samples if s["fate"] == "trained"]
+    dropped = [s for s in samples if s["fate"] == "dropped"]
+    buffered = [s for s in samples if s["fate"] == "buffered"]
+    trained_tokens = sum(s["response_len"] for s in trained)
+    wasted = sum(s["response_len"] for s in dropped) + sum(s["discarded_tokens"] for s in samples)
+    off_policy = sum(s["off_policy_tokens"] for s in trained)
+    n = len(steps)
+    accuracies = [s["accuracy"] for s in steps if s.get("accuracy") is not None]
+    return {
+        "steps": n,
+        "rollout_time_s": rollout,
+        "rollout_time_per_step_s": rollout / n if n else None,
+        "step_time_s": step_time,
+        "step_time_per_step_s": step_time / n if n else None,
+        "train_time_per_step_s": sum(s["train_time_s"] for s in steps) / n if n else None,
+        "weight_sync_time_per_step_s": sum(s["weight_sync_time_s"] for s in steps) / n if n else None,
+        "generated_tokens": generated,
+        "trained_tokens": trained_tokens,
+        "wasted_tokens": wasted,
+        "buffered_tokens_at_end": sum(s["response_len"] for s in buffered),
+        "generated_tokens_per_s": generated / rollout if rollout else None,
+        "useful_tokens_per_s": trained_tokens / rollout if rollout else None,
+        "trained_tokens_per_step_s": trained_tokens / step_time if step_time else None,
+        "rollout_efficiency": _efficiency(steps, generated),
+        "tail_time_share": _tail_share(steps, requests),
+        "off_policy_token_ratio": off_policy / trained_tokens if trained_tokens else None,
+        "max_version_span": max((_span(s["version_runs"]) for s in trained), default=0),
+        "max_staleness": max((_staleness(s) for s in trained), default=0),
+        "partial_samples": sum(s["partial_samples"] for s in steps),
+        "restarted_samples": sum(s["restarted_samples"] for s in steps),
+        "rejected_groups": sum(s["rejected_groups"] for s in steps),
+        "dropped_groups": sum(s["dropped_groups"] for s in steps),
+        "truncated_share": _share(trained, lambda s: s["status"] == "truncated"),
+        "mean_response_len": trained_tokens / len(trained) if trained else None,
+        "prompts": _prompt_accounting(samples),
+        "abort_rounds": sum(s["abort_rounds"] for s in steps),
+        "bookkeeping_s_per_step": sum(s["bookkeeping_s"] for s in steps) / n if n else None,
+        "bookkeeping_share_of_engine_time": sum(s["bookkeeping_s"] for s in steps) / rollout
+        if rollout
+        else None,
+        "accuracy": accuracies[-1] if accuracies else None,
+    }
+
+
+def _efficiency(steps: Sequence[Row], generated: int) -> float | None:
+    bound = 0.0
+    for s in steps:
+        rate = s.get("saturated_tokens_per_s")
+        if rate is None:
+            return None
+        bound += s["rollout_time_s"] * rate
+    return generated / bound if bound else None
+
+
+def _tail_share(steps: Sequence[Row], requests: Sequence[Row]) -> float | None:
+    done_by_step: dict[int, list[float]] = defaultdict(list)
+    for r in requests:
+        if r["finish_reason"] != "abort":
+            done_by_step[r["step"]].append(r["t_done"])
+    tail = total = 0.0
+    for s in steps:
+        times = sorted(done_by_step.get(s["step"], ()))
+        end = s["t_start"] + s["rollout_time_s"]
+        total += s["rollout_time_s"]
+        if times:
+            tail += end - times[math.ceil(0.9 * len(times)) - 1]
+    return tail / total if total else None
+
+
+def _span(runs: Sequence[Sequence[int]]) -> int:
+    versions = [v for v, _ in runs]
+    return max(versions) - min(versions) if versions else 0
+
+
+def _staleness(sample: Row) -> int:
+    versions = [v for v, _ in sample["version_runs"]]
+    return sample["train_version"] - min(versions) if versions else 0
+
+
+def _share(rows: Sequence[Row], predicate: Any) -> float | None:
+    return sum(1 for r in rows if predicate(r)) / len(rows) if rows else None
+
+
+def _prompt_accounting(samples: Sequence[Row]) -> dict[str, int]:
+    """Every launched prompt ends trained, dropped or buffered - exactly one of them."""
+    fates: dict[int, set[str]] = defaultdict(set)
+    for s in samples:
+        fates[s["group_uid"]].add(s["fate"])
+    counts = {"launched": len(fates), "trained": 0, "dropped": 0, "buffered": 0, "inconsistent": 0}
+    for seen in fates.values():
+        if len(seen) == 1:
+            counts[next(iter(seen))] += 1
+        else:
+            counts["inconsistent"] += 1
+    return counts

@@ -1,0 +1,108 @@
+"""Tables: pure functions of a run's summary and config.  No metric is computed here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["detail_table", "paper_table", "render_markdown"]
+
+PAPER_COLUMNS = (
+    "Dataset",
+    "Model",
+    "Algorithm",
+    "Hardware",
+    "Strategy",
+    "Throughput gain",
+    "Accuracy improvement",
+    "Source",
+)
+
+
+def _pct(value: float | None, *, baseline: bool = False) -> str:
+    if baseline:
+        return "baseline"
+    return "n/a" if value is None else f"{value * 100:+.1f}%"
+
+
+def paper_table(
+    config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
+) -> list[list[str]]:
+    """Rows of the paper-style table: throughput gain and accuracy improvement against sync."""
+    source = "simulated" if simulated else "measured"
+    rows = []
+    for arm, m in summary.items():
+        is_base = arm == "sync"
+        if simulated:
+            accuracy = "n/a (simulated)"
+        elif is_base:
+            accuracy = "baseline"
+        else:
+            accuracy = _pct(m.get("accuracy_improvement_vs_sync"))
+        rows.append(
+            [
+                config["dataset"],
+                config["model"],
+                config["algorithm"].upper(),
+                config["hardware"].upper() if config["hardware"] != "cpu" else "CPU",
+                arm,
+                _pct(m.get("throughput_gain_vs_sync"), baseline=is_base),
+                accuracy,
+                source,
+            ]
+        )
+    return rows
+
+
+DETAIL_COLUMNS = (
+    "Strategy",
+    "Rollout s/step",
+    "Step s/step",
+    "Gen tok/s",
+    "Useful tok/s",
+    "Useful gain",
+    "Efficiency",
+    "Tail share",
+    "Off-policy",
+    "Max span",
+    "Wasted tok",
+    "Partial",
+)
+
+
+def detail_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """Where time and tokens go, per arm."""
+    rows = []
+    for arm, m in summary.items():
+        rows.append(
+            [
+                arm,
+                _num(m.get("rollout_time_per_step_s"), "{:.1f}"),
+                _num(m.get("step_time_per_step_s"), "{:.1f}"),
+                _num(m.get("generated_tokens_per_s"), "{:,.0f}"),
+                _num(m.get("useful_tokens_per_s"), "{:,.0f}"),
+                _pct(m.get("useful_gain_vs_sync"), baseline=arm == "sync"),
+                _num(m.get("rollout_efficiency"), "{:.0%}"),
+                _num(m.get("tail_time_share"), "{:.0%}"),
+                _num(m.get("off_policy_token_ratio"), "{:.0%}"),
+                str(m.get("max_version_span", "")),
+                _num(m.get("wasted_tokens"), "{:,}"),
+                str(m.get("partial_samples", "")),
+            ]
+        )
+    return rows
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def render_markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured markdown table with aligned columns."""
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(columns), sep, *(line(r) for r in rows)])

@@ -1,0 +1,1 @@
+"""Rollout mechanics (the loop, the buffer) and the strategy protocol."""

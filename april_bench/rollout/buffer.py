@@ -1,0 +1,34 @@
+"""The carry-over buffer: whole groups waiting to be resumed, oldest first."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from april_bench.types import Group
+
+__all__ = ["GroupBuffer"]
+
+
+class GroupBuffer:
+    """FIFO of groups carried from one step to the next (slime's ``pop_first``)."""
+
+    def __init__(self) -> None:
+        self._groups: deque[Group] = deque()
+
+    def put(self, group: Group) -> None:
+        self._groups.append(group)
+
+    def take(self, n: int) -> list[Group]:
+        """Remove and return up to ``n`` groups, oldest first."""
+        return [self._groups.popleft() for _ in range(min(n, len(self._groups)))]
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __iter__(self) -> Iterator[Group]:
+        return iter(self._groups)
+
+    @property
+    def partial_tokens(self) -> int:
+        return sum(g.response_tokens for g in self._groups)

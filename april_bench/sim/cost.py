@@ -1,0 +1,149 @@
+"""Roofline cost model of one inference replica (one engine with ``tp`` GPUs).
+
+One decode iteration with ``B`` running requests whose contexts sum to ``S``
+tokens takes (landscape.md §4b)::
+
+    t(B, S) = c + max( (W + S*kv) / (tp*BW*eta_bw),  (F*B + A*S) / (tp*FLOPS*eta_f) ) + AR(B)
+
+with ``W`` the bytes of weights read per step, ``kv`` the KV bytes per token,
+``F`` the matmul FLOPs per token, ``A`` the attention FLOPs per (query,
+context) token pair, ``c`` the per-iteration overhead (plus the eager penalty
+above the CUDA-graph ceiling), and ``AR`` two all-reduces per layer when
+``tp > 1``.  During a run of ``k`` iterations with the same batch, ``S`` grows
+by ``B`` per iteration, so both roofline terms are linear in the iteration
+index and the run time has a closed form (:meth:`CostModel.decode_run_time`);
+the simulator never loops over single tokens.
+
+A prefill (extend) batch of chunks ``(offset, n)`` costs the same roofline with
+``F*sum(n) + A*sum(n*(offset + n/2))`` FLOPs and the weights plus the KV it
+reads, and runs without CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from april_bench.sim.hardware import HardwareProfile
+from april_bench.sim.models import ModelProfile
+
+__all__ = ["CostModel"]
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    hardware: HardwareProfile
+    model: ModelProfile
+    tp: int = 1
+    graph_max_batch: int | None = None
+
+    # -- constants of the roofline terms ---------------------------------
+    @property
+    def _bw(self) -> float:
+        return self.tp * self.hardware.memory_bw * self.hardware.eta_bw
+
+    @property
+    def _flops(self) -> float:
+        return self.tp * self.hardware.bf16_flops * self.hardware.eta_flops
+
+    def _allreduce(self, tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        hw = self.hardware
+        message = tokens * self.model.hidden * 2
+        per_call = hw.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * message / hw.allreduce_bw
+        return 2 * self.model.layers * per_call
+
+    def _overhead(self, batch: int) -> float:
+        ceiling = self.graph_max_batch if self.graph_max_batch is not None else self.hardware.graph_max_batch
+        extra = self.hardware.eager_overhead_s if batch > ceiling else 0.0
+        return self.hardware.step_overhead_s + extra
+
+    def _linear_terms(self, batch: int) -> tuple[float, float, float, float, float]:
+        """(c, mem_a, mem_b, comp_a, comp_b) with t = c + max(mem_a + mem_b*S, comp_a + comp_b*S)."""
+        m = self.model
+        constant = self._overhead(batch) + self._allreduce(batch)
+        mem_a = m.decode_weight_bytes / self._bw
+        mem_b = m.kv_bytes_per_token / self._bw
+        comp_a = m.flops_per_token * batch / self._flops
+        comp_b = m.attention_flops_per_context_token / self._flops
+        return constant, mem_a, mem_b, comp_a, comp_b
+
+    # -- decode ------------------------------------------------------------
+    def decode_iteration_time(self, batch: int, context_sum: float) -> float:
+        c, ma, mb, ca, cb = self._linear_terms(batch)
+        return c + max(ma + mb * context_sum, ca + cb * context_sum)
+
+    def decode_run_time(self, batch: int, context_sum: float, iterations: int) -> float:
+        """Time of ``iterations`` decode steps; the context sum grows by ``batch`` per step."""
+        if iterations <= 0:
+            return 0.0
+        c, ma, mb, ca, cb = self._linear_terms(batch)
+        # Term j at iteration i: a_j + b_j * i with a_j = ma + mb*S0 and b_j = mb*B.
+        mem = (ma + mb * context_sum, mb * batch)
+        comp = (ca + cb * context_sum, cb * batch)
+        return c * iterations + _sum_max_linear(mem, comp, iterations)
+
+    def iterations_within(self, batch: int, context_sum: float, limit: int, budget: float) -> int:
+        """Largest k <= limit with decode_run_time(batch, context_sum, k) <= budget."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.decode_run_time(batch, context_sum, mid) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    # -- prefill -------------------------------------------------------------
+    def prefill_time(self, chunks: Iterable[tuple[int, int]]) -> float:
+        """One extend batch; each chunk is (tokens already in the KV cache, new tokens)."""
+        m = self.model
+        tokens = 0
+        attn_pairs = 0.0
+        kv_read = 0
+        for offset, n in chunks:
+            tokens += n
+            attn_pairs += n * (offset + n / 2)
+            kv_read += offset + n
+        if tokens == 0:
+            return 0.0
+        mem = (m.decode_weight_bytes + kv_read * m.kv_bytes_per_token) / self._bw
+        comp = (m.flops_per_token * tokens + m.attention_flops_per_context_token * attn_pairs) / self._flops
+        hw = self.hardware
+        return hw.step_overhead_s + hw.eager_overhead_s + max(mem, comp) + self._allreduce(tokens)
+
+    # -- memory ----------------------------------------------------------------
+    def kv_capacity_tokens(self, mem_fraction: float) -> int:
+        """KV-pool tokens per replica: ``mem_fraction`` of device memory minus the weights (SGLang)."""
+        per_gpu_pool = mem_fraction * self.hardware.memory_bytes - 2 * self.model.total_params / self.tp
+        if per_gpu_pool <= 0:
+            return 0
+        return int(self.tp * per_gpu_pool // self.model.kv_bytes_per_token)
+
+    def saturated_tokens_per_s(self, batch: int, mean_context: float) -> float:
+        if batch <= 0:
+            return 0.0
+        return batch / self.decode_iteration_time(batch, batch * mean_context)
+
+
+def _sum_linear(a: float, b: float, lo: int, hi: int) -> float:
+    """sum_{i=lo}^{hi-1} (a + b*i)."""
+    n = hi - lo
+    if n <= 0:
+        return 0.0
+    return n * a + b * (lo + hi - 1) * n / 2
+
+
+def _sum_max_linear(p: tuple[float, float], q: tuple[float, float], k: int) -> float:
+    """sum_{i=0}^{k-1} max(p_a + p_b*i, q_a + q_b*i), exactly (two lines cross at most once)."""
+    (pa, pb), (qa, qb) = p, q
+    da, db = pa - qa, pb - qb  # p - q = da + db*i
+    if db == 0:
+        return _sum_linear(pa, pb, 0, k) if da >= 0 else _sum_linear(qa, qb, 0, k)
+    cross = -da / db  # p - q changes sign here
+    split = min(max(math.ceil(cross), 0), k)
+    if db > 0:  # q leads before the crossing, p after
+        return _sum_linear(qa, qb, 0, split) + _sum_linear(pa, pb, split, k)
+    return _sum_linear(pa, pb, 0, split) + _sum_linear(qa, qb, split, k)

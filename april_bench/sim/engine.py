@@ -1,0 +1,204 @@
+"""``sim``: a discrete-event model of an SGLang deployment on a virtual clock.
+
+``num_gpus / tp_size`` replicas (APRIL's scripts: 8 GPUs, TP2, so 4 engines)
+sit behind a router.  Each replica is a :class:`~april_bench.sim.replica.SimReplica`
+priced by the roofline :class:`~april_bench.sim.cost.CostModel`.  The
+engine implements the same :class:`~april_bench.engines.protocol.Engine`
+protocol as a real one, so the rollout loop and the strategies run unchanged.
+
+Knobs that SGLang has keep SGLang's names (``tp_size``, ``mem_fraction_static``,
+``max_running_requests``, ``chunked_prefill_size``, ``cuda_graph_max_bs``,
+``schedule_conservativeness``) and can be set with ``--engine-arg name=value``.
+
+The simulator produces lengths, not tokens: completions carry no ids or
+log-probs, and every result of a simulated run is labelled simulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.engines.protocol import (
+    Completion,
+    EngineError,
+    EngineInfo,
+    EngineLoad,
+    GenerateRequest,
+    WeightUpdate,
+)
+from april_bench.engines.stream import CompletionStream
+from april_bench.sim.cost import CostModel
+from april_bench.sim.hardware import HardwareProfile, hardware_names, hardware_profile
+from april_bench.sim.models import MODELS, ModelProfile
+from april_bench.sim.replica import ReplicaSettings, SimReplica
+
+__all__ = ["SimEngine"]
+
+ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load")
+
+
+class SimEngine(Configurable):
+    """A simulated multi-replica SGLang deployment."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        hardware: str = param("h100", help="hardware profile (ls hardware)")
+        model: str = param("qwen3-4b", help="model profile (ls models)")
+        num_gpus: int | None = param(None, help="GPUs for rollout (default: one node of the hardware)")
+        tp_size: int = param(2, help="GPUs per engine replica (APRIL: --rollout-num-gpus-per-engine 2)")
+        mem_fraction_static: float = param(0.6, help="device memory for weights + KV (APRIL scripts: 0.6)")
+        max_running_requests: int | None = param(
+            None, help="per replica (default: SGLang's, from the KV pool)"
+        )
+        chunked_prefill_size: int | None = param(None, help="tokens per extend batch (default: SGLang's)")
+        cuda_graph_max_bs: int | None = param(None, help="largest CUDA-graph batch (default: SGLang's)")
+        schedule_conservativeness: float = param(1.0, help="scales SGLang's new-token reservation")
+        router_policy: str = param(
+            "cache_aware", help="cache_aware (a prompt's samples share a replica), round_robin or least_load"
+        )
+        replan_iterations: int = param(64, help="decode steps between admission checks while requests wait")
+        sync_s_per_billion_params: float = param(
+            2.5, help="weight update + colocate switch time per 1e9 parameters (Relax#152: ~11 s, 4B, H200)"
+        )
+        context_length: int = param(40960, help="model context length (Qwen3: 40,960), for SGLang defaults")
+
+        def __post_init__(self) -> None:
+            if self.hardware not in hardware_names():
+                raise ConfigError(
+                    f"unknown hardware {self.hardware!r}; choose from {', '.join(hardware_names())}"
+                )
+            MODELS.get(self.model)  # raises with did-you-mean
+            if self.tp_size < 1 or (self.num_gpus is not None and self.num_gpus % self.tp_size):
+                raise ConfigError(
+                    f"--num-gpus ({self.num_gpus}) must be a multiple of tp_size ({self.tp_size})"
+                )
+            if not 0 < self.mem_fraction_static < 1:
+                raise ConfigError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+            if self.router_policy not in ROUTER_POLICIES:
+                raise ConfigError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}")
+            if self.replan_iterations < 1:
+                raise ConfigError("replan_iterations must be >= 1")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.hardware: HardwareProfile = hardware_profile(config.hardware)
+        self.model: ModelProfile = MODELS.get(config.model)
+        gpus = config.num_gpus or self.hardware.gpus_per_node
+        if gpus % config.tp_size:
+            raise ConfigError(f"{gpus} GPUs do not split into engines of tp_size={config.tp_size}")
+        tp = min(config.tp_size, gpus)
+        self.num_replicas = gpus // tp
+        self.cost = CostModel(self.hardware, self.model, tp=tp, graph_max_batch=config.cuda_graph_max_bs)
+        kv = self.cost.kv_capacity_tokens(config.mem_fraction_static)
+        if kv < 2:
+            raise ConfigError(
+                f"{self.model.name} does not fit in {config.mem_fraction_static:.0%} of "
+                f"{self.hardware.name} memory at tp_size={tp}; raise mem_fraction_static or tp_size"
+            )
+        self.settings = ReplicaSettings(
+            kv_capacity=kv,
+            max_running=config.max_running_requests or _sglang_max_running(kv, config.context_length),
+            chunk_tokens=config.chunked_prefill_size or self.hardware.chunked_prefill_tokens,
+            schedule_conservativeness=config.schedule_conservativeness,
+            replan_iterations=config.replan_iterations,
+        )
+        self._version = [0]
+        self._replicas: list[SimReplica] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._affinity: dict[str, int] = {}
+        self._rr = 0
+        self._info = EngineInfo(
+            name="sim",
+            simulated=True,
+            produces_tokens=False,
+            virtual_time=True,
+            replicas=self.num_replicas,
+            hardware=self.hardware.name,
+            model=self.model.name,
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def version(self) -> int:
+        return self._version[0]
+
+    async def start(self) -> None:
+        self._replicas = [
+            SimReplica(i, self.cost, self.settings, self._version) for i in range(self.num_replicas)
+        ]
+        self._tasks = [asyncio.ensure_future(r.run()) for r in self._replicas]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        if not self._tasks:
+            raise EngineError("sim engine not started: call await engine.start() first")
+        for task in self._tasks:
+            if task.done() and task.exception() is not None:
+                raise EngineError("a simulated replica crashed") from task.exception()
+        stream = CompletionStream(len(requests))
+        for req in requests:
+            self._replicas[self._route(req)].submit(req, stream)
+        return stream
+
+    def _route(self, req: GenerateRequest) -> int:
+        policy = self.config.router_policy
+        if policy == "round_robin":
+            self._rr = (self._rr + 1) % self.num_replicas
+            return self._rr
+        if policy == "cache_aware" and req.routing_key is not None:
+            chosen = self._affinity.get(req.routing_key)
+            if chosen is None:
+                chosen = self._affinity[req.routing_key] = self._least_loaded()
+            return chosen
+        return self._least_loaded()
+
+    def _least_loaded(self) -> int:
+        return min(range(self.num_replicas), key=lambda i: (self._replicas[i].outstanding, i))
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        wanted = None if request_ids is None else set(request_ids)
+        for replica in self._replicas:
+            replica.request_abort(wanted)
+
+    async def load(self) -> EngineLoad:
+        running = waiting = used = 0
+        for r in self._replicas:
+            run, wait = r.load()
+            running, waiting, used = running + run, waiting + wait, used + r.kv_used
+        return EngineLoad(running, waiting, used, self.settings.kv_capacity * self.num_replicas)
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        if any(r.outstanding for r in self._replicas):
+            raise EngineError("update_weights while requests are in flight: abort and drain first")
+        await asyncio.sleep(self.weight_sync_time())
+        self._affinity.clear()  # the update flushes every prefix cache
+        self._version[0] = update.version
+
+    def weight_sync_time(self) -> float:
+        return self.config.sync_s_per_billion_params * self.model.total_params / 1e9
+
+    def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
+        if concurrency <= 0:
+            return None
+        per_replica = math.ceil(concurrency / self.num_replicas)
+        by_kv = int(self.settings.kv_capacity // max(mean_context, 1.0))
+        batch = max(1, min(per_replica, self.settings.max_running, by_kv))
+        return self.num_replicas * self.cost.saturated_tokens_per_s(batch, mean_context)
+
+
+def _sglang_max_running(kv_tokens: int, context_length: int) -> int:
+    """SGLang 0.5.2 ``tp_worker``: min(pool // 2, min(max(pool / context_len * 512, 2048), 4096))."""
+    pool = min(max(int(kv_tokens / context_length * 512), 2048), 4096)
+    return max(1, min(kv_tokens // 2, pool))

@@ -1,0 +1,141 @@
+"""Response-length models: what the simulator replays as each sample's length.
+
+:class:`LognormalLengths` is the hierarchical, censored log-normal recommended
+in ``landscape.md`` §5b::
+
+    log L_ij = log(median) + drift * step + u_i + e_ij + log(incorrect_factor) * [sample j wrong]
+    u_i ~ N(0, prompt_sigma^2)     (prompt difficulty, shared inside a group)
+    e_ij ~ N(0, within_sigma^2)    (within-group spread; Seer: within < between)
+    sample j right with probability p_i ~ Beta(solve_a, solve_b)
+
+Right-censoring happens in the engine: a response longer than the limit is
+truncated there (and still costs the full budget).  All draws for prompt ``uid``
+come from ``numpy.random.default_rng([seed, uid])``, so every arm of a
+comparison sees the same lengths for the same prompt, whatever order it
+launches prompts in.  Drift depends on the step a sample *starts* in.
+
+:class:`TraceLengths` replays real lengths recorded in a file instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from april_bench.config import ConfigError
+
+__all__ = ["LengthDraw", "LengthModel", "LognormalLengths", "TraceLengths"]
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDraw:
+    """Everything random about one prompt group."""
+
+    #: log-length of each sample at step 0, before drift.
+    log_lengths: tuple[float, ...]
+    #: Whether each sample's answer is right (drives rewards, i.e. DAPO dynamic sampling).
+    correct: tuple[bool, ...]
+
+
+class LengthModel(Protocol):
+    name: str
+    drift_per_step: float
+
+    def draw(self, uid: int, n: int) -> LengthDraw: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LognormalLengths:
+    median: float
+    prompt_sigma: float
+    within_sigma: float
+    incorrect_factor: float
+    solve_a: float
+    solve_b: float
+    drift_per_step: float
+    seed: int
+    name: str = "lognormal"
+
+    def __post_init__(self) -> None:
+        if self.median <= 0:
+            raise ConfigError(f"length median must be > 0, got {self.median}")
+        if min(self.prompt_sigma, self.within_sigma) < 0:
+            raise ConfigError("length sigmas must be >= 0")
+        if self.incorrect_factor <= 0 or min(self.solve_a, self.solve_b) <= 0:
+            raise ConfigError("incorrect_factor and the solve-rate Beta parameters must be > 0")
+
+    def draw(self, uid: int, n: int) -> LengthDraw:
+        rng = np.random.default_rng([self.seed, uid, 1])
+        u = self.prompt_sigma * rng.standard_normal()
+        solve = rng.beta(self.solve_a, self.solve_b)
+        eps = self.within_sigma * rng.standard_normal(n)
+        correct = rng.random(n) < solve
+        base = math.log(self.median) + u
+        logs = base + eps + np.where(correct, 0.0, math.log(self.incorrect_factor))
+        return LengthDraw(tuple(float(x) for x in logs), tuple(bool(c) for c in correct))
+
+
+class TraceLengths:
+    """Replays recorded response lengths (JSON Lines or CSV with a ``length`` column).
+
+    Rows are grouped by ``prompt_id`` when the file has one, otherwise in
+    consecutive blocks of the group size.  Prompt ``uid`` replays trace group
+    ``uid mod groups``; an optional ``reward`` (or ``correct``) column gives the
+    rewards, which DAPO dynamic sampling needs.
+    """
+
+    drift_per_step = 0.0
+
+    def __init__(self, path: Path, group_size: int) -> None:
+        self.path = Path(path)
+        self.name = f"trace:{self.path.name}"
+        rows = _read_rows(self.path)
+        if not rows:
+            raise ConfigError(f"length trace {self.path} has no rows")
+        if "length" not in rows[0]:
+            raise ConfigError(f"length trace {self.path} needs a 'length' column; found {sorted(rows[0])}")
+        self.has_rewards = any(k in rows[0] for k in ("reward", "correct"))
+        groups: dict[str, list[dict[str, str]]] = {}
+        if "prompt_id" in rows[0]:
+            for row in rows:
+                groups.setdefault(str(row["prompt_id"]), []).append(row)
+            self._groups = list(groups.values())
+        else:
+            self._groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
+        for g in self._groups:
+            for row in g:
+                if int(float(row["length"])) < 1:
+                    raise ConfigError(f"length trace {self.path}: lengths must be >= 1, got {row['length']}")
+
+    def draw(self, uid: int, n: int) -> LengthDraw:
+        group = self._groups[uid % len(self._groups)]
+        rows = [group[j % len(group)] for j in range(n)]
+        logs = tuple(math.log(int(float(r["length"]))) for r in rows)
+        correct = tuple(_truthy(r.get("reward", r.get("correct", 1))) for r in rows)
+        return LengthDraw(logs, correct)
+
+
+def _truthy(value: object) -> bool:
+    try:
+        return float(value) > 0  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value).strip().lower() in {"true", "yes"}
+
+
+def _read_rows(path: Path) -> Sequence[dict[str, str]]:
+    if not path.exists():
+        raise ConfigError(f"length trace {path} does not exist")
+    if path.suffix in {".jsonl", ".json"}:
+        with path.open() as f:
+            return [json.loads(line) for line in f if line.strip()]
+    if path.suffix == ".csv":
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+    raise ConfigError(f"length trace {path}: use .jsonl or .csv")

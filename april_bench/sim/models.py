@@ -1,0 +1,130 @@
+"""Model profiles: the architecture numbers a roofline cost model needs.
+
+Architectures are from the models' Hugging Face ``config.json`` as mirrored in
+the APRIL repository (``RLsys-Foundation/APRIL@a72b585 scripts/models/*.sh``)
+and summarised in ``shared/docs/landscape.md`` §4b; the derived quantities
+(parameters, bytes per decode step, KV bytes per token) are computed here and
+checked by a test against the figures published there (Qwen3-4B: 3.63 B
+non-embedding parameters, 8.04 GB read per decode step, 144 KiB of KV per token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from april_bench.registry import Registry
+
+__all__ = ["MODELS", "ModelProfile"]
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """A dense decoder-only transformer (Qwen-style: GQA, SwiGLU MLP)."""
+
+    name: str
+    hf_id: str
+    layers: int
+    hidden: int
+    ffn: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    source: str
+
+    @property
+    def layer_params(self) -> int:
+        """Attention (q, o, k, v projections) + SwiGLU MLP (gate, up, down) weights per layer."""
+        attn = (
+            2 * self.hidden * self.q_heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        )
+        return attn + 3 * self.hidden * self.ffn
+
+    @property
+    def non_embedding_params(self) -> int:
+        return self.layers * self.layer_params
+
+    @property
+    def total_params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.non_embedding_params + embeddings
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes read per decode step: every non-embedding weight plus the LM head (bf16)."""
+        return BF16_BYTES * (self.non_embedding_params + self.vocab * self.hidden)
+
+    @property
+    def flops_per_token(self) -> int:
+        """Matmul FLOPs per token, excluding attention scores: 2 x (non-embedding + LM head) params."""
+        return 2 * (self.non_embedding_params + self.vocab * self.hidden)
+
+    @property
+    def attention_flops_per_context_token(self) -> int:
+        """FLOPs per (query token, context token) pair: QK^T and AV over all layers and heads."""
+        return 4 * self.layers * self.q_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for one token across all layers (bf16)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * BF16_BYTES
+
+
+MODELS: Registry[ModelProfile] = Registry("model")
+
+_QWEN3_SRC = "Hugging Face config.json; APRIL@a72b585 scripts/models/{}.sh; landscape.md §4b"
+
+MODELS.register(
+    "qwen3-4b",
+    ModelProfile(
+        name="qwen3-4b",
+        hf_id="Qwen/Qwen3-4B",
+        layers=36,
+        hidden=2560,
+        ffn=9728,
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=151936,
+        tied_embeddings=True,
+        source=_QWEN3_SRC.format("qwen3-4B"),
+    ),
+    "Qwen3-4B (36 layers, GQA 32/8, tied embeddings); APRIL's main model",
+)
+MODELS.register(
+    "r1-distill-qwen-1.5b",
+    ModelProfile(
+        name="r1-distill-qwen-1.5b",
+        hf_id="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        layers=28,
+        hidden=1536,
+        ffn=8960,
+        q_heads=12,
+        kv_heads=2,
+        head_dim=128,
+        vocab=151936,
+        tied_embeddings=False,
+        source=_QWEN3_SRC.format("deepseek-r1-distill-qwen-1.5B"),
+    ),
+    "DeepSeek-R1-Distill-Qwen-1.5B (28 layers, GQA 12/2); APRIL's second model",
+)
+MODELS.register(
+    "qwen3-8b",
+    ModelProfile(
+        name="qwen3-8b",
+        hf_id="Qwen/Qwen3-8B",
+        layers=36,
+        hidden=4096,
+        ffn=12288,
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=151936,
+        tied_embeddings=False,
+        source=_QWEN3_SRC.format("qwen3-8B"),
+    ),
+    "Qwen3-8B (36 layers, GQA 32/8); in APRIL's scripts",
+)

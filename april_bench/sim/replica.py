@@ -1,0 +1,371 @@
+"""One simulated inference replica: an SGLang-like continuous-batching scheduler.
+
+State and rules follow ``sglang==0.5.2`` ``managers/scheduler.py`` and
+``schedule_policy.py`` (read for this model; see docs/simulator.md):
+
+* **prefill first**: if a waiting request can be admitted, run an extend
+  batch of up to ``chunked_prefill_size`` tokens (one request may be split
+  across batches); otherwise run decode.  Mixed chunked prefill is off, as in
+  SGLang's default;
+* **admission** (``PrefillAdder``): a request is admitted while
+  ``extend + min(max_new, 4096) < free KV - sum over running of
+  min(remaining, 4096) * new_token_ratio``; the ratio starts at 0.7 x
+  ``schedule_conservativeness`` and decays by (0.7 - 0.098) / 600 per decode step;
+* **retraction**: when the pool cannot hold one more token per running
+  request, the requests with the fewest output tokens (ties: longest prompt)
+  go back to the waiting queue keeping their output, until 20 more decode
+  steps fit; they re-prefill prompt + output when readmitted;
+* **abort**: queued requests return at once with what they have; running
+  requests run one more decode step and return their partial output;
+* the prefill that completes a request's context samples its first new token.
+
+Decode runs between events (a request finishing, the pool filling, a new
+arrival or an abort) are priced in closed form by :class:`CostModel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from april_bench.engines.protocol import Completion, EngineError, GenerateRequest
+from april_bench.engines.stream import CompletionStream
+from april_bench.sim.cost import CostModel
+from april_bench.types import FinishReason
+
+__all__ = ["ReplicaSettings", "SimReplica"]
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+MIN_NEW_TOKEN_RATIO = 0.7 * 0.14  # x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # ..._DECAY_STEPS
+RETRACT_DECODE_STEPS = 20
+
+_WAITING, _PREFILLING, _RUNNING, _DONE = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    kv_capacity: int
+    max_running: int
+    chunk_tokens: int
+    schedule_conservativeness: float
+    replan_iterations: int
+
+
+@dataclass(slots=True, eq=False)
+class _Req:
+    request: GenerateRequest
+    stream: CompletionStream
+    target: int
+    reason: FinishReason
+    generated: int = 0
+    prefilled: int = 0
+    state: int = _WAITING
+    d0: int = 0
+    g0: int = 0
+    d_finish: int = 0
+    t_first: float | None = None
+    retractions: int = 0
+    abort: bool = False
+
+    @property
+    def context(self) -> int:
+        return self.request.input_len + self.generated
+
+
+@dataclass(slots=True)
+class _Batch:
+    chunks: list[tuple[_Req, int, int]] = field(default_factory=list)  # (req, offset, tokens)
+
+
+class SimReplica:
+    """Owns one replica's queues and KV pool; ``run()`` is its scheduler task."""
+
+    def __init__(
+        self, index: int, cost: CostModel, settings: ReplicaSettings, engine_version: list[int]
+    ) -> None:
+        self.index = index
+        self.cost = cost
+        self.s = settings
+        self._version = engine_version  # shared one-element list: the engine's policy version
+        self.waiting: deque[_Req] = deque()
+        self.running: dict[int, _Req] = {}
+        self._heap: list[tuple[int, int, _Req]] = []
+        self._seq = 0
+        self.chunked: _Req | None = None
+        self.D = 0  # decode iterations so far
+        self.ctx_base = 0  # sum(input_len + g0 - d0) over running; context sum = ctx_base + B*D
+        self.kv_used = 0
+        self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * settings.schedule_conservativeness)
+        self.outstanding = 0
+        self._aborts: list[_Req] = []
+        self._in_batch: list[_Req] = []  # the extend batch being computed right now
+        self._kicked = False
+        self._waiter: asyncio.Future[bool] | None = None
+
+    # ------------------------------------------------------------- interface
+    def submit(self, request: GenerateRequest, stream: CompletionStream) -> None:
+        if request.replay_len is None:
+            raise EngineError(f"{request.request_id}: the simulator needs replay_len (a response length)")
+        if request.input_len + 1 > self.s.kv_capacity:
+            raise EngineError(
+                f"{request.request_id}: {request.input_len} context tokens exceed the KV pool "
+                f"({self.s.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
+            )
+        target, reason = request.max_new_tokens, FinishReason.LENGTH
+        if request.replay_len <= target:
+            target, reason = request.replay_len, FinishReason.STOP
+        self.waiting.append(_Req(request, stream, target, reason))
+        self.outstanding += 1
+        self.kick()
+
+    def request_abort(self, req_filter: set[str] | None) -> None:
+        for req in self._live():
+            if not req.abort and (req_filter is None or req.request.request_id in req_filter):
+                req.abort = True
+                self._aborts.append(req)
+        if self._aborts:
+            self.kick()
+
+    def load(self) -> tuple[int, int]:
+        prefilling = 1 if self.chunked is not None else 0
+        return len(self.running) + prefilling, len(self.waiting)
+
+    def kick(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(True)
+        else:
+            self._kicked = True
+
+    # ------------------------------------------------------------ scheduler
+    async def run(self) -> None:
+        try:
+            await self._schedule()
+        except Exception as exc:
+            error = EngineError(f"simulated replica {self.index} failed: {exc}")
+            for req in self._live():
+                req.stream.fail(error)
+            raise
+
+    async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._kicked = False
+            self._apply_aborts(loop.time())
+            batch = self._plan_prefill()
+            if batch.chunks:
+                self._in_batch = [req for req, _, _ in batch.chunks]
+                await asyncio.sleep(self.cost.prefill_time((off, n) for _, off, n in batch.chunks))
+                self._in_batch = []
+                self._complete_prefill(batch, loop.time())
+            elif self.running:
+                self._retract_if_full()
+                await self._decode_run(loop)
+            else:
+                if not self.waiting and self.chunked is None:
+                    self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * self.s.schedule_conservativeness)
+                elif self.waiting:
+                    raise EngineError(f"replica {self.index}: requests wait but none can be admitted")
+                await self._sleep_until(None)
+
+    async def _sleep_until(self, when: float | None) -> bool:
+        """Sleep until ``when`` (forever if None) or a kick; True if kicked."""
+        if self._kicked:
+            self._kicked = False
+            return True
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        self._waiter = fut
+        handle = loop.call_at(when, _resolve, fut) if when is not None else None
+        try:
+            return await fut
+        finally:
+            self._waiter = None
+            if handle is not None:
+                handle.cancel()
+
+    async def _decode_run(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch = len(self.running)
+        context_sum = self.ctx_base + batch * self.D
+        while self._heap and self._heap[0][2].d_finish != self._heap[0][0]:
+            heapq.heappop(self._heap)  # stale entry (an abort moved the finish earlier)
+        k = self._heap[0][0] - self.D
+        k = min(k, (self.s.kv_capacity - self.kv_used) // batch)
+        if self.waiting:
+            k = min(k, self.s.replan_iterations)
+        k = max(k, 1)
+        start = loop.time()
+        end = start + self.cost.decode_run_time(batch, context_sum, k)
+        if await self._sleep_until(end) and loop.time() < end:
+            done = self.cost.iterations_within(batch, context_sum, k, loop.time() - start)
+            k = min(done + 1, k)  # the iteration in progress completes
+            boundary = start + self.cost.decode_run_time(batch, context_sum, k)
+            if boundary > loop.time():
+                await asyncio.sleep(boundary - loop.time())
+        self._advance(k, loop.time())
+
+    def _advance(self, k: int, now: float) -> None:
+        self.D += k
+        self.kv_used += len(self.running) * k
+        self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - NEW_TOKEN_RATIO_DECAY * k)
+        heap = self._heap
+        while heap and heap[0][0] <= self.D:
+            d, _, req = heapq.heappop(heap)
+            if req.state == _RUNNING and req.d_finish == d:
+                self._finish_running(req, now)
+
+    # --------------------------------------------------------------- prefill
+    def _plan_prefill(self) -> _Batch:
+        batch = _Batch()
+        budget = self.s.chunk_tokens
+        if self.chunked is not None:
+            req = self.chunked
+            n = min(req.context - req.prefilled, budget)
+            batch.chunks.append((req, req.prefilled, n))
+            self.kv_used += n
+            budget -= n
+            if req.prefilled + n < req.context:
+                return batch
+        if not self.waiting or budget <= 0:
+            return batch
+        free = self.s.kv_capacity - self.kv_used - self._running_reserve()
+        admitted = len(self.running) + len(batch.chunks)
+        while self.waiting and budget > 0 and admitted < self.s.max_running:
+            req = self.waiting[0]
+            extend = req.context
+            need = extend + min(req.target - req.generated, CLIP_MAX_NEW_TOKENS)
+            # SGLang's rule, except that an empty replica takes any request that fits at all.
+            if not (need < free or (admitted == 0 and extend + 1 <= free)):
+                break
+            self.waiting.popleft()
+            req.state = _PREFILLING
+            req.prefilled = 0
+            n = min(extend, budget)
+            batch.chunks.append((req, 0, n))
+            self.kv_used += n
+            free -= need
+            budget -= n
+            admitted += 1
+            if n < extend:
+                self.chunked = req
+                break
+        return batch
+
+    def _running_reserve(self) -> float:
+        remaining = sum(
+            min(r.target - (r.g0 + self.D - r.d0), CLIP_MAX_NEW_TOKENS) for r in self.running.values()
+        )
+        return remaining * self.ratio
+
+    def _complete_prefill(self, batch: _Batch, now: float) -> None:
+        for req, _, n in batch.chunks:
+            req.prefilled += n
+            if req.prefilled < req.context:
+                continue  # still chunked
+            if self.chunked is req:
+                self.chunked = None
+            req.generated += 1  # the extend forward samples the first new token
+            self.kv_used += 1
+            if req.t_first is None:
+                req.t_first = now
+            if req.generated >= req.target or req.abort:
+                req.state = _RUNNING  # so _finish_running's bookkeeping applies
+                self._join(req)
+                self._finish_running(req, now)
+            else:
+                self._join(req)
+
+    def _join(self, req: _Req) -> None:
+        req.state = _RUNNING
+        req.d0, req.g0 = self.D, req.generated
+        req.d_finish = self.D + (req.target - req.generated)
+        self.running[id(req)] = req
+        self.ctx_base += req.request.input_len + req.g0 - req.d0
+        self._seq += 1
+        heapq.heappush(self._heap, (req.d_finish, self._seq, req))
+
+    # ------------------------------------------------------------ finishing
+    def _finish_running(self, req: _Req, now: float) -> None:
+        del self.running[id(req)]
+        req.generated = req.g0 + (self.D - req.d0)
+        self.ctx_base -= req.request.input_len + req.g0 - req.d0
+        self.kv_used -= req.context
+        reason = req.reason if req.generated >= req.target else FinishReason.ABORT
+        self._deliver(req, reason, now)
+
+    def _deliver(self, req: _Req, reason: FinishReason, now: float) -> None:
+        req.state = _DONE
+        self.outstanding -= 1
+        req.stream.deliver(
+            Completion(
+                request_id=req.request.request_id,
+                num_tokens=req.generated,
+                finish_reason=reason,
+                policy_version=self._version[0],
+                t_done=now,
+                t_first_token=req.t_first,
+                num_retractions=req.retractions,
+                replica=self.index,
+            )
+        )
+
+    def _apply_aborts(self, now: float) -> None:
+        if not self._aborts:
+            return
+        aborts, self._aborts = self._aborts, []
+        for req in aborts:
+            if req.state == _DONE:
+                continue
+            if req.state == _WAITING:
+                self.waiting.remove(req)
+                self._deliver(req, FinishReason.ABORT, now)
+            elif req.state == _PREFILLING and self.chunked is req:
+                self.chunked = None
+                self.kv_used -= req.prefilled
+                self._deliver(req, FinishReason.ABORT, now)
+            elif req.state == _RUNNING and req.d_finish > self.D + 1:
+                req.d_finish = self.D + 1  # one more decode step, then return the partial output
+                self._seq += 1
+                heapq.heappush(self._heap, (req.d_finish, self._seq, req))
+
+    def _retract_if_full(self) -> None:
+        batch = len(self.running)
+        if self.s.kv_capacity - self.kv_used >= batch:
+            return
+        order = sorted(self.running.values(), key=lambda r: (self.D - r.d0 + r.g0, -r.request.input_len))
+        for req in order:
+            if (
+                len(self.running) <= 1
+                or self.s.kv_capacity - self.kv_used >= len(self.running) * RETRACT_DECODE_STEPS
+            ):
+                break
+            del self.running[id(req)]
+            req.generated = req.g0 + (self.D - req.d0)
+            self.ctx_base -= req.request.input_len + req.g0 - req.d0
+            self.kv_used -= req.context
+            req.state = _WAITING
+            req.retractions += 1
+            self.waiting.append(req)
+        if self.s.kv_capacity - self.kv_used < len(self.running):
+            raise EngineError(
+                f"replica {self.index}: one request needs more KV than the pool holds "
+                f"({self.s.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
+            )
+        remaining = list(self.running.values())
+        decoded = sum(r.g0 + self.D - r.d0 for r in remaining)
+        max_new = sum(r.request.max_new_tokens for r in remaining) or 1
+        self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(remaining)) / max_new)
+
+    def _live(self) -> list[_Req]:
+        live = list(self.waiting) + list(self.running.values()) + self._in_batch
+        if self.chunked is not None and self.chunked not in self._in_batch:
+            live.append(self.chunked)
+        return live
+
+
+def _resolve(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)

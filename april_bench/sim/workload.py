@@ -1,0 +1,182 @@
+"""The simulated workload: prompt lengths, response lengths and rewards per data set and model.
+
+A simulated rollout has lengths and right/wrong outcomes, nothing else: the
+outcomes exist only so DAPO dynamic sampling can reject all-equal groups.  They
+are not an accuracy, and no accuracy is ever reported for a simulated run.
+
+Every number below is either a published anchor or a labelled assumption; see
+``docs/simulator.md`` for the table and ``benchmarks/sim_bench.py`` for how the
+throughput gain moves when they change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.registry import Registry
+from april_bench.sim.lengths import LengthDraw, LengthModel, LognormalLengths, TraceLengths
+from april_bench.types import Prompt, Sample, SampleStatus
+from april_bench.workload import PromptStream
+
+__all__ = ["DATASETS", "DatasetProfile", "SimWorkload"]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetProfile:
+    name: str
+    #: Prompt tokens (template included): log-normal median and sigma.
+    prompt_median: float
+    prompt_sigma: float
+    #: Median length of a *correct* response at step 0 (tokens).
+    response_median: float
+    #: Mean per-prompt solve rate of the policy at the start of RL.
+    solve_rate: float
+    source: str
+
+
+DATASETS: Registry[DatasetProfile] = Registry("dataset")
+DATASETS.register(
+    "dapo-math-17k",
+    DatasetProfile(
+        name="dapo-math-17k",
+        prompt_median=148,
+        prompt_sigma=0.39,
+        response_median=2000,
+        solve_rate=0.65,
+        source=(
+            "prompts: shared/data README, DAPO user message p50 484 / p90 799 chars at 3.5 chars/token, "
+            "+10 template tokens; response median: assumption (no public Qwen3-4B RL length data); "
+            "solve rate: APRIL eval_dapo_qwen.png starts at AIME24 0.59, training set assumed easier"
+        ),
+    ),
+    "BytedTsinghua-SIA/DAPO-Math-17k (integer answers, 'Answer:' format)",
+)
+DATASETS.register(
+    "deepscaler",
+    DatasetProfile(
+        name="deepscaler",
+        prompt_median=82,
+        prompt_sigma=0.42,
+        response_median=1700,
+        solve_rate=0.55,
+        source=(
+            "prompts: shared/data README, DeepScaleR problem p50 193 / p90 395 chars + boxed suffix and "
+            "template (~27 tokens); response median: DeepScaleR blog, R1-Distill-1.5B mean ~5,500 tokens "
+            "with wrong answers ~3x longer gives a correct-answer median of ~1,700; solve rate: assumption"
+        ),
+    ),
+    "agentica-org/DeepScaleR-Preview-Dataset (AIME/AMC/Omni-Math, \\boxed answers)",
+)
+DATASETS.register(
+    "deepmath-103k",
+    DatasetProfile(
+        name="deepmath-103k",
+        prompt_median=85,
+        prompt_sigma=0.45,
+        response_median=2700,
+        solve_rate=0.5,
+        source=(
+            "prompts: assumption, as DeepScaleR plus DeepMath's system prompt (no rows in shared/data); "
+            "response median: DeepMath-103K card, R1 solutions average ~15.9k chars (~4,500 tokens) = "
+            "median 2,700 under sigma 1.0; solve rate: assumption (difficulty 5-9 problems)"
+        ),
+    ),
+    "zwhe99/DeepMath-103K (hard problems, \\boxed answers)",
+)
+
+#: Per-model multiplier on response length: no public per-model RL length data, so 1.0 (assumption).
+MODEL_LENGTH_FACTOR = {"qwen3-4b": 1.0, "r1-distill-qwen-1.5b": 1.0, "qwen3-8b": 1.0}
+
+
+class SimWorkload(Configurable):
+    """Prompts and replayed lengths for the simulator, identical for every arm."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        dataset: str = param("dapo-math-17k", help="data set profile (prompt and response lengths)")
+        model: str = param("qwen3-4b", help="policy model (scales response lengths)")
+        seed: int = param(0, help="seed of every per-prompt draw")
+        response_median: float | None = param(None, help="override: median correct-response length")
+        prompt_sigma: float = param(
+            0.8, help="log-sd of response length between prompts (landscape §5b: total ~1.0)"
+        )
+        within_sigma: float = param(0.6, help="log-sd of response length inside a group (Seer: < between)")
+        incorrect_factor: float = param(
+            3.0, help="wrong answers are this much longer (DeepScaleR: ~3x on AIME)"
+        )
+        solve_concentration: float = param(
+            2.0, help="a+b of the per-prompt solve-rate Beta (small: U-shaped, many all-equal groups)"
+        )
+        drift_per_step: float = param(
+            0.0006, help="log-length drift per step (DAPO: mean 750 -> 2,500 tokens over 2,000 steps)"
+        )
+        length_trace: Path | None = param(None, help="replay response lengths from this .jsonl/.csv")
+
+        def __post_init__(self) -> None:
+            if self.dataset not in DATASETS:
+                DATASETS.get(self.dataset)  # raises with did-you-mean
+            if self.solve_concentration <= 0:
+                raise ConfigError("solve_concentration must be > 0")
+
+    def __init__(self, config: Config, *, n_samples_per_prompt: int) -> None:
+        self.config = config
+        self.profile = DATASETS.get(config.dataset)
+        self.name = f"sim:{config.dataset}"
+        self._n = n_samples_per_prompt
+        self.lengths: LengthModel = self._length_model()
+        self._draws: dict[int, LengthDraw] = {}
+        self._prompt_lengths: dict[int, int] = {}
+
+    def _length_model(self) -> LengthModel:
+        cfg = self.config
+        if cfg.length_trace is not None:
+            return TraceLengths(cfg.length_trace, self._n)
+        median = cfg.response_median or self.profile.response_median * MODEL_LENGTH_FACTOR.get(cfg.model, 1.0)
+        mean = self.profile.solve_rate
+        return LognormalLengths(
+            median=median,
+            prompt_sigma=cfg.prompt_sigma,
+            within_sigma=cfg.within_sigma,
+            incorrect_factor=cfg.incorrect_factor,
+            solve_a=mean * cfg.solve_concentration,
+            solve_b=(1 - mean) * cfg.solve_concentration,
+            drift_per_step=cfg.drift_per_step,
+            seed=cfg.seed,
+        )
+
+    @property
+    def has_rewards(self) -> bool:
+        return not isinstance(self.lengths, TraceLengths) or self.lengths.has_rewards
+
+    def _draw(self, uid: int) -> LengthDraw:
+        draw = self._draws.get(uid)
+        if draw is None:
+            draw = self._draws[uid] = self.lengths.draw(uid, self._n)
+        return draw
+
+    def _prompt(self, uid: int) -> Prompt:
+        length = self._prompt_lengths.get(uid)
+        if length is None:
+            rng = np.random.default_rng([self.config.seed, uid, 0])
+            p = self.profile
+            length = max(8, round(p.prompt_median * math.exp(p.prompt_sigma * rng.standard_normal())))
+            self._prompt_lengths[uid] = length
+        return Prompt(uid=uid, source_id=f"{self.config.dataset}#{uid}", length=length)
+
+    def prompt_stream(self) -> PromptStream:
+        return PromptStream(self._prompt)
+
+    def replay_len(self, prompt: Prompt, sample_index: int, start_step: int) -> int:
+        log_len = self._draw(prompt.uid).log_lengths[sample_index]
+        return max(1, round(math.exp(log_len + self.lengths.drift_per_step * start_step)))
+
+    def reward(self, sample: Sample) -> float:
+        """1 for a right answer that was not truncated, else 0 (deepscaler-style).  Drives the
+        DAPO filter only; it is not an accuracy."""
+        right = self._draw(sample.prompt.uid).correct[sample.index]
+        return 1.0 if right and sample.status is SampleStatus.COMPLETED else 0.0

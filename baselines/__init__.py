@@ -1,0 +1,6 @@
+"""Baseline rollout strategies, siblings of APRIL behind the same protocol."""
+
+from baselines.oversample_discard import OversampleDiscardStrategy
+from baselines.sync import SyncStrategy
+
+__all__ = ["OversampleDiscardStrategy", "SyncStrategy"]
