@@ -145,6 +145,9 @@ class Sample:
 
     def version_runs(self) -> list[tuple[int, int]]:
         """Per-token policy versions, run-length encoded: ``[(version, n_tokens), ...]``."""
+        if len(self.segments) == 1:  # the common case: one request produced the whole response
+            s = self.segments[0]
+            return [(s.policy_version, s.num_tokens)] if s.num_tokens else []
         runs: list[tuple[int, int]] = []
         for s in self.segments:
             if not s.num_tokens:

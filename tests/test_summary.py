@@ -26,8 +26,20 @@ def _step(arm: str, step: int, t_start: float, rollout: float, *, sat: float | N
     }
 
 
-def _req(arm: str, step: int, t_done: float, n: int, reason: str = "stop") -> dict:
-    return {"arm": arm, "step": step, "t_done": t_done, "output_len": n, "finish_reason": reason}
+def _req(
+    arm: str, step: int, t_done: float, n: int, reason: str = "stop", *, uid: int = 0, prefix: int = 0
+) -> dict:
+    return {
+        "arm": arm,
+        "step": step,
+        "t_done": t_done,
+        "output_len": n,
+        "finish_reason": reason,
+        "group_uid": uid,
+        "sample_index": 0,
+        "prefix_len": prefix,
+        "t_submit": float(step),
+    }
 
 
 def _sample(arm: str, uid: int, fate: str, runs: list[list[int]], train_version: int | None, **kw) -> dict:
@@ -60,6 +72,7 @@ def test_tail_share_efficiency_gain_and_off_policy() -> None:
     ]
     s = summarize(requests, samples, steps)
     assert s["sync"]["tail_time_share"] == pytest.approx(0.8)
+    assert s["sync"]["off_policy_ratio_reference_def"] == 0
     assert s["sync"]["rollout_efficiency"] == pytest.approx(100 / (10 * 100))
     assert s["april"]["generated_tokens_per_s"] == pytest.approx(24.0)
     assert s["april"]["throughput_gain_vs_sync"] == pytest.approx(24.0 / 10.0 - 1)
@@ -73,6 +86,20 @@ def test_tail_share_efficiency_gain_and_off_policy() -> None:
         "buffered": 1,
         "inconsistent": 0,
     }
+
+
+def test_reference_off_policy_counts_only_the_previous_segment() -> None:
+    # One sample resumed twice: 10, then 5, then 7 tokens.  slime adds the previous call's count on
+    # each resume (10, then 5) and divides by total + off: 15 / (22 + 15).  The true share of the
+    # final 22-token response produced by older policies is 15 / 22.
+    steps = [_step("april", i, float(i), 1.0) for i in range(3)]
+    requests = [
+        _req("april", 0, 1, 10, "abort"),
+        _req("april", 1, 2, 5, "abort", prefix=10),
+        _req("april", 2, 3, 7, prefix=15),
+    ]
+    s = summarize(requests, [], steps, baseline="april")
+    assert s["april"]["off_policy_ratio_reference_def"] == pytest.approx(15 / 37)
 
 
 def test_missing_baseline_or_saturation_gives_none_not_a_number() -> None:

@@ -22,6 +22,10 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     trained response tokens produced by a policy older than the one trained,
     over trained response tokens, from per-token versions (correct for
     samples resumed several times).
+``off_policy_ratio_reference_def``
+    APRIL's own ``partial_rollout/off_policy_ratio``, bugs included, to compare
+    with its README's "about 40%": per resumed request it counts only the
+    previous segment's tokens, and divides by (new tokens + those).
 ``max_version_span``
     over trained samples, newest minus oldest version among its tokens.
 ``wasted_tokens``
@@ -109,6 +113,7 @@ def _arm_metrics(steps: Sequence[Row], requests: Sequence[Row], samples: Sequenc
         "rollout_efficiency": _efficiency(steps, generated),
         "tail_time_share": _tail_share(steps, requests),
         "off_policy_token_ratio": off_policy / trained_tokens if trained_tokens else None,
+        "off_policy_ratio_reference_def": _reference_off_policy(requests, generated),
         "max_version_span": max((_span(s["version_runs"]) for s in trained), default=0),
         "max_staleness": max((_staleness(s) for s in trained), default=0),
         "partial_samples": sum(s["partial_samples"] for s in steps),
@@ -150,6 +155,18 @@ def _tail_share(steps: Sequence[Row], requests: Sequence[Row]) -> float | None:
         if times:
             tail += end - times[math.ceil(0.9 * len(times)) - 1]
     return tail / total if total else None
+
+
+def _reference_off_policy(requests: Sequence[Row], generated: int) -> float | None:
+    """slime/APRIL: on every resume off += the previous call's completion tokens; ratio = off / (total + off)."""
+    last: dict[tuple[int, int], int] = {}
+    off = 0
+    for r in sorted(requests, key=lambda r: r["t_submit"]):
+        key = (r["group_uid"], r["sample_index"])
+        if r["prefix_len"] and key in last:
+            off += last[key]
+        last[key] = r["output_len"]
+    return off / (generated + off) if generated + off else None
 
 
 def _span(runs: Sequence[Sequence[int]]) -> int:

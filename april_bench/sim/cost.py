@@ -31,21 +31,27 @@ from april_bench.sim.models import ModelProfile
 __all__ = ["CostModel"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CostModel:
     hardware: HardwareProfile
     model: ModelProfile
     tp: int = 1
     graph_max_batch: int | None = None
 
-    # -- constants of the roofline terms ---------------------------------
-    @property
-    def _bw(self) -> float:
-        return self.tp * self.hardware.memory_bw * self.hardware.eta_bw
-
-    @property
-    def _flops(self) -> float:
-        return self.tp * self.hardware.bf16_flops * self.hardware.eta_flops
+    def __post_init__(self) -> None:
+        # Constants of the roofline terms, computed once: decode_run_time is on the simulator's hot path.
+        m, hw = self.model, self.hardware
+        bw = self.tp * hw.memory_bw * hw.eta_bw
+        flops = self.tp * hw.bf16_flops * hw.eta_flops
+        ceiling = self.graph_max_batch if self.graph_max_batch is not None else hw.graph_max_batch
+        put = object.__setattr__
+        put(self, "_bw", bw)
+        put(self, "_flops", flops)
+        put(self, "_ceiling", ceiling)
+        put(self, "_mem_a", m.decode_weight_bytes / bw)
+        put(self, "_mem_b", m.kv_bytes_per_token / bw)
+        put(self, "_comp_per_seq", m.flops_per_token / flops)
+        put(self, "_comp_b", m.attention_flops_per_context_token / flops)
 
     def _allreduce(self, tokens: int) -> float:
         if self.tp == 1:
@@ -56,19 +62,13 @@ class CostModel:
         return 2 * self.model.layers * per_call
 
     def _overhead(self, batch: int) -> float:
-        ceiling = self.graph_max_batch if self.graph_max_batch is not None else self.hardware.graph_max_batch
-        extra = self.hardware.eager_overhead_s if batch > ceiling else 0.0
+        extra = self.hardware.eager_overhead_s if batch > self._ceiling else 0.0
         return self.hardware.step_overhead_s + extra
 
     def _linear_terms(self, batch: int) -> tuple[float, float, float, float, float]:
         """(c, mem_a, mem_b, comp_a, comp_b) with t = c + max(mem_a + mem_b*S, comp_a + comp_b*S)."""
-        m = self.model
         constant = self._overhead(batch) + self._allreduce(batch)
-        mem_a = m.decode_weight_bytes / self._bw
-        mem_b = m.kv_bytes_per_token / self._bw
-        comp_a = m.flops_per_token * batch / self._flops
-        comp_b = m.attention_flops_per_context_token / self._flops
-        return constant, mem_a, mem_b, comp_a, comp_b
+        return constant, self._mem_a, self._mem_b, self._comp_per_seq * batch, self._comp_b
 
     # -- decode ------------------------------------------------------------
     def decode_iteration_time(self, batch: int, context_sum: float) -> float:

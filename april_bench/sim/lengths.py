@@ -9,10 +9,11 @@ in ``landscape.md`` §5b::
     sample j right with probability p_i ~ Beta(solve_a, solve_b)
 
 Right-censoring happens in the engine: a response longer than the limit is
-truncated there (and still costs the full budget).  All draws for prompt ``uid``
-come from ``numpy.random.default_rng([seed, uid])``, so every arm of a
-comparison sees the same lengths for the same prompt, whatever order it
-launches prompts in.  Drift depends on the step a sample *starts* in.
+truncated there (and still costs the full budget).  The draws for prompt
+``uid`` come from ``numpy.random.default_rng([seed, uid // 256])`` (a block of
+256 prompts at a time), so every arm of a comparison sees the same lengths for
+the same prompt, whatever order it launches prompts in.  Drift depends on the
+step a sample *starts* in.
 
 :class:`TraceLengths` replays real lengths recorded in a file instead.
 """
@@ -23,7 +24,7 @@ import csv
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -32,6 +33,8 @@ import numpy as np
 from april_bench.config import ConfigError
 
 __all__ = ["LengthDraw", "LengthModel", "LognormalLengths", "TraceLengths"]
+
+BLOCK = 256  # prompts drawn together (one RNG per block keeps draws cheap and order-independent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,9 @@ class LognormalLengths:
     drift_per_step: float
     seed: int
     name: str = "lognormal"
+    _blocks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.median <= 0:
@@ -72,14 +78,21 @@ class LognormalLengths:
             raise ConfigError("incorrect_factor and the solve-rate Beta parameters must be > 0")
 
     def draw(self, uid: int, n: int) -> LengthDraw:
-        rng = np.random.default_rng([self.seed, uid, 1])
-        u = self.prompt_sigma * rng.standard_normal()
-        solve = rng.beta(self.solve_a, self.solve_b)
-        eps = self.within_sigma * rng.standard_normal(n)
-        correct = rng.random(n) < solve
-        base = math.log(self.median) + u
-        logs = base + eps + np.where(correct, 0.0, math.log(self.incorrect_factor))
-        return LengthDraw(tuple(float(x) for x in logs), tuple(bool(c) for c in correct))
+        block, row = divmod(uid, BLOCK)
+        cached = self._blocks.get((block, n))
+        if cached is None:
+            cached = self._blocks[(block, n)] = self._block(block, n)
+        logs, correct = cached
+        return LengthDraw(tuple(logs[row].tolist()), tuple(correct[row].tolist()))
+
+    def _block(self, block: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.seed, block, n])
+        u = self.prompt_sigma * rng.standard_normal((BLOCK, 1))
+        solve = rng.beta(self.solve_a, self.solve_b, (BLOCK, 1))
+        eps = self.within_sigma * rng.standard_normal((BLOCK, n))
+        correct = rng.random((BLOCK, n)) < solve
+        logs = math.log(self.median) + u + eps + np.where(correct, 0.0, math.log(self.incorrect_factor))
+        return logs, correct
 
 
 class TraceLengths:
