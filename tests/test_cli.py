@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -86,6 +87,13 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
 
     report = _run("report", str(out))
     assert report.returncode == 0 and report.stdout.strip() == (out / "table.md").read_text().strip()
+    for name in ("requests", "samples", "steps"):  # committed reference runs keep their rows gzipped
+        data = (out / f"{name}.jsonl").read_bytes()
+        (out / f"{name}.jsonl.gz").write_bytes(gzip.compress(data))
+        (out / f"{name}.jsonl").unlink()
+    again = _run("report", str(out))
+    assert again.returncode == 0 and again.stdout == report.stdout
+    assert "is not a run directory (missing config.json" in _run("report", str(tmp_path)).stderr
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,14 @@
     <out>/steps.jsonl        one row per step
     <out>/summary.json       per-arm metrics (recomputable from the rows)
     <out>/table.md           the paper-style and detail tables
+
+Row files may be gzipped (``requests.jsonl.gz``): committed reference runs are,
+and :func:`load_run` reads either form.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -56,8 +60,16 @@ def _write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
             f.write("\n")
 
 
+def _rows_file(run: Path, name: str) -> Path | None:
+    for candidate in (run / f"{name}.jsonl", run / f"{name}.jsonl.gz"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open() as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -90,16 +102,18 @@ def write_run(
 
 
 def load_run(path: Path) -> RunDirectory:
-    missing = [n for n in ("config.json", "provenance.json", "steps.jsonl") if not (path / n).exists()]
+    rows = {name: _rows_file(path, name) for name in ("requests", "samples", "steps")}
+    missing = [n for n in ("config.json", "provenance.json") if not (path / n).exists()]
+    missing += [f"{name}.jsonl" for name, found in rows.items() if found is None]
     if missing:
         raise FileNotFoundError(f"{path} is not a run directory (missing {', '.join(missing)})")
     return RunDirectory(
         path=path,
         config=json.loads((path / "config.json").read_text()),
         provenance=json.loads((path / "provenance.json").read_text()),
-        requests=_read_jsonl(path / "requests.jsonl"),
-        samples=_read_jsonl(path / "samples.jsonl"),
-        steps=_read_jsonl(path / "steps.jsonl"),
+        requests=_read_jsonl(rows["requests"]),  # type: ignore[arg-type]
+        samples=_read_jsonl(rows["samples"]),  # type: ignore[arg-type]
+        steps=_read_jsonl(rows["steps"]),  # type: ignore[arg-type]
     )
 
 

@@ -158,7 +158,7 @@ def _tail_share(steps: Sequence[Row], requests: Sequence[Row]) -> float | None:
 
 
 def _reference_off_policy(requests: Sequence[Row], generated: int) -> float | None:
-    """slime/APRIL: on every resume off += the previous call's completion tokens; ratio = off / (total + off)."""
+    """As slime/APRIL: each resume adds the previous call's completion tokens; ratio = off / (total + off)."""
     last: dict[tuple[int, int], int] = {}
     off = 0
     for r in sorted(requests, key=lambda r: r["t_submit"]):
