@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.engines.protocol import EngineError
 
 __all__ = ["build_parser", "main"]
 
@@ -209,11 +210,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from april_bench.engines.detect import resolve_engine
-    from april_bench.experiment import _components
+    from april_bench.experiment import build_components
 
     config = config_from_args(args)
     engine, note = resolve_engine(config.engine, config.hardware)
-    components = _components(config, engine)
+    components = build_components(config, engine)
     engine_obj = components.engine()
     info = engine_obj.info
     if note:
@@ -279,3 +280,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except EngineError as exc:
+        print(f"engine error: {exc}", file=sys.stderr)
+        return 1

@@ -26,7 +26,7 @@ from april_bench.rollout.loop import RolloutConfig
 from april_bench.strategies import STRATEGIES, build_strategy
 from april_bench.vtime import run_real, run_virtual
 
-__all__ = ["ExperimentConfig", "RunResult", "run"]
+__all__ = ["Components", "ExperimentConfig", "RunResult", "build_components", "run"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -94,7 +94,7 @@ def run(
     notes = [note] if note else []
     if note and echo:
         echo(note)
-    components = _components(config, engine_name)
+    components = build_components(config, engine_name)
     recorder = RunRecorder()
     simulated = True
     for name in config.strategies:
@@ -110,14 +110,14 @@ def run(
 
 
 @dataclass(slots=True)
-class _Components:
+class Components:
     engine: Callable[[], Any]
     trainer: Callable[[], Any]
     workload: Any
 
 
-def _components(config: ExperimentConfig, engine_name: str) -> _Components:
-    """Factories for the engine and trainer, and the workload shared by every arm."""
+def build_components(config: ExperimentConfig, engine_name: str) -> Components:
+    """Factories for the engine and trainer, and the workload shared by every arm (``validate`` uses it)."""
     if engine_name != "sim":
         raise ConfigError(f"engine {engine_name!r} cannot run experiments from the CLI yet; use --engine sim")
     from april_bench.sim.engine import SimEngine
@@ -140,14 +140,14 @@ def _components(config: ExperimentConfig, engine_name: str) -> _Components:
     ).build(n_samples_per_prompt=config.rollout.n_samples_per_prompt)
     if config.dynamic_sampling_on and not workload.has_rewards:
         raise ConfigError("dynamic sampling needs rewards: add a 'reward' column to the length trace")
-    return _Components(engine=engine_config.build, trainer=trainer_config.build, workload=workload)
+    return Components(engine=engine_config.build, trainer=trainer_config.build, workload=workload)
 
 
 async def _run_arm(
     config: ExperimentConfig,
     name: str,
     engine: Any,
-    components: _Components,
+    components: Components,
     recorder: RunRecorder,
     bar: tqdm,
 ) -> None:

@@ -23,7 +23,7 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["SimulationDeadlock", "VirtualTimeLoop", "run_virtual"]
+__all__ = ["SimulationDeadlock", "VirtualTimeLoop", "run_real", "run_virtual"]
 
 T = TypeVar("T")
 
@@ -83,19 +83,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion on a fresh :class:`VirtualTimeLoop`."""
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        try:
-            _cancel_leftovers(loop)
-        finally:
-            loop.close()
+    return _run_on(VirtualTimeLoop(), coro)
 
 
 def run_real(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on a fresh ordinary event loop (real time)."""
-    loop = asyncio.new_event_loop()
+    return _run_on(asyncio.new_event_loop(), coro)
+
+
+def _run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run_until_complete(coro)
     finally:

@@ -154,3 +154,27 @@ def test_cli_flags_stay_few() -> None:
             "--no-progress",
         ]
     )
+
+
+@pytest.mark.parametrize("hw", ["cpu", "h100", "h200", "mi300x"])
+def test_every_hardware_choice_runs(hw: str, tmp_path: Path, capsys) -> None:
+    args = [
+        "run",
+        "--hw",
+        hw,
+        "--steps",
+        "1",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--over-sampling-batch-size",
+        "4",
+        "--max-response-len",
+        "512",
+        "--no-progress",
+        "--out",
+        str(tmp_path / hw),
+    ]
+    assert main(args) == 0
+    assert "simulated" in capsys.readouterr().out

@@ -166,13 +166,11 @@ class RolloutLoop(Configurable):
         self._replay = config.replay_lengths or not engine.info.produces_tokens
         self._next_request = 0
         self._next_order = 0
-        self._state: _StepState | None = None
 
     # ------------------------------------------------------------------ step
     async def run_step(self, step: int, policy_version: int) -> StepOutcome:
         loop = asyncio.get_running_loop()
         st = _StepState(step=step, version=policy_version, t_start=loop.time())
-        self._state = st
         with _Meter(st):
             self._maybe_launch(st)
         await st.enough.wait()
@@ -185,7 +183,6 @@ class RolloutLoop(Configurable):
         with _Meter(st):
             carried = self._carry_over(st)
         record = self._step_record(st, t_end, t_end - t_stop, abort_rounds, carried)
-        self._state = None
         return StepOutcome(batch=st.accepted, record=record)
 
     # ------------------------------------------------------------ launching

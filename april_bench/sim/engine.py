@@ -49,7 +49,9 @@ class SimEngine(Configurable):
         hardware: str = param("h100", help="hardware profile (ls hardware)")
         model: str = param("qwen3-4b", help="model profile (ls models)")
         num_gpus: int | None = param(None, help="GPUs for rollout (default: one node of the hardware)")
-        tp_size: int = param(2, help="GPUs per engine replica (APRIL: --rollout-num-gpus-per-engine 2)")
+        tp_size: int | None = param(
+            None, help="GPUs per engine replica (default: 2 as in APRIL's scripts, capped at the GPU count)"
+        )
         mem_fraction_static: float = param(0.6, help="device memory for weights + KV (APRIL scripts: 0.6)")
         max_running_requests: int | None = param(
             None, help="per replica (default: SGLang's, from the KV pool)"
@@ -72,7 +74,9 @@ class SimEngine(Configurable):
                     f"unknown hardware {self.hardware!r}; choose from {', '.join(hardware_names())}"
                 )
             MODELS.get(self.model)  # raises with did-you-mean
-            if self.tp_size < 1 or (self.num_gpus is not None and self.num_gpus % self.tp_size):
+            if self.tp_size is not None and (
+                self.tp_size < 1 or (self.num_gpus is not None and self.num_gpus % self.tp_size)
+            ):
                 raise ConfigError(
                     f"--num-gpus ({self.num_gpus}) must be a multiple of tp_size ({self.tp_size})"
                 )
@@ -88,9 +92,11 @@ class SimEngine(Configurable):
         self.hardware: HardwareProfile = hardware_profile(config.hardware)
         self.model: ModelProfile = MODELS.get(config.model)
         gpus = config.num_gpus or self.hardware.gpus_per_node
-        if gpus % config.tp_size:
-            raise ConfigError(f"{gpus} GPUs do not split into engines of tp_size={config.tp_size}")
-        tp = min(config.tp_size, gpus)
+        tp = config.tp_size if config.tp_size is not None else min(2, gpus)
+        if gpus % tp:
+            raise ConfigError(
+                f"{gpus} GPUs do not split into engines of tp_size={tp}; set --engine-arg tp_size="
+            )
         self.num_replicas = gpus // tp
         self.cost = CostModel(self.hardware, self.model, tp=tp, graph_max_batch=config.cuda_graph_max_bs)
         kv = self.cost.kv_capacity_tokens(config.mem_fraction_static)

@@ -12,6 +12,7 @@ those of ``sglang==0.5.2`` ``server_args.py`` for each GPU's memory size.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -221,10 +222,14 @@ def measure_host(seconds: float = 0.5) -> HardwareProfile:
         moved += 2 * src.nbytes  # read + write
     bw = moved / (time.perf_counter() - t)
     measured = f"measured on this host by april_bench.sim.hardware.measure_host ({time.strftime('%Y-%m-%d')})"
+    try:
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        memory = 16.0 * GiB
     return HardwareProfile(
         name="cpu",
         vendor="cpu",
-        memory_bytes=16 * GiB,
+        memory_bytes=memory,
         memory_bw=bw,
         bf16_flops=flops_per_s,
         eta_bw=1.0,
@@ -240,7 +245,7 @@ def measure_host(seconds: float = 0.5) -> HardwareProfile:
         sources={
             "memory_bw": measured + " (float32 copy)",
             "bf16_flops": measured + " (float32 512x512 matmul)",
-            "memory_bytes": "assumption: 16 GiB for the KV pool",
+            "memory_bytes": "this host's physical memory (os.sysconf)",
             "step_overhead_s": "assumption: 1 ms of Python/PyTorch overhead per iteration",
             "chunked_prefill_tokens": "sglang==0.5.2 default for small devices: 2048",
         },
