@@ -98,7 +98,10 @@ class Sample:
     status: SampleStatus = SampleStatus.PENDING
     reward: float | None = None
     start_step: int | None = None
+    #: Aborts over the sample's life (restarts included), for the records.
     abort_count: int = 0
+    #: Aborts since the sample last (re)started from its prompt: what staleness caps look at.
+    aborts_since_restart: int = 0
     #: Per-response-token loss mask; ``None`` means every response token is trained.
     loss_mask: list[int] | None = None
     #: Tokens generated for this sample and thrown away by a restart (never trained).
@@ -113,6 +116,7 @@ class Sample:
         self.status = segment.finish_reason.to_status()
         if segment.finish_reason is FinishReason.ABORT:
             self.abort_count += 1
+            self.aborts_since_restart += 1
 
     def restart(self) -> int:
         """Throw the partial response away and start over; returns the discarded token count."""
@@ -124,6 +128,7 @@ class Sample:
         self.reward = None
         self.loss_mask = None
         self.start_step = None
+        self.aborts_since_restart = 0
         return dropped
 
     @property

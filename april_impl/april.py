@@ -18,7 +18,8 @@ counted (``restart_tokens``), never hidden:
 * ``max_version_span``: the oldest token of a resumed sample (finished or not)
   may be at most this many policy versions older than the current policy;
 * ``max_aborts_per_sample``: an unfinished sample aborted more than this many
-  times restarts (finished members of a buffered group are kept).
+  times since it last started restarts (finished members of a buffered group
+  are kept).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class AprilStrategy(Configurable):
         if (
             cfg.max_aborts_per_sample is not None
             and not sample.status.is_finished
-            and sample.abort_count > cfg.max_aborts_per_sample
+            and sample.aborts_since_restart > cfg.max_aborts_per_sample
         ):
             return False
         oldest = sample.oldest_version()

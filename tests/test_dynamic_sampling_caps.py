@@ -72,3 +72,29 @@ def test_max_aborts_restarts_samples_aborted_too_often() -> None:
     )
     # Aborted at the end of steps 0 and 1 (count 2 > 1): restarted when resumed in step 2.
     assert [o.record.restarted_samples for o in outcomes] == [0, 0, 2]
+
+
+@pytest.mark.parametrize("strategy", ["april", "oversample-discard"])
+def test_granular_refill_still_over_provisions_the_first_wave(strategy: str) -> None:
+    from april_bench.strategies import build_strategy
+
+    outcomes, _, _ = fake_arm(
+        build_strategy(strategy, over_sampling_batch_size=4),
+        lambda uid, i: 100 if uid % 4 == 0 else 10,
+        steps=1,
+        refill="granular",
+    )
+    assert outcomes[0].record.launched_groups == 4
+
+
+def test_abort_cap_counts_aborts_since_the_last_restart() -> None:
+    # uid 0 never finishes within a step; with a cap of 1 it restarts every second resume, not every resume.
+    outcomes, recorder, _ = fake_arm(
+        AprilStrategy.Config(over_sampling_batch_size=4, max_aborts_per_sample=1).build(),
+        lambda uid, i: 100 if uid == 0 else 10,
+        steps=6,
+        max_response_len=200,
+    )
+    assert [o.record.restarted_samples for o in outcomes] == [0, 0, 2, 0, 2, 0]
+    sends = [r.prefix_len for r in recorder.requests if r.group_uid == 0 and r.sample_index == 0]
+    assert sends == [0, 11, 0, 11, 0, 11]

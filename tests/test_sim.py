@@ -207,3 +207,87 @@ def test_no_tail_means_no_gain_and_the_gain_grows_with_the_tail() -> None:
     mild = _gain(response_median=300, prompt_sigma=0.3, within_sigma=0.2, incorrect_factor=1.0)
     heavy = _gain(response_median=300, prompt_sigma=0.8, within_sigma=0.6, incorrect_factor=3.0)
     assert 0.02 < mild < heavy
+
+
+# Regressions found in review -------------------------------------------------------------------------
+
+
+def _replica(**settings: object):
+    from april_bench.sim.replica import ReplicaSettings, SimReplica
+
+    cost = CostModel(hardware_profile("h100"), MODELS.get("qwen3-4b"), tp=1)
+    base = {
+        "kv_capacity": 20_000,
+        "max_running": 64,
+        "chunk_tokens": 8192,
+        "schedule_conservativeness": 1.0,
+        "replan_iterations": 64,
+    }
+    base.update(settings)
+    return SimReplica(0, cost, ReplicaSettings(**base), [0]), cost  # type: ignore[arg-type]
+
+
+def test_admission_reserves_for_max_new_tokens_not_the_hidden_length() -> None:
+    # SGLang cannot know that these responses stop after 100 tokens: with 16,384 max_new_tokens it
+    # reserves 100 + 4,096 tokens per request, so a 20,000-token pool admits 4 at first, not 16.
+    from april_bench.engines.stream import CompletionStream
+
+    async def main() -> int:
+        replica, _ = _replica()
+        task = asyncio.ensure_future(replica.run())
+        for i in range(16):
+            req = GenerateRequest(f"r{i}", input_len=100, max_new_tokens=16384, sampling=SP, replay_len=100)
+            replica.submit(req, CompletionStream(1))
+        while not replica.running:
+            await asyncio.sleep(1e-4)
+        task.cancel()
+        return len(replica.running)
+
+    assert run_virtual(main()) == 20_000 // (100 + 4096)
+
+
+def test_requests_in_an_extend_batch_count_as_running() -> None:
+    engine = _engine()
+
+    async def main() -> tuple[int, int, bool]:
+        await engine.start()
+        stream = engine.generate(
+            [GenerateRequest("a", input_len=8000, max_new_tokens=100, sampling=SP, replay_len=100)]
+        )
+        await asyncio.sleep(0.005)  # inside the 8,000-token prefill
+        load = await engine.load()
+        await engine.abort()
+        [c async for c in stream]
+        await engine.close()
+        return load.running, load.waiting, load.idle
+
+    assert run_virtual(main()) == (1, 0, False)
+
+
+def test_an_aborted_request_that_gets_retracted_returns_instead_of_running_again() -> None:
+    from april_bench.engines.stream import CompletionStream
+
+    it_time = CostModel(hardware_profile("h100"), MODELS.get("qwen3-4b"), tp=1).decode_iteration_time(4, 100)
+    for seed in range(200):
+        delay = it_time * random.Random(seed).uniform(1, 40)
+
+        async def main(delay: float = delay) -> list[tuple[int, float]]:
+            replica, _ = _replica(
+                kv_capacity=120, max_running=8, chunk_tokens=256, schedule_conservativeness=0.1
+            )
+            task = asyncio.ensure_future(replica.run())
+            streams = []
+            for i in range(6):
+                stream = CompletionStream(1)
+                replica.submit(GenerateRequest(f"r{i}", 8, 60, SP, replay_len=60), stream)
+                streams.append(stream)
+            await asyncio.sleep(delay)
+            t_abort = asyncio.get_running_loop().time()
+            replica.request_abort(None)
+            out = [(c.num_retractions, c.t_done - t_abort) for s in streams async for c in s]
+            assert replica.kv_used == 0
+            task.cancel()
+            return out
+
+        # every request is back within two decode steps of the abort, retracted or not
+        assert all(dt <= 3 * it_time for _, dt in run_virtual(main())), seed

@@ -362,9 +362,7 @@ class RolloutLoop(Configurable):
             st.returned_after_stop.append(flight)
             self._maybe_launch(st)
             return
-        for sample in group.samples:
-            if sample.reward is None:
-                sample.reward = self.workload.reward(sample)
+        self._score(group)
         if self.config.dynamic_sampling and not keep_group(group.rewards()):
             st.rejected += 1
             st.rejected_tokens += group.response_tokens
@@ -378,6 +376,12 @@ class RolloutLoop(Configurable):
                 st.enough.set()
                 return
         self._maybe_launch(st)
+
+    def _score(self, group: Group) -> None:
+        """Reward every finished sample once (finished members of a buffered group keep theirs)."""
+        for sample in group.samples:
+            if sample.reward is None and sample.status.is_finished:
+                sample.reward = self.workload.reward(sample)
 
     # ------------------------------------------------------------- stopping
     async def _abort_until_idle(self, st: _StepState) -> int:
@@ -410,6 +414,7 @@ class RolloutLoop(Configurable):
         buffered = buffered_tokens = partial = dropped = dropped_tokens = 0
         for flight in sorted(st.returned_after_stop, key=lambda f: f.order):
             group = flight.group
+            self._score(group)
             if self.strategy.on_leftover(group, view) is Disposition.BUFFER:
                 self.buffer.put(group)
                 buffered += 1

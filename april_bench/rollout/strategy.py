@@ -79,11 +79,14 @@ class RolloutStrategy(Protocol):
 def wave_refill(view: RolloutView, wave: int) -> int:
     """The reference launch rule: launch when accepted + in flight < N.
 
-    In ``wave`` mode a whole wave of ``wave`` groups goes out (slime's
-    ``over_sampling_batch_size`` refill, so one DAPO rejection in the sync
-    baseline relaunches N groups); in ``granular`` mode only the deficit does.
+    The first launch of a step is always a whole wave.  A refill (after DAPO
+    rejections) is a whole wave in ``wave`` mode - slime's
+    ``over_sampling_batch_size`` refill, so one rejection in the sync baseline
+    relaunches N groups - and only the deficit in ``granular`` mode.
     """
     deficit = view.target_groups - view.accepted - view.in_flight
     if deficit <= 0:
         return 0
-    return wave if view.refill is RefillMode.WAVE else deficit
+    if view.launched and view.refill is RefillMode.GRANULAR:
+        return deficit
+    return wave

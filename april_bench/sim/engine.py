@@ -153,6 +153,8 @@ class SimEngine(Configurable):
         for task in self._tasks:
             if task.done() and task.exception() is not None:
                 raise EngineError("a simulated replica crashed") from task.exception()
+        for req in requests:  # validate the whole batch first: nothing is submitted if one is bad
+            SimReplica.check(req, self.settings)
         stream = CompletionStream(len(requests))
         for req in requests:
             self._replicas[self._route(req)].submit(req, stream)

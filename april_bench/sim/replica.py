@@ -9,7 +9,8 @@ State and rules follow ``sglang==0.5.2`` ``managers/scheduler.py`` and
   SGLang's default;
 * **admission** (``PrefillAdder``): a request is admitted while
   ``extend + min(max_new, 4096) < free KV - sum over running of
-  min(remaining, 4096) * new_token_ratio``; the ratio starts at 0.7 x
+  min(max_new - output, 4096) * new_token_ratio`` (SGLang reserves for
+  ``max_new_tokens``: it cannot know where a response will end); the ratio starts at 0.7 x
   ``schedule_conservativeness`` and decays by (0.7 - 0.098) / 600 per decode step;
 * **retraction**: when the pool cannot hold one more token per running
   request, the requests with the fewest output tokens (ties: longest prompt)
@@ -107,14 +108,19 @@ class SimReplica:
         self._waiter: asyncio.Future[bool] | None = None
 
     # ------------------------------------------------------------- interface
-    def submit(self, request: GenerateRequest, stream: CompletionStream) -> None:
+    @staticmethod
+    def check(request: GenerateRequest, settings: ReplicaSettings) -> None:
         if request.replay_len is None:
             raise EngineError(f"{request.request_id}: the simulator needs replay_len (a response length)")
-        if request.input_len + 1 > self.s.kv_capacity:
+        if request.input_len + 1 > settings.kv_capacity:
             raise EngineError(
                 f"{request.request_id}: {request.input_len} context tokens exceed the KV pool "
-                f"({self.s.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
+                f"({settings.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
             )
+
+    def submit(self, request: GenerateRequest, stream: CompletionStream) -> None:
+        self.check(request, self.s)
+        assert request.replay_len is not None
         target, reason = request.max_new_tokens, FinishReason.LENGTH
         if request.replay_len <= target:
             target, reason = request.replay_len, FinishReason.STOP
@@ -131,8 +137,11 @@ class SimReplica:
             self.kick()
 
     def load(self) -> tuple[int, int]:
-        prefilling = 1 if self.chunked is not None else 0
-        return len(self.running) + prefilling, len(self.waiting)
+        """(running, waiting); requests being prefilled count as running."""
+        prefilling = set(map(id, self._in_batch))
+        if self.chunked is not None:
+            prefilling.add(id(self.chunked))
+        return len(self.running) + len(prefilling), len(self.waiting)
 
     def kick(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -190,8 +199,8 @@ class SimReplica:
     async def _decode_run(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = len(self.running)
         context_sum = self.ctx_base + batch * self.D
-        while self._heap and self._heap[0][2].d_finish != self._heap[0][0]:
-            heapq.heappop(self._heap)  # stale entry (an abort moved the finish earlier)
+        while self._heap and not _live_entry(self._heap[0]):
+            heapq.heappop(self._heap)  # stale: an abort moved the finish earlier, or the request left
         k = self._heap[0][0] - self.D
         k = min(k, (self.s.kv_capacity - self.kv_used) // batch)
         if self.waiting:
@@ -214,7 +223,7 @@ class SimReplica:
         heap = self._heap
         while heap and heap[0][0] <= self.D:
             d, _, req = heapq.heappop(heap)
-            if req.state == _RUNNING and req.d_finish == d:
+            if _live_entry((d, 0, req)):
                 self._finish_running(req, now)
 
     # --------------------------------------------------------------- prefill
@@ -236,7 +245,8 @@ class SimReplica:
         while self.waiting and budget > 0 and admitted < self.s.max_running:
             req = self.waiting[0]
             extend = req.context
-            need = extend + min(req.target - req.generated, CLIP_MAX_NEW_TOKENS)
+            # SGLang cannot know the replayed length: it reserves for max_new_tokens.
+            need = extend + min(req.request.max_new_tokens - req.generated, CLIP_MAX_NEW_TOKENS)
             # SGLang's rule, except that an empty replica takes any request that fits at all.
             if not (need < free or (admitted == 0 and extend + 1 <= free)):
                 break
@@ -256,7 +266,8 @@ class SimReplica:
 
     def _running_reserve(self) -> float:
         remaining = sum(
-            min(r.target - (r.g0 + self.D - r.d0), CLIP_MAX_NEW_TOKENS) for r in self.running.values()
+            min(r.request.max_new_tokens - (r.g0 + self.D - r.d0), CLIP_MAX_NEW_TOKENS)
+            for r in self.running.values()
         )
         return remaining * self.ratio
 
@@ -346,8 +357,11 @@ class SimReplica:
             req.generated = req.g0 + (self.D - req.d0)
             self.ctx_base -= req.request.input_len + req.g0 - req.d0
             self.kv_used -= req.context
-            req.state = _WAITING
             req.retractions += 1
+            if req.abort:  # aborted while running: return its output instead of queueing it again
+                self._deliver(req, FinishReason.ABORT, self._now())
+                continue
+            req.state = _WAITING
             self.waiting.append(req)
         if self.s.kv_capacity - self.kv_used < len(self.running):
             raise EngineError(
@@ -359,11 +373,19 @@ class SimReplica:
         max_new = sum(r.request.max_new_tokens for r in remaining) or 1
         self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(remaining)) / max_new)
 
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
     def _live(self) -> list[_Req]:
         live = list(self.waiting) + list(self.running.values()) + self._in_batch
         if self.chunked is not None and self.chunked not in self._in_batch:
             live.append(self.chunked)
         return live
+
+
+def _live_entry(entry: tuple[int, int, _Req]) -> bool:
+    d, _, req = entry
+    return req.state == _RUNNING and req.d_finish == d
 
 
 def _resolve(fut: asyncio.Future[bool]) -> None:
