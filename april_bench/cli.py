@@ -2,7 +2,8 @@
 
 Examples::
 
-    python -m april_bench run --hw mi300x --algo dapo
+    python -m april_bench run                                  # the embedded default, on this CPU
+    python -m april_bench run --hw mi300x --algo dapo          # APRIL's paper setting, simulated here
     python -m april_bench run --hw h100 --dataset deepmath-103k --strategies sync,april --steps 50
     python -m april_bench run --engine-arg max_running_requests=64 --workload-arg response_median=3000
     python -m april_bench ls hardware
@@ -26,8 +27,8 @@ __all__ = ["build_parser", "main"]
 
 HARDWARE_CHOICES = ("cpu", "h100", "h200", "mi300x")
 ALGO_CHOICES = ("grpo", "dapo", "gspo")
-DATASET_CHOICES = ("dapo-math-17k", "deepscaler", "deepmath-103k")
-ENGINE_CHOICES = ("auto", "sim")
+DATASET_CHOICES = ("synthetic", "dapo-math-17k", "deepscaler", "deepmath-103k")
+ENGINE_CHOICES = ("auto", "hf", "sim")
 
 
 def _key_value(text: str) -> tuple[str, Any]:
@@ -42,29 +43,33 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
-    what = p.add_argument_group("what to compare")
-    what.add_argument("--hw", default="h100", choices=HARDWARE_CHOICES, help="hardware to run or simulate")
-    what.add_argument("--algo", default="grpo", choices=ALGO_CHOICES, help="dapo turns on dynamic sampling")
-    what.add_argument("--dataset", default="dapo-math-17k", choices=DATASET_CHOICES)
-    what.add_argument("--model", default="qwen3-4b", help="model profile (see: ls models)")
+    what = p.add_argument_group(
+        "what to compare (unset flags come from the recipe: embedded CPU default, or APRIL's paper setting)"
+    )
+    what.add_argument(
+        "--hw",
+        default="cpu",
+        choices=HARDWARE_CHOICES,
+        help="hardware to run or simulate; cpu runs the embedded default (default: cpu)",
+    )
+    what.add_argument("--algo", choices=ALGO_CHOICES, help="dapo turns on dynamic sampling")
+    what.add_argument("--dataset", choices=DATASET_CHOICES, help="synthetic is the embedded task")
+    what.add_argument(
+        "--model", help="tiny, qwen3-4b, qwen3-8b, r1-distill-qwen-1.5b, or a checkpoint dir (hf)"
+    )
     what.add_argument(
         "--engine",
-        default="auto",
         choices=ENGINE_CHOICES,
-        help="auto: a real engine when the hardware and engine are present, else the simulator",
+        help="auto: a real engine when it can run the named hardware here, else the simulator",
     )
-    what.add_argument(
-        "--strategies",
-        default="sync,oversample-discard,april",
-        help="comma-separated arms; sync is the baseline of every gain",
-    )
-    what.add_argument("--steps", type=int, default=20, help="training steps per arm")
-    what.add_argument("--seed", type=int, default=0, help="seed of prompts and length draws")
-    batch = p.add_argument_group("rollout batch (APRIL's paper settings are the defaults)")
-    batch.add_argument("--rollout-batch-size", type=int, default=32, help="N: groups trained per step")
-    batch.add_argument("--n-samples-per-prompt", type=int, default=8, help="samples per group")
-    batch.add_argument("--over-sampling-batch-size", type=int, default=64, help="N': groups per launch wave")
-    batch.add_argument("--max-response-len", type=int, default=16384, help="response token limit")
+    what.add_argument("--strategies", help="comma-separated arms; sync is the baseline of every gain")
+    what.add_argument("--steps", type=int, help="training steps per arm")
+    what.add_argument("--seed", type=int, help="seed of prompts, length draws and sampling")
+    batch = p.add_argument_group("rollout batch")
+    batch.add_argument("--rollout-batch-size", type=int, help="N: groups trained per step")
+    batch.add_argument("--n-samples-per-prompt", type=int, help="samples per group")
+    batch.add_argument("--over-sampling-batch-size", type=int, help="N': groups per launch wave")
+    batch.add_argument("--max-response-len", type=int, help="response token limit")
     batch.add_argument(
         "--dynamic-sampling",
         action=argparse.BooleanOptionalAction,
@@ -74,24 +79,25 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     batch.add_argument(
         "--refill",
         choices=("wave", "granular"),
-        default="wave",
         help="after rejections relaunch a whole wave (reference) or just the deficit",
     )
-    caps = p.add_argument_group("APRIL staleness caps (off by default, as in the paper)")
+    caps = p.add_argument_group("APRIL's off-policy tokens")
+    caps.add_argument(
+        "--off-policy",
+        choices=("as-is", "mask", "tis"),
+        help="train them as-is (the paper), mask them out, or weight them by TIS (cap 2)",
+    )
     caps.add_argument(
         "--max-version-span",
         type=int,
-        default=None,
         help="restart buffered samples whose oldest token is this many versions old",
     )
     caps.add_argument(
-        "--max-aborts-per-sample",
-        type=int,
-        default=None,
-        help="restart samples aborted more than this many times",
+        "--max-aborts-per-sample", type=int, help="restart samples aborted more than this many times"
     )
-    env = p.add_argument_group("engine and workload")
-    env.add_argument("--num-gpus", type=int, default=None, help="GPUs (default: one 8-GPU node)")
+    env = p.add_argument_group("engine, trainer and workload")
+    env.add_argument("--eval-every", type=int, help="held-out evaluation every N steps (real runs)")
+    env.add_argument("--num-gpus", type=int, help="GPUs to simulate (default: one 8-GPU node)")
     env.add_argument(
         "--engine-arg",
         action="append",
@@ -99,6 +105,22 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="native engine argument, e.g. tp_size=1 or max_running_requests=64 (repeatable)",
+    )
+    env.add_argument(
+        "--trainer-arg",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="NAME=VALUE",
+        help="trainer setting, e.g. lr=3e-4 or mini_batches=2 (repeatable)",
+    )
+    env.add_argument(
+        "--warmstart-arg",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="NAME=VALUE",
+        help="warm-start setting, e.g. steps=200 (repeatable)",
     )
     env.add_argument(
         "--workload-arg",
@@ -121,8 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="compare strategies on one workload and print a paper-style table",
-        description="Run every strategy on the same prompts and length draws; write a run directory.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Run every strategy on the same prompts, seeds and length draws; write a run directory.",
     )
     _add_run_arguments(run)
     out = run.add_argument_group("output")
@@ -144,34 +165,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    from april_bench.experiment import ExperimentConfig
-    from april_bench.rollout.loop import RolloutConfig
+_TOP_LEVEL = {
+    "algo": "algorithm",
+    "dataset": "dataset",
+    "model": "model",
+    "engine": "engine",
+    "steps": "steps",
+    "seed": "seed",
+    "dynamic_sampling": "dynamic_sampling",
+    "max_version_span": "max_version_span",
+    "max_aborts_per_sample": "max_aborts_per_sample",
+    "num_gpus": "num_gpus",
+    "off_policy": "off_policy",
+    "eval_every": "eval_every",
+}
+_ROLLOUT = (
+    "rollout_batch_size",
+    "n_samples_per_prompt",
+    "over_sampling_batch_size",
+    "max_response_len",
+    "refill",
+)
+_MAPPINGS = {
+    "engine_arg": "engine_args",
+    "trainer_arg": "trainer_args",
+    "warmstart_arg": "warmstart_args",
+    "workload_arg": "workload_args",
+}
 
-    rollout = RolloutConfig(
-        rollout_batch_size=args.rollout_batch_size,
-        n_samples_per_prompt=args.n_samples_per_prompt,
-        over_sampling_batch_size=args.over_sampling_batch_size,
-        max_response_len=args.max_response_len,
-        refill=args.refill,
-    )
-    return ExperimentConfig(
-        hardware=args.hw,
-        algorithm=args.algo,
-        dataset=args.dataset,
-        model=args.model,
-        engine=args.engine,
-        strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()),
-        steps=args.steps,
-        seed=args.seed,
-        rollout=rollout,
-        dynamic_sampling=args.dynamic_sampling,
-        max_version_span=args.max_version_span,
-        max_aborts_per_sample=args.max_aborts_per_sample,
-        num_gpus=args.num_gpus,
-        engine_args=dict(args.engine_arg),
-        workload_args=dict(args.workload_arg),
-    )
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The hardware's recipe, with every flag the user set applied on top."""
+    from april_bench.recipes import recipe_for
+
+    base = recipe_for(args.hw)
+    changes: dict[str, Any] = {
+        k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
+    }
+    if args.strategies is not None:
+        changes["strategies"] = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
+    if rollout:
+        changes["rollout"] = base.rollout.replace(**rollout)
+    for flag, key in _MAPPINGS.items():
+        if getattr(args, flag):
+            changes[key] = {**getattr(base, key), **dict(getattr(args, flag))}
+    return base.replace(**changes)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -195,6 +234,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         requests=rec.requests,
         samples=rec.samples,
         steps=rec.steps,
+        evals=rec.evals,
     )
     summary = stored.summary()
     print(render_tables(stored.config, summary, stored.simulated))
@@ -209,20 +249,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    """Build the configuration and its components without running anything (no warm start, no GPU)."""
     from april_bench.engines.detect import resolve_engine
     from april_bench.experiment import build_components
 
     config = config_from_args(args)
     engine, note = resolve_engine(config.engine, config.hardware)
-    components = build_components(config, engine)
-    engine_obj = components.engine()
-    info = engine_obj.info
     if note:
         print(note)
+    build_components(config, engine)
+    where = f"{config.model} on {config.hardware}"
+    if engine == "sim":
+        info = build_components(config, engine).engine().info
+        where = f"{info.replicas} replica(s) of {info.model} on {info.hardware}"
     print(
-        f"ok: {engine} engine, {info.replicas} replica(s) of {info.model} on {info.hardware}; "
-        f"arms: {', '.join(config.strategies)}; "
-        f"dynamic sampling {'on' if config.dynamic_sampling_on else 'off'}"
+        f"ok: {engine} engine, {where}; dataset {config.dataset}; arms: {', '.join(config.strategies)}; "
+        f"{config.steps} steps; dynamic sampling {'on' if config.dynamic_sampling_on else 'off'}"
     )
     return 0
 

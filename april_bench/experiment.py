@@ -1,10 +1,12 @@
 """An experiment: the same workload run under several rollout strategies.
 
 ``run(config)`` runs one *arm* per strategy.  Every arm gets a fresh engine,
-trainer, buffer and prompt stream over the same prompts and the same
-per-(prompt, sample) draws, so arms differ in the strategy alone.  A step is
-rollout, then train, then weight sync, timed on the arm's clock (virtual for
-the simulator, ``time.monotonic`` for real engines).
+trainer, buffer and prompt stream over the same prompts, the same sampling
+seeds and the same per-(prompt, sample) draws, so arms differ in the strategy
+alone.  A step is rollout, then train, then weight sync, timed on the arm's
+clock (virtual for the simulator, ``time.monotonic`` for real engines).
+Held-out evaluations happen between steps and are excluded from that clock,
+so "equal wall-clock" compares training time only.
 """
 
 from __future__ import annotations
@@ -21,24 +23,27 @@ from april_bench.algorithms import ALGORITHMS
 from april_bench.config import BaseConfig, ConfigError, param
 from april_bench.engines import ENGINES, WeightUpdate
 from april_bench.engines.detect import resolve_engine
-from april_bench.results.records import Fate, RunRecorder
-from april_bench.rollout.loop import RolloutConfig
+from april_bench.results.records import EvalRecord, Fate, RunRecorder
+from april_bench.rollout.loop import RolloutConfig, RolloutLoop
 from april_bench.strategies import STRATEGIES, build_strategy
 from april_bench.vtime import run_real, run_virtual
 
-__all__ = ["Components", "ExperimentConfig", "RunResult", "build_components", "run"]
+__all__ = ["OFF_POLICY_MODES", "Components", "ExperimentConfig", "RunResult", "build_components", "run"]
+
+#: Off-policy treatments of tokens from older policies (see april_bench.algorithms.losses).
+OFF_POLICY_MODES = ("as-is", "mask", "tis")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig(BaseConfig):
     hardware: str = param("h100", help="hardware: cpu, h100, h200, mi300x")
     algorithm: str = param("grpo", help="grpo, dapo (adds dynamic sampling) or gspo")
-    dataset: str = param("dapo-math-17k", help="dapo-math-17k, deepscaler or deepmath-103k")
-    model: str = param("qwen3-4b", help="policy model profile")
+    dataset: str = param("dapo-math-17k", help="synthetic, dapo-math-17k, deepscaler or deepmath-103k")
+    model: str = param("qwen3-4b", help="policy model (a named architecture, or a checkpoint for hf)")
     engine: str = param("auto", help="auto (real engine if present, else sim), or an engine name")
     strategies: tuple[str, ...] = param(("sync", "oversample-discard", "april"), help="arms to compare")
     steps: int = param(20, help="training steps per arm")
-    seed: int = param(0, help="seed of the workload draws")
+    seed: int = param(0, help="seed of the workload draws and of sampling")
     rollout: RolloutConfig = param(help="rollout batch settings", default_factory=RolloutConfig)
     dynamic_sampling: bool | None = param(None, help="override the algorithm's DAPO dynamic sampling")
     max_version_span: int | None = param(
@@ -46,10 +51,19 @@ class ExperimentConfig(BaseConfig):
     )
     max_aborts_per_sample: int | None = param(None, help="APRIL cap: restart samples aborted more often")
     num_gpus: int | None = param(None, help="GPUs (default: one node of the hardware)")
+    eval_every: int | None = param(
+        None, help="held-out evaluation every this many steps (and at 0 and the end)"
+    )
+    off_policy: str = param("as-is", help="tokens of older policies in the loss: as-is (paper), mask or tis")
     engine_args: Mapping[str, Any] = param(
         help="native engine arguments, passed through", default_factory=dict
     )
     workload_args: Mapping[str, Any] = param(help="simulated-workload overrides", default_factory=dict)
+    trainer_args: Mapping[str, Any] = param(
+        help="trainer settings (lr, mini_batches, ...)", default_factory=dict
+    )
+    task_args: Mapping[str, Any] = param(help="synthetic-task settings", default_factory=dict)
+    warmstart_args: Mapping[str, Any] = param(help="warm-start (SFT) settings", default_factory=dict)
 
     def __post_init__(self) -> None:
         ALGORITHMS.get(self.algorithm)
@@ -63,6 +77,12 @@ class ExperimentConfig(BaseConfig):
             raise ConfigError(f"--steps must be >= 1, got {self.steps}")
         if self.engine != "auto":
             ENGINES.get(self.engine)
+        if self.off_policy not in OFF_POLICY_MODES:
+            raise ConfigError(
+                f"--off-policy must be one of {', '.join(OFF_POLICY_MODES)}, got {self.off_policy!r}"
+            )
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ConfigError(f"--eval-every must be >= 1, got {self.eval_every}")
 
     @property
     def dynamic_sampling_on(self) -> bool:
@@ -71,7 +91,7 @@ class ExperimentConfig(BaseConfig):
         return ALGORITHMS.get(self.algorithm).dynamic_sampling
 
     def rollout_config(self) -> RolloutConfig:
-        return self.rollout.replace(dynamic_sampling=self.dynamic_sampling_on)
+        return self.rollout.replace(dynamic_sampling=self.dynamic_sampling_on, seed=self.seed)
 
 
 @dataclass(slots=True)
@@ -81,6 +101,14 @@ class RunResult:
     simulated: bool
     recorder: RunRecorder
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Components:
+    engine: Callable[[], Any]
+    trainer: Callable[[], Any]
+    workload: Any
+    evaluator: Any = None
 
 
 def run(
@@ -94,7 +122,7 @@ def run(
     notes = [note] if note else []
     if note and echo:
         echo(note)
-    components = build_components(config, engine_name)
+    components = build_components(config, engine_name, progress=progress)
     recorder = RunRecorder()
     simulated = True
     for name in config.strategies:
@@ -109,17 +137,18 @@ def run(
     return RunResult(config=config, engine=engine_name, simulated=simulated, recorder=recorder, notes=notes)
 
 
-@dataclass(slots=True)
-class Components:
-    engine: Callable[[], Any]
-    trainer: Callable[[], Any]
-    workload: Any
+def build_components(config: ExperimentConfig, engine_name: str, *, progress: bool = False) -> Components:
+    """Factories for the engine and trainer, the workload shared by every arm, and the evaluator."""
+    if engine_name == "sim":
+        return _sim_components(config)
+    if engine_name == "hf":
+        from april_bench.hf_components import hf_components
+
+        return hf_components(config, progress=progress)
+    raise ConfigError(f"engine {engine_name!r} cannot run experiments yet; use --engine sim or hf")
 
 
-def build_components(config: ExperimentConfig, engine_name: str) -> Components:
-    """Factories for the engine and trainer, and the workload shared by every arm (``validate`` uses it)."""
-    if engine_name != "sim":
-        raise ConfigError(f"engine {engine_name!r} cannot run experiments from the CLI yet; use --engine sim")
+def _sim_components(config: ExperimentConfig) -> Components:
     from april_bench.sim.engine import SimEngine
     from april_bench.sim.trainer import SimTrainer
     from april_bench.sim.workload import SimWorkload
@@ -161,7 +190,7 @@ async def _run_arm(
             max_version_span=config.max_version_span,
             max_aborts_per_sample=config.max_aborts_per_sample,
         )
-        t0 = loop.time()
+        clock = _TrainingClock(loop.time())
         rollout = config.rollout_config().build(
             arm=name,
             engine=engine,
@@ -169,30 +198,79 @@ async def _run_arm(
             workload=components.workload,
             prompts=components.workload.prompt_stream(),
             recorder=recorder,
-            t0=t0,
+            t0=clock.origin,
         )
+        evaluate = _evaluation(config, name, engine, components, recorder, clock, rollout)
+        await evaluate(0)
         for step in range(config.steps):
             version = step  # one policy update per step
             outcome = await rollout.run_step(step, version)
             t_train = loop.time()
-            await trainer.train(outcome.batch, step=step, policy_version=version)
+            result = await trainer.train(outcome.batch, step=step, policy_version=version)
             t_sync = loop.time()
             await engine.update_weights(WeightUpdate(version=version + 1, weights=trainer.weights()))
             t_end = loop.time()
             record = outcome.record
             record.train_time_s = t_sync - t_train
             record.weight_sync_time_s = t_end - t_sync
-            record.step_time_s = t_end - (t0 + record.t_start)
+            record.step_time_s = t_end - (clock.origin + record.t_start)
+            record.train_metrics = dict(getattr(result, "metrics", {}) or {})
             recorder.steps.append(record)
             recorder.sample_fates(
                 name, outcome.batch, step=step, fate=Fate.TRAINED, reason="accepted", train_version=version
             )
+            record.accuracy = await evaluate(step + 1)
             bar.update(1)
         recorder.sample_fates(
             name, list(rollout.buffer), step=config.steps, fate=Fate.BUFFERED, reason="end_of_run"
         )
     finally:
         await engine.close()
+
+
+@dataclass(slots=True)
+class _TrainingClock:
+    """The arm's clock origin; moved forward by every evaluation so it measures training time only."""
+
+    origin: float
+
+
+def _evaluation(
+    config: ExperimentConfig,
+    arm: str,
+    engine: Any,
+    components: Components,
+    recorder: RunRecorder,
+    clock: _TrainingClock,
+    rollout: RolloutLoop,
+) -> Callable[[int], Any]:
+    async def evaluate(done: int) -> float | None:
+        evaluator = components.evaluator
+        due = done in (0, config.steps) or (config.eval_every is not None and done % config.eval_every == 0)
+        if evaluator is None or not due:
+            return None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        result = await evaluator.evaluate(engine)
+        elapsed = loop.time() - start
+        recorder.evals.append(
+            EvalRecord(
+                arm=arm,
+                step=done,
+                policy_version=done,
+                train_time_s=start - clock.origin,
+                accuracy=result.accuracy,
+                accuracy_stderr=result.stderr,
+                n=result.n,
+                mean_response_len=result.mean_response_len,
+                eval_time_s=elapsed,
+            )
+        )
+        clock.origin += elapsed
+        rollout.shift_clock(elapsed)
+        return result.accuracy
+
+    return evaluate
 
 
 def load_config(data: Mapping[str, Any]) -> ExperimentConfig:

@@ -25,11 +25,28 @@ SMALL = [
     "4096",
     "--no-progress",
 ]
+TINY_EMBEDDED = [
+    "--steps",
+    "2",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--over-sampling-batch-size",
+    "8",
+    "--max-response-len",
+    "48",
+    "--eval-every",
+    "1",
+    "--warmstart-arg",
+    "steps=20",
+    "--no-progress",
+]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "april_bench", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "april_bench", *args], capture_output=True, text=True, timeout=600, env=env
     )
 
 
@@ -57,6 +74,7 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
         "requests.jsonl",
         "samples.jsonl",
         "steps.jsonl",
+        "evals.jsonl",
         "summary.json",
         "table.md",
     ):
@@ -96,6 +114,34 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
     assert "is not a run directory (missing config.json" in _run("report", str(tmp_path)).stderr
 
 
+def test_embedded_default_measures_throughput_and_accuracy(tmp_path: Path) -> None:
+    out = tmp_path / "embedded"
+    env = {**__import__("os").environ, "APRIL_BENCH_CACHE": str(tmp_path / "cache")}
+    proc = _run("run", *TINY_EMBEDDED, "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "MEASURED" in proc.stdout and "| measured" in proc.stdout
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["result_kind"] == "measured"
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["engine"] == "hf" and provenance["result_kind"] == "measured"
+    evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+    assert [(e["arm"], e["step"]) for e in evals] == [
+        ("sync", 0),
+        ("sync", 1),
+        ("sync", 2),
+        ("april", 0),
+        ("april", 1),
+        ("april", 2),
+    ]
+    assert all(0.0 <= e["accuracy"] <= 1.0 and e["n"] > 0 for e in evals)
+    summary = json.loads((out / "summary.json").read_text())["arms"]
+    for arm in ("sync", "april"):
+        assert summary[arm]["accuracy"] is not None and summary[arm]["accuracy_equal_time"] is not None
+        assert summary[arm]["generated_tokens_per_s"] > 0
+    assert summary["april"]["throughput_gain_vs_sync"] is not None
+    table = (out / "table.md").read_text()
+    assert "(baseline)" in table and "pts)" in table
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -110,7 +156,20 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
     ],
 )
 def test_bad_input_gets_a_clear_error_naming_the_fix(args: list[str], message: str, capsys) -> None:
-    assert main(["run", *args, "--no-progress"]) == 2
+    assert main(["run", "--hw", "h100", *args, "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trainer-arg", "learning_rate=1"], "unknown --trainer-arg learning_rate"),
+        (["--model", "tinyy"], "Did you mean: tiny"),
+        (["--off-policy", "tis", "--trainer-arg", "mini_batches=0"], "mini_batches and epochs must be >= 1"),
+    ],
+)
+def test_bad_embedded_input_is_caught_before_any_training(args: list[str], message: str, capsys) -> None:
+    assert main(["validate", *args]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -118,9 +177,35 @@ def test_validate_and_ls(capsys) -> None:
     assert main(["validate", "--hw", "h200", "--engine-arg", "tp_size=1"]) == 0
     out = capsys.readouterr().out
     assert "8 replica(s) of qwen3-4b on h200" in out
+    assert main(["validate"]) == 0
+    assert "ok: hf engine, tiny on cpu; dataset synthetic; arms: sync, april" in capsys.readouterr().out
     assert main(["ls", "hardware"]) == 0
     listing = capsys.readouterr().out
     assert "mi300x" in listing and "eta_bw:" in listing
+
+
+@pytest.mark.parametrize("hw", ["h100", "h200", "mi300x"])
+def test_every_gpu_hardware_choice_simulates_here(hw: str, tmp_path: Path, capsys) -> None:
+    args = [
+        "run",
+        "--hw",
+        hw,
+        "--steps",
+        "1",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--over-sampling-batch-size",
+        "4",
+        "--max-response-len",
+        "512",
+        "--no-progress",
+        "--out",
+        str(tmp_path / hw),
+    ]
+    assert main(args) == 0
+    assert '"result_kind": "simulated"' in capsys.readouterr().out
 
 
 def test_cli_flags_stay_few() -> None:
@@ -145,36 +230,16 @@ def test_cli_flags_stay_few() -> None:
             "--dynamic-sampling",
             "--no-dynamic-sampling",
             "--refill",
+            "--off-policy",
             "--max-version-span",
             "--max-aborts-per-sample",
+            "--eval-every",
             "--num-gpus",
             "--engine-arg",
+            "--trainer-arg",
+            "--warmstart-arg",
             "--workload-arg",
             "--out",
             "--no-progress",
         ]
     )
-
-
-@pytest.mark.parametrize("hw", ["cpu", "h100", "h200", "mi300x"])
-def test_every_hardware_choice_runs(hw: str, tmp_path: Path, capsys) -> None:
-    args = [
-        "run",
-        "--hw",
-        hw,
-        "--steps",
-        "1",
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "2",
-        "--over-sampling-batch-size",
-        "4",
-        "--max-response-len",
-        "512",
-        "--no-progress",
-        "--out",
-        str(tmp_path / hw),
-    ]
-    assert main(args) == 0
-    assert "simulated" in capsys.readouterr().out

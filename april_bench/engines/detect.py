@@ -1,4 +1,4 @@
-"""What this machine has: accelerators and installed engine packages (never imports them)."""
+"""What this machine has: accelerators and engine packages, and what ``--engine auto`` picks."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-__all__ = ["Accelerators", "detect_accelerators", "installed_engines", "resolve_engine"]
+__all__ = ["Accelerators", "detect_accelerators", "hf_available", "installed_engines", "resolve_engine"]
 
 GPU_VENDOR = {"h100": "nvidia", "h200": "nvidia", "mi300x": "amd", "cpu": "cpu"}
-REAL_ENGINES: tuple[str, ...] = ()  # real adapters register here as they land (hf, sglang, vllm)
+#: The device-name fragment that identifies each hardware profile.
+GPU_NAME = {"h100": "h100", "h200": "h200", "mi300x": "mi300"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,25 +34,39 @@ def installed_engines() -> list[str]:
     return [name for name in ("sglang", "vllm") if importlib.util.find_spec(name) is not None]
 
 
-def resolve_engine(requested: str, hardware: str) -> tuple[str, str | None]:
-    """``(engine, note)``: ``auto`` becomes a real engine when one can run here, else ``sim``.
+def hf_available() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
 
-    ``note`` is the one line telling the user why it simulates.
-    """
+
+def _gpu_name() -> str | None:
+    import torch  # only reached when a GPU device node exists
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0)
+
+
+def resolve_engine(requested: str, hardware: str) -> tuple[str, str | None]:
+    """``(engine, note)``: ``auto`` becomes a real engine when one can run the named hardware here,
+    otherwise ``sim``; ``note`` is the one line that says why it simulates."""
     if requested != "auto":
         return requested, None
-    vendor = GPU_VENDOR.get(hardware, "")
-    usable = [e for e in REAL_ENGINES if e in installed_engines()] if vendor != "cpu" else []
-    if usable and detect_accelerators().count(vendor):
-        return usable[0], None
-    if vendor == "cpu":
-        why = "no real engine runs on the CPU in this release"
-    elif not detect_accelerators().count(vendor):
+    if not hf_available():
+        why = "torch and transformers are not installed (pip install torch==2.13.0 transformers)"
+        return "sim", f"--engine auto: {why}; simulating {hardware} (results labelled simulated)"
+    if hardware == "cpu":
+        return "hf", None
+    vendor = GPU_VENDOR[hardware]
+    if not detect_accelerators().count(vendor):
         why = f"no {vendor.upper()} GPU found"
-    elif not installed_engines():
-        why = "neither sglang nor vllm is installed"
     else:
-        why = "no adapter for the installed engine in this release"
+        name = _gpu_name()
+        if name is None:
+            why = f"a {vendor.upper()} GPU is present but torch cannot use it"
+        elif GPU_NAME[hardware] not in name.lower():
+            why = f"the GPU here is {name}, not {hardware}"
+        else:
+            return "hf", None
     return (
         "sim",
         f"--engine auto: {why}; simulating {hardware} with the calibrated simulator "

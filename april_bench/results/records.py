@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from april_bench.types import Group
 
-__all__ = ["Fate", "RequestRecord", "RunRecorder", "SampleRecord", "StepRecord"]
+__all__ = ["EvalRecord", "Fate", "RequestRecord", "RunRecorder", "SampleRecord", "StepRecord"]
 
 
 class Fate(enum.StrEnum):
@@ -113,7 +113,27 @@ class StepRecord:
     saturated_tokens_per_s: float | None
     #: Real CPU seconds the rollout loop and strategy spent on their own bookkeeping.
     bookkeeping_s: float
+    #: Held-out accuracy after this step's update, when it was evaluated.
     accuracy: float | None = None
+    #: The trainer's metrics for this step (loss, entropy, grad norm, ...; empty in simulation).
+    train_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EvalRecord:
+    """One held-out evaluation of an arm's policy, on the arm's training clock (evaluation time excluded)."""
+
+    arm: str
+    #: Training steps completed before this evaluation (0 = the starting policy).
+    step: int
+    policy_version: int
+    train_time_s: float
+    accuracy: float
+    #: Standard error of the accuracy over evaluation problems.
+    accuracy_stderr: float
+    n: int
+    mean_response_len: float
+    eval_time_s: float
 
 
 def as_row(record: Any) -> dict[str, Any]:
@@ -132,6 +152,7 @@ class RunRecorder:
         self.requests: list[RequestRecord] = []
         self.samples: list[SampleRecord] = []
         self.steps: list[StepRecord] = []
+        self.evals: list[EvalRecord] = []
 
     def sample_fates(
         self,

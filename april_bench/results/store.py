@@ -7,6 +7,7 @@
     <out>/requests.jsonl     one row per engine request (segment)
     <out>/samples.jsonl      one row per sample fate (trained / dropped / buffered)
     <out>/steps.jsonl        one row per step
+    <out>/evals.jsonl        one row per held-out evaluation (measured runs)
     <out>/summary.json       per-arm metrics (recomputable from the rows)
     <out>/table.md           the paper-style and detail tables
 
@@ -44,13 +45,14 @@ class RunDirectory:
     requests: list[dict[str, Any]]
     samples: list[dict[str, Any]]
     steps: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
 
     @property
     def simulated(self) -> bool:
         return self.provenance.get("result_kind") == "simulated"
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        return summarize(self.requests, self.samples, self.steps)
+        return summarize(self.requests, self.samples, self.steps, self.evals)
 
 
 def _write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -81,18 +83,22 @@ def write_run(
     requests: Iterable[Any],
     samples: Iterable[Any],
     steps: Iterable[Any],
+    evals: Iterable[Any] = (),
 ) -> RunDirectory:
     out.mkdir(parents=True, exist_ok=True)
     rows = {
         "requests": [as_row(r) for r in requests],
         "samples": [as_row(r) for r in samples],
         "steps": [as_row(r) for r in steps],
+        "evals": [as_row(r) for r in evals],
     }
     for name, data in rows.items():
         _write_jsonl(out / f"{name}.jsonl", data)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
-    run = RunDirectory(out, dict(config), dict(provenance), rows["requests"], rows["samples"], rows["steps"])
+    run = RunDirectory(
+        out, dict(config), dict(provenance), rows["requests"], rows["samples"], rows["steps"], rows["evals"]
+    )
     summary = run.summary()
     (out / "summary.json").write_text(
         json.dumps({"result_kind": provenance.get("result_kind"), "arms": summary}, indent=2) + "\n"
@@ -114,6 +120,7 @@ def load_run(path: Path) -> RunDirectory:
         requests=_read_jsonl(rows["requests"]),  # type: ignore[arg-type]
         samples=_read_jsonl(rows["samples"]),  # type: ignore[arg-type]
         steps=_read_jsonl(rows["steps"]),  # type: ignore[arg-type]
+        evals=_read_jsonl(evals) if (evals := _rows_file(path, "evals")) else [],
     )
 
 

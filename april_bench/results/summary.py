@@ -28,6 +28,11 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     previous segment's tokens, and divides by (new tokens + those).
 ``max_version_span``
     over trained samples, newest minus oldest version among its tokens.
+``accuracy``, ``accuracy_equal_time``
+    held-out accuracy after the last step (every arm runs the same number of
+    steps, so this is the equal-steps comparison), and at the largest training
+    time every arm reached (the last evaluation at or before it): equal
+    wall-clock.  ``None`` when nothing was evaluated (always, for a simulated run).
 ``wasted_tokens``
     tokens generated and never trained: dropped groups and restarts.  With the
     tokens still buffered at the end, generated = trained + wasted + buffered.
@@ -46,7 +51,12 @@ Row = Mapping[str, Any]
 
 
 def summarize(
-    requests: Iterable[Row], samples: Iterable[Row], steps: Iterable[Row], *, baseline: str = "sync"
+    requests: Iterable[Row],
+    samples: Iterable[Row],
+    steps: Iterable[Row],
+    evals: Iterable[Row] = (),
+    *,
+    baseline: str = "sync",
 ) -> dict[str, dict[str, Any]]:
     """Metrics per arm, keyed by arm name (in the order arms appear in ``steps``)."""
     by_arm_steps: dict[str, list[Row]] = defaultdict(list)
@@ -62,13 +72,35 @@ def summarize(
         arm: _arm_metrics(arm_steps, by_arm_requests[arm], by_arm_samples[arm])
         for arm, arm_steps in by_arm_steps.items()
     }
+    _accuracy(summary, list(evals))
     base = summary.get(baseline)
     for metrics in summary.values():
         metrics["throughput_gain_vs_sync"] = _gain(metrics, base, "generated_tokens_per_s")
         metrics["useful_gain_vs_sync"] = _gain(metrics, base, "useful_tokens_per_s")
         metrics["end_to_end_gain_vs_sync"] = _gain(metrics, base, "trained_tokens_per_step_s")
-        metrics["accuracy_improvement_vs_sync"] = _accuracy_gain(metrics, base)
+        metrics["accuracy_improvement_vs_sync"] = _accuracy_gain(metrics, base, "accuracy")
+        metrics["accuracy_improvement_equal_time_vs_sync"] = _accuracy_gain(
+            metrics, base, "accuracy_equal_time"
+        )
     return summary
+
+
+def _accuracy(summary: dict[str, dict[str, Any]], evals: list[Row]) -> None:
+    by_arm: dict[str, list[Row]] = defaultdict(list)
+    for row in evals:
+        by_arm[row["arm"]].append(row)
+    finished = [max(r["train_time_s"] for r in rows) for rows in by_arm.values() if rows]
+    budget = min(finished) if finished else None
+    for arm, metrics in summary.items():
+        rows = sorted(by_arm.get(arm, []), key=lambda r: r["train_time_s"])
+        metrics["accuracy_start"] = rows[0]["accuracy"] if rows else None
+        metrics["accuracy"] = rows[-1]["accuracy"] if rows else None
+        metrics["accuracy_stderr"] = rows[-1].get("accuracy_stderr") if rows else None
+        within = [r for r in rows if budget is not None and r["train_time_s"] <= budget * (1 + 1e-9)]
+        metrics["accuracy_equal_time"] = within[-1]["accuracy"] if within else None
+        metrics["accuracy_equal_time_stderr"] = within[-1].get("accuracy_stderr") if within else None
+        metrics["equal_time_budget_s"] = budget if rows else None
+        metrics["accuracy_curve"] = [[r["step"], round(r["train_time_s"], 3), r["accuracy"]] for r in rows]
 
 
 def _gain(metrics: Mapping[str, Any], base: Mapping[str, Any] | None, key: str) -> float | None:
@@ -77,10 +109,11 @@ def _gain(metrics: Mapping[str, Any], base: Mapping[str, Any] | None, key: str) 
     return metrics[key] / base[key] - 1
 
 
-def _accuracy_gain(metrics: Mapping[str, Any], base: Mapping[str, Any] | None) -> float | None:
-    if base is None or metrics.get("accuracy") is None or base.get("accuracy") is None:
+def _accuracy_gain(metrics: Mapping[str, Any], base: Mapping[str, Any] | None, key: str) -> float | None:
+    """Absolute accuracy difference against the baseline (percentage points / 100)."""
+    if base is None or metrics.get(key) is None or base.get(key) is None:
         return None
-    return metrics["accuracy"] - base["accuracy"]
+    return metrics[key] - base[key]
 
 
 def _arm_metrics(steps: Sequence[Row], requests: Sequence[Row], samples: Sequence[Row]) -> dict[str, Any]:
@@ -94,7 +127,6 @@ def _arm_metrics(steps: Sequence[Row], requests: Sequence[Row], samples: Sequenc
     wasted = sum(s["response_len"] for s in dropped) + sum(s["discarded_tokens"] for s in samples)
     off_policy = sum(s["off_policy_tokens"] for s in trained)
     n = len(steps)
-    accuracies = [s["accuracy"] for s in steps if s.get("accuracy") is not None]
     return {
         "steps": n,
         "rollout_time_s": rollout,
@@ -128,7 +160,6 @@ def _arm_metrics(steps: Sequence[Row], requests: Sequence[Row], samples: Sequenc
         "bookkeeping_share_of_engine_time": sum(s["bookkeeping_s"] for s in steps) / rollout
         if rollout
         else None,
-        "accuracy": accuracies[-1] if accuracies else None,
     }
 
 

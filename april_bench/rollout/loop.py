@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import AsyncIterator
@@ -35,7 +37,14 @@ from april_bench.rollout.strategy import Disposition, RefillMode, RolloutStrateg
 from april_bench.types import Group, Sample, SampleStatus, Segment, concat_ids
 from april_bench.workload import PromptStream, Workload
 
-__all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome", "keep_group"]
+__all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome", "keep_group", "sample_seed"]
+
+
+def sample_seed(seed: int, uid: int, index: int) -> int:
+    """The sampling seed of sample ``index`` of prompt ``uid``: the same in every arm, and for every
+    resume of the sample (engines key their draws by position, so a resume continues the stream)."""
+    digest = hashlib.blake2b(f"{seed}:{uid}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def keep_group(rewards: list[float]) -> bool:
@@ -61,6 +70,7 @@ class RolloutConfig(BaseConfig):
     reabort_interval_s: float = param(1.0, help="re-abort if requests are still out after this long")
     abort_timeout_s: float = param(180.0, help="give up if the engine is not idle this long after abort")
     replay_lengths: bool = param(False, help="replay the workload's response lengths on a real engine")
+    seed: int = param(0, help="sampling seed: sample i of prompt u gets the same seed in every arm")
 
     def __post_init__(self) -> None:
         try:
@@ -166,6 +176,10 @@ class RolloutLoop(Configurable):
         self._replay = config.replay_lengths or not engine.info.produces_tokens
         self._next_request = 0
         self._next_order = 0
+
+    def shift_clock(self, seconds: float) -> None:
+        """Move the records' time origin forward (the harness excludes evaluation time)."""
+        self._t0 += seconds
 
     # ------------------------------------------------------------------ step
     async def run_step(self, step: int, policy_version: int) -> StepOutcome:
@@ -280,7 +294,9 @@ class RolloutLoop(Configurable):
             request_id=request_id,
             input_len=prompt.length + sample.response_len,
             max_new_tokens=budget,
-            sampling=self._sampling,
+            sampling=dataclasses.replace(
+                self._sampling, seed=sample_seed(self.config.seed, prompt.uid, sample.index)
+            ),
             input_ids=input_ids,
             replay_len=replay,
             routing_key=str(prompt.uid),

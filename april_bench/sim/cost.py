@@ -14,6 +14,9 @@ by ``B`` per iteration, so both roofline terms are linear in the iteration
 index and the run time has a closed form (:meth:`CostModel.decode_run_time`);
 the simulator never loops over single tokens.
 
+On a profile with ``overlap=False`` (a fitted CPU, where memory traffic and
+arithmetic do not overlap) the two roofline terms add up instead.
+
 A prefill (extend) batch of chunks ``(offset, n)`` costs the same roofline with
 ``F*sum(n) + A*sum(n*(offset + n/2))`` FLOPs and the weights plus the KV it
 reads, and runs without CUDA graphs.
@@ -73,7 +76,8 @@ class CostModel:
     # -- decode ------------------------------------------------------------
     def decode_iteration_time(self, batch: int, context_sum: float) -> float:
         c, ma, mb, ca, cb = self._linear_terms(batch)
-        return c + max(ma + mb * context_sum, ca + cb * context_sum)
+        mem, comp = ma + mb * context_sum, ca + cb * context_sum
+        return c + (max(mem, comp) if self.hardware.overlap else mem + comp)
 
     def decode_run_time(self, batch: int, context_sum: float, iterations: int) -> float:
         """Time of ``iterations`` decode steps; the context sum grows by ``batch`` per step."""
@@ -83,6 +87,8 @@ class CostModel:
         # Term j at iteration i: a_j + b_j * i with a_j = ma + mb*S0 and b_j = mb*B.
         mem = (ma + mb * context_sum, mb * batch)
         comp = (ca + cb * context_sum, cb * batch)
+        if not self.hardware.overlap:
+            return c * iterations + _sum_linear(mem[0] + comp[0], mem[1] + comp[1], 0, iterations)
         return c * iterations + _sum_max_linear(mem, comp, iterations)
 
     def iterations_within(self, batch: int, context_sum: float, limit: int, budget: float) -> int:
@@ -112,7 +118,8 @@ class CostModel:
         mem = (m.decode_weight_bytes + kv_read * m.kv_bytes_per_token) / self._bw
         comp = (m.flops_per_token * tokens + m.attention_flops_per_context_token * attn_pairs) / self._flops
         hw = self.hardware
-        return hw.step_overhead_s + hw.eager_overhead_s + max(mem, comp) + self._allreduce(tokens)
+        work = max(mem, comp) if hw.overlap else mem + comp
+        return hw.step_overhead_s + hw.eager_overhead_s + work + self._allreduce(tokens)
 
     # -- memory ----------------------------------------------------------------
     def kv_capacity_tokens(self, mem_fraction: float) -> int:

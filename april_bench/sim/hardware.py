@@ -12,14 +12,24 @@ those of ``sglang==0.5.2`` ``server_args.py`` for each GPU's memory size.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from april_bench.registry import Registry
 
-__all__ = ["HARDWARE", "HardwareProfile", "hardware_names", "hardware_profile", "measure_host"]
+__all__ = [
+    "CALIBRATION",
+    "HARDWARE",
+    "GiB",
+    "HardwareProfile",
+    "hardware_names",
+    "hardware_profile",
+    "measure_host",
+]
 
 GiB = 1024**3
 
@@ -53,6 +63,8 @@ class HardwareProfile:
     #: Achieved model FLOP utilisation of the trainer (Megatron) on this GPU.
     train_mfu: float
     gpus_per_node: int = 8
+    #: True: memory and compute overlap (roofline max, GPUs); False: they add up (a fitted CPU).
+    overlap: bool = True
     sources: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -252,10 +264,17 @@ def measure_host(seconds: float = 0.5) -> HardwareProfile:
     )
 
 
+#: The ``cpu`` profile fit to the hf engine by ``benchmarks/hf_bench.py`` (package data).
+CALIBRATION = Path(__file__).with_name("calibration") / "cpu.json"
+
+
 @functools.cache
 def hardware_profile(name: str) -> HardwareProfile:
-    """The profile for ``name``: a registered GPU, or ``cpu`` measured on this machine (once)."""
+    """The profile for ``name``: a registered GPU, or ``cpu`` - fit to the hf engine when a
+    calibration exists, else measured on this machine (once)."""
     if name == "cpu":
+        if CALIBRATION.exists():
+            return HardwareProfile(**json.loads(CALIBRATION.read_text()))
         return measure_host()
     return HARDWARE.get(name)
 

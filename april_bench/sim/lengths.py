@@ -98,10 +98,11 @@ class LognormalLengths:
 class TraceLengths:
     """Replays recorded response lengths (JSON Lines or CSV with a ``length`` column).
 
-    Rows are grouped by ``prompt_id`` when the file has one, otherwise in
-    consecutive blocks of the group size.  Prompt ``uid`` replays trace group
-    ``uid mod groups``; an optional ``reward`` (or ``correct``) column gives the
-    rewards, which DAPO dynamic sampling needs.
+    Rows are grouped by ``uid`` (exact: prompt ``uid`` replays the rows recorded
+    for that prompt - how a measured run is replayed), else by ``prompt_id``,
+    else in consecutive blocks of the group size; a prompt without its own rows
+    replays group ``uid mod groups``.  An optional ``reward`` (or ``correct``)
+    column gives the rewards, which DAPO dynamic sampling needs.
     """
 
     drift_per_step = 0.0
@@ -116,19 +117,21 @@ class TraceLengths:
             raise ConfigError(f"length trace {self.path} needs a 'length' column; found {sorted(rows[0])}")
         self.has_rewards = any(k in rows[0] for k in ("reward", "correct"))
         groups: dict[str, list[dict[str, str]]] = {}
-        if "prompt_id" in rows[0]:
+        key = "uid" if "uid" in rows[0] else "prompt_id" if "prompt_id" in rows[0] else None
+        if key is not None:
             for row in rows:
-                groups.setdefault(str(row["prompt_id"]), []).append(row)
+                groups.setdefault(str(row[key]), []).append(row)
             self._groups = list(groups.values())
         else:
             self._groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
+        self._by_uid = {int(k): g for k, g in groups.items()} if key == "uid" else {}
         for g in self._groups:
             for row in g:
                 if int(float(row["length"])) < 1:
                     raise ConfigError(f"length trace {self.path}: lengths must be >= 1, got {row['length']}")
 
     def draw(self, uid: int, n: int) -> LengthDraw:
-        group = self._groups[uid % len(self._groups)]
+        group = self._by_uid.get(uid) or self._groups[uid % len(self._groups)]
         rows = [group[j % len(group)] for j in range(n)]
         logs = tuple(math.log(int(float(r["length"]))) for r in rows)
         correct = tuple(_truthy(r.get("reward", r.get("correct", 1))) for r in rows)

@@ -128,3 +128,20 @@ MODELS.register(
     ),
     "Qwen3-8B (36 layers, GQA 32/8); in APRIL's scripts",
 )
+MODELS.register(
+    "tiny",
+    ModelProfile(
+        name="tiny",
+        hf_id="(april_bench.engines.hf.models.TINY)",
+        layers=3,
+        hidden=96,
+        ffn=288,
+        q_heads=4,
+        kv_heads=2,
+        head_dim=24,
+        vocab=17,
+        tied_embeddings=True,
+        source="april_bench.engines.hf.models.TINY with the synthetic task's 17-token vocabulary",
+    ),
+    "the embedded default: a 3-layer Qwen3 with 0.3 M parameters",
+)

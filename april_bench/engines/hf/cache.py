@@ -1,0 +1,125 @@
+"""A slot KV cache: a ``transformers`` Cache whose batch rows are scheduler slots.
+
+Every slot holds one sequence with its own length.  The scheduler keeps the
+active sequences in slots ``0 .. B-1`` (a finished sequence's slot is filled
+by moving the last one into it), so a decode step reads the cache through a
+*view* ``K[:B, :, :kv_len]`` - no per-step gather or copy.  Before each
+forward the engine binds what the model's ``update(key, value, layer)`` calls
+mean:
+
+* decode: row ``b`` writes its one new key/value at ``positions[b]``;
+* prefill: rows ``start .. start+n`` write ``0 .. length`` (right-padded prompts).
+
+Attention sees the returned view plus a 4D mask built by the engine, which
+marks each row's valid positions; transformers uses a 4D mask as given.  Any
+decoder whose attention calls ``past_key_values.update`` works (Llama, Qwen2,
+Qwen3, Mistral ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+__all__ = ["SlotKVCache"]
+
+
+class _SlotLayer(CacheLayerMixin):
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner: SlotKVCache, index: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.index = index
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Storage is allocated up front."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        o = self.owner
+        keys, values = o.keys[self.index], o.values[self.index]
+        lo, hi = o.rows
+        if o.positions is not None:  # decode: one new token per row, each at its own position
+            rows = o.row_index[: hi - lo] + lo
+            keys[rows, :, o.positions] = key_states[:, :, 0]
+            values[rows, :, o.positions] = value_states[:, :, 0]
+        else:  # prefill: rows write positions 0 .. length
+            length = key_states.shape[2]
+            keys[lo:hi, :, :length] = key_states
+            values[lo:hi, :, :length] = value_states
+        return keys[lo:hi, :, : o.kv_len], values[lo:hi, :, : o.kv_len]
+
+    def get_seq_length(self) -> int:
+        return self.owner.kv_len
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.kv_len, 0
+
+    def get_max_length(self) -> int:
+        return self.owner.max_len
+
+
+class SlotKVCache(Cache):
+    """``slots`` sequences of up to ``max_len`` tokens, for every layer."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (slots, num_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.slots = slots
+        self.max_len = max_len
+        self.row_index = torch.arange(slots, device=device)
+        self.rows = (0, 0)
+        self.positions: torch.Tensor | None = None
+        self.kv_len = 0
+        super().__init__(layers=[_SlotLayer(self, i) for i in range(num_layers)])
+
+    @classmethod
+    def for_model(
+        cls, config: Any, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device
+    ) -> SlotKVCache:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            slots=slots,
+            max_len=max_len,
+            dtype=dtype,
+            device=device,
+        )
+
+    def bind_decode(self, count: int, positions: torch.Tensor) -> None:
+        """The next forward decodes rows ``0 .. count``; row b writes at ``positions[b]``."""
+        self.rows = (0, count)
+        self.positions = positions
+        self.kv_len = int(positions.max()) + 1
+
+    def bind_prefill(self, start: int, count: int, length: int) -> None:
+        """The next forward prefills rows ``start .. start+count`` with ``length`` (padded) tokens."""
+        self.rows = (start, start + count)
+        self.positions = None
+        self.kv_len = length
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (all layers)."""
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[dst, :, :length] = keys[src, :, :length]
+            values[dst, :, :length] = values[src, :, :length]

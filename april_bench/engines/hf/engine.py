@@ -1,0 +1,421 @@
+"""The ``hf`` engine: a continuous-batching scheduler over a ``transformers`` causal LM.
+
+Why our own scheduler rather than transformers' continuous-batching manager:
+that manager drops a cancelled request without returning what it generated
+(``scheduler.clear_cancelled_requests`` in transformers 5.23), has no
+per-request seeds, and runs on its own thread; APRIL needs an abort that hands
+back the partial tokens and log-probs.  ``benchmarks/hf_bench.py`` measures the
+decode-step cost of this scheduler against batch size and context.
+
+The scheduler (one asyncio task, one forward at a time, yielding to the event
+loop between forwards so the rollout loop can react):
+
+1. aborts: queued requests return at once with nothing; running requests
+   return what they have at the next boundary (no extra step);
+2. prefill first: admit queued requests into free slots, up to
+   ``max_prefill_tokens`` padded tokens per extend batch; the extend samples
+   each request's first token;
+3. otherwise one decode step for every running request.
+
+Active sequences occupy slots ``0 .. B-1`` of a :class:`SlotKVCache`; when one
+finishes, the last active sequence moves into its slot.  EOS stops a request
+unless it replays a length (``replay_len``), in which case EOS is banned until
+the length is reached and the request then stops as if it had sampled EOS.
+Weights are updated in place from the trainer's state dict; every token is
+stamped with the policy version in force when it was sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.engines.hf.cache import SlotKVCache
+from april_bench.engines.hf.models import build_model
+from april_bench.engines.hf.sampling import position_uniform, sample
+from april_bench.engines.protocol import (
+    Completion,
+    EngineError,
+    EngineInfo,
+    EngineLoad,
+    GenerateRequest,
+    WeightUpdate,
+)
+from april_bench.engines.stream import CompletionStream
+from april_bench.rollout.loop import sample_seed
+from april_bench.types import FinishReason
+
+__all__ = ["HFEngine"]
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    request: GenerateRequest
+    stream: CompletionStream
+    seed: int
+    eos: frozenset[int]
+    slot: int = -1
+    kv: int = 0  # tokens of this sequence in the KV cache
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    t_first: float | None = None
+    aborted: bool = False
+
+    @property
+    def context(self) -> int:
+        return self.request.input_len + len(self.tokens)
+
+
+class HFEngine(Configurable):
+    """Continuous batching over a Hugging Face causal LM, on CPU or CUDA."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        model: str = param("tiny", help="named architecture (random weights) or a checkpoint directory")
+        device: str = param("auto", help="cpu, cuda, cuda:N, or auto (cuda when available)")
+        dtype: str = param("auto", help="float32, bfloat16, float16, float64, or auto (bf16 on cuda)")
+        max_running_requests: int = param(128, help="decode slots (concurrent sequences)")
+        max_context_len: int = param(1024, help="prompt + response tokens per slot")
+        max_prefill_tokens: int = param(4096, help="padded tokens per extend (prefill) batch")
+        eos_token_ids: tuple[int, ...] = param((), help="stop tokens (default: the model config's EOS)")
+        seed: int = param(0, help="base of the per-request seeds of requests that carry none")
+        threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
+        engine_args: dict[str, Any] = param(
+            help="passed to from_pretrained / from_config unchanged", default_factory=dict
+        )
+
+        def __post_init__(self) -> None:
+            if self.max_running_requests < 1 or self.max_context_len < 2 or self.max_prefill_tokens < 1:
+                raise ConfigError(
+                    "max_running_requests, max_context_len and max_prefill_tokens must be positive"
+                )
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        module: torch.nn.Module | None = None,
+        vocab_size: int | None = None,
+        weights: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
+        self.model = (
+            module
+            if module is not None
+            else build_model(
+                config.model,
+                vocab_size=vocab_size,
+                dtype=self.dtype,
+                device=self.device,
+                seed=config.seed,
+                model_kwargs=dict(config.engine_args),
+            )
+        )
+        self.model.eval()
+        if weights is not None:
+            self.model.load_state_dict(weights)
+        self.version = 0
+        eos = config.eos_token_ids or _config_eos(self.model.config)
+        self._eos = frozenset(eos)
+        self._waiting: deque[_Seq] = deque()
+        self._active: list[_Seq] = []
+        self._cache: SlotKVCache | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._step_times: dict[int, list[float]] = {}
+        self._info = EngineInfo(
+            name="hf",
+            simulated=False,
+            produces_tokens=True,
+            virtual_time=False,
+            replicas=1,
+            hardware=self.device.type,
+            model=config.model,
+        )
+
+    # ------------------------------------------------------------ protocol
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    async def start(self) -> None:
+        self._cache = SlotKVCache.for_model(
+            self.model.config,
+            slots=self.config.max_running_requests,
+            max_len=self.config.max_context_len,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self._wake = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        if self._task is None or self._wake is None:
+            raise EngineError("hf engine not started: call await engine.start() first")
+        if self._task.done():
+            raise EngineError("the hf engine's scheduler stopped") from self._task.exception()
+        for req in requests:
+            if req.input_ids is None:
+                raise EngineError(
+                    f"{req.request_id}: the hf engine needs input_ids (token ids), not just lengths"
+                )
+            if req.input_len + req.max_new_tokens > self.config.max_context_len:
+                raise EngineError(
+                    f"{req.request_id}: {req.input_len} + {req.max_new_tokens} tokens exceed max_context_len "
+                    f"{self.config.max_context_len}; raise --engine-arg max_context_len"
+                )
+        stream = CompletionStream(len(requests))
+        for req in requests:
+            seed = req.sampling.seed
+            if seed is None:  # distinct requests must not share draws: derive one from the request id
+                seed = sample_seed(self.config.seed, zlib.crc32(req.request_id.encode()), 0)
+            eos = self._eos | frozenset(req.sampling.stop_token_ids)
+            self._waiting.append(_Seq(req, stream, seed, eos))
+        self._wake.set()
+        return stream
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        wanted = None if request_ids is None else set(request_ids)
+        for seq in [*self._waiting, *self._active]:
+            if wanted is None or seq.request.request_id in wanted:
+                seq.aborted = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self._active), waiting=len(self._waiting))
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        if self._active or self._waiting:
+            raise EngineError("update_weights while requests are in flight: abort and drain first")
+        if update.weights is not None:
+            self.model.load_state_dict(update.weights)
+        self.version = update.version
+
+    def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
+        """Measured: ``B`` tokens over this engine's median observed decode step at batch ``B``."""
+        batch = min(concurrency, self.config.max_running_requests)
+        observed = [b for b in self._step_times if b >= batch] or sorted(self._step_times)[-1:]
+        if not observed:
+            return None
+        b = min(observed)
+        times = sorted(self._step_times[b])
+        return b / times[len(times) // 2]
+
+    # ------------------------------------------------------------ scheduler
+    async def _run(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._return_aborted(loop.time())
+                if self._waiting and len(self._active) < self.config.max_running_requests:
+                    self._prefill(loop)
+                elif self._active:
+                    self._decode(loop)
+                else:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                await asyncio.sleep(0)  # let the rollout loop react between forwards
+        except Exception as exc:
+            error = EngineError(f"hf engine failed: {exc}")
+            for seq in [*self._waiting, *self._active]:
+                seq.stream.fail(error)
+            raise
+
+    def _return_aborted(self, now: float) -> None:
+        if any(s.aborted for s in self._waiting):
+            keep = deque()
+            for seq in self._waiting:
+                if seq.aborted:
+                    self._deliver(seq, FinishReason.ABORT, now)
+                else:
+                    keep.append(seq)
+            self._waiting = keep
+        for seq in [s for s in self._active if s.aborted]:
+            self._release(seq)
+            self._deliver(seq, FinishReason.ABORT, now)
+
+    def _prefill(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._cache is not None
+        free = self.config.max_running_requests - len(self._active)
+        batch: list[_Seq] = []
+        while self._waiting and len(batch) < free:
+            seq = self._waiting[0]
+            width = max([s.context for s in batch] + [seq.context])
+            if batch and width * (len(batch) + 1) > self.config.max_prefill_tokens:
+                break
+            batch.append(self._waiting.popleft())
+        start = len(self._active)
+        for i, seq in enumerate(batch):
+            seq.slot = start + i
+            self._active.append(seq)
+        width = max(s.context for s in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        for i, seq in enumerate(batch):
+            full = [*seq.request.input_ids, *seq.tokens]  # type: ignore[misc]
+            ids[i, : len(full)] = torch.tensor(full)
+        lengths = torch.tensor([s.context for s in batch])
+        positions = torch.arange(width)
+        causal = positions[None, :] <= positions[:, None]
+        valid = positions[None, :] < lengths[:, None]
+        mask = (causal[None] & valid[:, None, :])[:, None]
+        self._cache.bind_prefill(start, len(batch), width)
+        with torch.inference_mode():
+            out = self._backbone(
+                input_ids=ids.to(self.device),
+                position_ids=positions.expand(len(batch), width).to(self.device),
+                attention_mask=mask.to(self.device),
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+            last = out.last_hidden_state[torch.arange(len(batch)), lengths - 1]
+            logits = self._head(last)
+        for seq in batch:
+            seq.kv = seq.context
+        self._append_tokens(batch, logits, loop.time())
+
+    def _decode(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._cache is not None
+        active = self._active
+        positions = torch.tensor([s.kv for s in active], device=self.device)
+        last = torch.tensor([[s.tokens[-1]] for s in active], device=self.device)
+        self._cache.bind_decode(len(active), positions)
+        span = torch.arange(self._cache.kv_len, device=self.device)
+        mask = (span[None, :] <= positions[:, None])[:, None, None, :]
+        tick = loop.time()
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=last,
+                position_ids=positions[:, None],
+                attention_mask=mask,
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1]
+        for seq in active:
+            seq.kv += 1
+        self._append_tokens(list(active), logits, loop.time())
+        self._step_times.setdefault(len(active), []).append(loop.time() - tick)
+        if len(self._step_times[len(active)]) > 64:
+            del self._step_times[len(active)][0]
+
+    def _append_tokens(self, seqs: list[_Seq], logits: torch.Tensor, now: float) -> None:
+        sp = [s.request.sampling for s in seqs]
+        banned = None
+        replaying = [
+            s.request.replay_len is not None and len(s.tokens) + 1 < s.request.replay_len for s in seqs
+        ]
+        if any(replaying) and self._eos:
+            banned = torch.zeros_like(logits, dtype=torch.bool)
+            eos = torch.tensor(sorted(self._eos), device=logits.device)
+            for i, flag in enumerate(replaying):
+                if flag:
+                    banned[i, eos] = True
+        tokens, logprobs = sample(
+            logits,
+            torch.tensor([p.temperature for p in sp], device=logits.device),
+            torch.tensor([p.top_p for p in sp], device=logits.device),
+            torch.tensor([position_uniform(s.seed, s.context) for s in seqs], device=logits.device),
+            banned,
+        )
+        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            if seq.t_first is None:
+                seq.t_first = now
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self._release(seq)
+                self._deliver(seq, reason, now)
+
+    def _finish_reason(self, seq: _Seq, token: int) -> FinishReason | None:
+        req, n = seq.request, len(seq.tokens)
+        if req.replay_len is not None and n >= req.replay_len:
+            return FinishReason.STOP
+        if req.replay_len is None and token in seq.eos:
+            return FinishReason.STOP
+        if n >= req.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _release(self, seq: _Seq) -> None:
+        """Free ``seq``'s slot, moving the last active sequence into it."""
+        assert self._cache is not None
+        last = self._active.pop()
+        if last is not seq:
+            self._cache.move(last.slot, seq.slot, last.kv)
+            last.slot = seq.slot
+            self._active[seq.slot] = last
+
+    def _deliver(self, seq: _Seq, reason: FinishReason, now: float) -> None:
+        seq.stream.deliver(
+            Completion(
+                request_id=seq.request.request_id,
+                num_tokens=len(seq.tokens),
+                finish_reason=reason,
+                policy_version=self.version,
+                t_done=now,
+                t_first_token=seq.t_first,
+                output_ids=tuple(seq.tokens),
+                logprobs=tuple(seq.logprobs),
+            )
+        )
+
+    # ------------------------------------------------------------ model parts
+    @property
+    def _backbone(self) -> torch.nn.Module:
+        return self.model.base_model
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--engine-arg device=cuda but no CUDA device is visible; use device=cpu")
+    return device
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "float16": torch.float16,
+            "float64": torch.float64,
+        }[name]
+    except KeyError:
+        raise ConfigError(
+            f"dtype must be float32, bfloat16, float16, float64 or auto; got {name!r}"
+        ) from None
+
+
+def _config_eos(config: Any) -> tuple[int, ...]:
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)

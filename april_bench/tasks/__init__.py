@@ -1,0 +1,1 @@
+"""Tasks with verifiable answers, generated in code (no download)."""

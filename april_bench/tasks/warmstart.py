@@ -1,0 +1,117 @@
+"""A short supervised warm start, cached on disk, so RL starts from a model that solves part of the task.
+
+The cache key hashes everything that determines the weights (task, architecture,
+optimiser settings, steps, seed, torch version); the file lives under
+``$APRIL_BENCH_CACHE`` (default ``~/.cache/april-bench``) and is written
+atomically, so a concurrent run never reads half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.engines.hf.models import build_model, model_config
+from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
+
+__all__ = ["WarmStart", "cache_dir"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("APRIL_BENCH_CACHE", Path.home() / ".cache" / "april-bench"))
+
+
+class WarmStart(Configurable):
+    """Supervised fine-tuning on worked solutions; the loss covers response tokens only."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        model: str = param("tiny", help="architecture to train from random weights")
+        steps: int = param(500, help="optimizer steps (0: start RL from random weights)")
+        batch_size: int = param(32, help="solutions per step")
+        lr: float = param(3e-3, help="AdamW learning rate")
+        seed: int = param(0, help="seed of the initial weights and of the example order")
+
+        def __post_init__(self) -> None:
+            if self.steps < 0 or self.batch_size < 1 or self.lr <= 0:
+                raise ConfigError("warm start needs steps >= 0, batch_size >= 1 and lr > 0")
+
+    def __init__(self, config: Config, *, task: SyntheticTask) -> None:
+        self.config = config
+        self.task = task
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(
+            {
+                "task": self.task.config.to_dict(),
+                "warm": self.config.to_dict(),
+                "architecture": model_config(
+                    self.config.model, vocab_size=self.task.tokenizer.vocab_size
+                ).to_dict(),
+                "torch": torch.__version__,
+                "alphabet": self.task.ALPHABET,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def path(self) -> Path:
+        return cache_dir() / "warmstart" / f"{self.config.model}-{self.key}.pt"
+
+    def weights(self, *, progress: bool = True) -> dict[str, torch.Tensor]:
+        """The warm-started state dict: from the cache, or trained now and cached."""
+        if self.path.exists():
+            return torch.load(self.path, map_location="cpu", weights_only=True)
+        state = self.train(progress=progress)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.path.parent, suffix=".tmp", delete=False) as tmp:
+            torch.save(state, tmp.name)
+        os.replace(tmp.name, self.path)
+        return state
+
+    def train(self, *, progress: bool = True) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        model = build_model(cfg.model, vocab_size=self.task.tokenizer.vocab_size, seed=cfg.seed).train()
+        if cfg.steps == 0:
+            return model.state_dict()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        rng = random.Random(cfg.seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            for _ in tqdm(range(cfg.steps), desc="warm start (SFT)", disable=not progress, unit="step"):
+                ids, targets = self._batch(rng)
+                logits = model(input_ids=ids).logits[:, :-1]
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+                )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def _batch(self, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+        task = self.task
+        rows = []
+        for _ in range(self.config.batch_size):
+            problem = task.draw("sft", rng.randrange(1 << 30))
+            prompt, solution = task.prompt_ids(problem), task.solution_ids(problem)
+            rows.append((prompt, solution))
+        width = max(len(p) + len(s) for p, s in rows)
+        ids = torch.full((len(rows), width), CharTokenizer.PAD, dtype=torch.long)
+        targets = torch.full((len(rows), width - 1), -100, dtype=torch.long)
+        for i, (prompt, solution) in enumerate(rows):
+            full = prompt + solution
+            ids[i, : len(full)] = torch.tensor(full)
+            targets[i, len(prompt) - 1 : len(full) - 1] = torch.tensor(solution)
+        return ids, targets
