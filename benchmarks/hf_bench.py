@@ -59,15 +59,20 @@ SLOTS = 128
 PREFILL_TOKENS = 4096
 
 
-async def _decode_point(engine: HFEngine, batch: int, ctx: int) -> float:
-    engine._step_times.clear()
+async def _decode_point(engine: HFEngine, batch: int, ctx: int, repeats: int = 3) -> float:
+    """Median decode-step time over ``repeats`` x 24 steps (a small VM's timings are noisy)."""
     sp = SamplingParams(temperature=1.0)
-    reqs = [
-        GenerateRequest(f"b{batch}-c{ctx}-{i}", ctx, STEPS, sp, input_ids=tuple([5] * ctx), replay_len=STEPS)
-        for i in range(batch)
-    ]
-    [c async for c in engine.generate(reqs)]
-    times = engine._step_times.get(batch, [])
+    times: list[float] = []
+    for r in range(repeats):
+        engine._step_times.clear()
+        reqs = [
+            GenerateRequest(
+                f"b{batch}-c{ctx}-{r}-{i}", ctx, STEPS, sp, input_ids=tuple([5] * ctx), replay_len=STEPS
+            )
+            for i in range(batch)
+        ]
+        [c async for c in engine.generate(reqs)]
+        times += engine._step_times.get(batch, [])
     return statistics.median(times)
 
 
