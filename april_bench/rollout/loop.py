@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import math
 import time
 from collections.abc import AsyncIterator
@@ -40,11 +39,15 @@ from april_bench.workload import PromptStream, Workload
 __all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome", "keep_group", "sample_seed"]
 
 
+_MASK63 = (1 << 63) - 1
+
+
 def sample_seed(seed: int, uid: int, index: int) -> int:
     """The sampling seed of sample ``index`` of prompt ``uid``: the same in every arm, and for every
     resume of the sample (engines key their draws by position, so a resume continues the stream)."""
-    digest = hashlib.blake2b(f"{seed}:{uid}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    z = (seed * 0x9E3779B97F4A7C15 + uid * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK63
+    z = ((z ^ (z >> 31)) * 0xD6E8FEB86659FD93) & _MASK63
+    return z ^ (z >> 29)
 
 
 def keep_group(rewards: list[float]) -> bool:
@@ -174,6 +177,8 @@ class RolloutLoop(Configurable):
         self._t0 = t0
         self._sampling = config.sampling_params()
         self._replay = config.replay_lengths or not engine.info.produces_tokens
+        self._seeded = engine.info.produces_tokens  # an engine that samples gets per-sample seeds
+        self._seeded = engine.info.produces_tokens  # an engine that samples gets per-sample seeds
         self._next_request = 0
         self._next_order = 0
 
@@ -294,13 +299,17 @@ class RolloutLoop(Configurable):
             request_id=request_id,
             input_len=prompt.length + sample.response_len,
             max_new_tokens=budget,
-            sampling=dataclasses.replace(
-                self._sampling, seed=sample_seed(self.config.seed, prompt.uid, sample.index)
-            ),
+            sampling=self._sampling_for(sample),
             input_ids=input_ids,
             replay_len=replay,
             routing_key=str(prompt.uid),
         )
+
+    def _sampling_for(self, sample: Sample) -> SamplingParams:
+        if not self._seeded:
+            return self._sampling
+        seed = sample_seed(self.config.seed, sample.prompt.uid, sample.index)
+        return dataclasses.replace(self._sampling, seed=seed)
 
     # ------------------------------------------------------------ returning
     async def _pump(self, st: _StepState, stream: AsyncIterator[Completion]) -> None:
