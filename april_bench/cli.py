@@ -8,6 +8,8 @@ Examples::
     python -m april_bench run --engine-arg max_running_requests=64 --workload-arg response_median=3000
     python -m april_bench ls hardware
     python -m april_bench report runs/<run-id>
+    python -m april_bench eval --model ckpt/ --datasets aime-2024,math-500 --samples 16
+    python -m april_bench data stats deepscaler --path data/deepscaler.json
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ def _key_value(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return key.strip().replace("-", "_"), value
+
+
+def _name_path(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PATH, e.g. math-500=data/math500.jsonl, got {text!r}"
+        )
+    name, path = text.split("=", 1)
+    return name.strip(), path.strip()
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,6 +134,30 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="warm-start setting, e.g. steps=200 (repeatable)",
     )
     env.add_argument(
+        "--task-arg",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="NAME=VALUE",
+        help="task setting: a math run's grader=, template=, eval_samples=, eval_limit= ... (repeatable)",
+    )
+    data = p.add_argument_group(
+        "math data sets (a checkpoint --model trains on real prompts; the sim takes prompt lengths from them)"
+    )
+    data.add_argument(
+        "--data-path",
+        action="append",
+        type=_name_path,
+        default=[],
+        metavar="NAME=PATH",
+        help="local parquet/json/jsonl file or directory of a data set, e.g. dapo-math-17k=data/dapo.parquet "
+        "(repeatable; unset: the hub)",
+    )
+    data.add_argument(
+        "--eval-datasets",
+        help="comma-separated evaluation sets of a math run, e.g. aime-2024,math-500 (avg@k)",
+    )
+    env.add_argument(
         "--workload-arg",
         action="append",
         type=_key_value,
@@ -162,7 +197,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report = sub.add_parser("report", help="re-render a run directory's tables from its rows")
     report.add_argument("run_dir", type=Path)
+    _add_eval_parser(sub)
+    _add_data_parser(sub)
     return parser
+
+
+def _add_eval_parser(sub: Any) -> None:
+    ev = sub.add_parser(
+        "eval",
+        help="avg@k of a checkpoint on AIME 2024/2025, MATH-500 (any math data set)",
+        description="Evaluate a checkpoint directory with the hf engine: avg@k accuracy per data set, graded "
+        "with each data set's recipe grader. Data comes from --data-path files, else from the hub.",
+    )
+    ev.add_argument("--model", required=True, help="checkpoint directory (weights + tokenizer)")
+    ev.add_argument("--datasets", default="aime-2024,aime-2025,math-500", help="comma-separated data sets")
+    ev.add_argument(
+        "--data-path",
+        action="append",
+        type=_name_path,
+        default=[],
+        metavar="NAME=PATH",
+        help="local file or directory for a data set (repeatable), e.g. math-500=data/math500.jsonl",
+    )
+    ev.add_argument("--samples", type=int, default=4, help="k of avg@k (APRIL: 16)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="0 for greedy pass@1 (with --samples 1)")
+    ev.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold (APRIL's eval: 0.7)")
+    ev.add_argument("--max-new-tokens", type=int, default=1024, help="response limit")
+    ev.add_argument(
+        "--grader", choices=("dapo", "deepscaler", "math-verify"), help="override every set's grader"
+    )
+    ev.add_argument(
+        "--template", help="prompt template for every set (default: boxed; see `data stats --help`)"
+    )
+    ev.add_argument("--limit", type=int, help="first N problems of each set")
+    ev.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ev.add_argument(
+        "--engine-arg",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="NAME=VALUE",
+        help="hf engine setting, e.g. device=cuda or max_running_requests=256",
+    )
+    ev.add_argument("--out", type=Path, help="write eval.json and eval_rows.jsonl here")
+
+
+def _add_data_parser(sub: Any) -> None:
+    data = sub.add_parser("data", help="inspect math data sets")
+    verbs = data.add_subparsers(dest="data_command", required=True)
+    st = verbs.add_parser("stats", help="rows, prompt-length distribution, answer types, skipped rows")
+    st.add_argument(
+        "dataset", help="dapo-math-17k, deepscaler, deepmath-103k, aime-2024, aime-2025, math-500"
+    )
+    st.add_argument("--path", help="local file or directory (default: the hub)")
+    st.add_argument(
+        "--tokenizer", help="a tokenizer directory: prompt lengths in tokens, chat template applied"
+    )
+    st.add_argument("--template", help="prompt template (default: the data set's recipe)")
 
 
 _TOP_LEVEL = {
@@ -191,6 +282,7 @@ _MAPPINGS = {
     "trainer_arg": "trainer_args",
     "warmstart_arg": "warmstart_args",
     "workload_arg": "workload_args",
+    "task_arg": "task_args",
 }
 
 
@@ -210,6 +302,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
     for flag, key in _MAPPINGS.items():
         if getattr(args, flag):
             changes[key] = {**getattr(base, key), **dict(getattr(args, flag))}
+    if args.data_path:
+        changes["data_paths"] = {**base.data_paths, **dict(args.data_path)}
+    if args.eval_datasets is not None:
+        changes["eval_datasets"] = tuple(d.strip() for d in args.eval_datasets.split(",") if d.strip())
     return base.replace(**changes)
 
 
@@ -282,13 +378,23 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         "engines": ENGINES,
         "algorithms": ALGORITHMS,
         "models": MODELS,
-        "datasets": DATASETS,
+        "datasets": DATASETS,  # the simulator's length profiles
     }
     for name, registry in sections.items():
         if args.what in ("all", name):
-            print(f"{name}:")
+            print(f"{name} (simulator length profiles):" if name == "datasets" else f"{name}:")
             for key in registry:
                 print(f"  {key:22s} {registry.describe(key)}")
+    if args.what in ("all", "datasets"):
+        from april_bench.data import DATASETS as DATA_SETS
+        from april_bench.graders import style_for
+
+        print("math data sets (--data-path NAME=PATH, else the hub):")
+        for key, spec in DATA_SETS.items():
+            print(
+                f"  {key:22s} {spec.role:5s} hub {spec.hub_id}, template {spec.template}, "
+                f"grader {style_for(key)}"
+            )
     if args.what in ("all", "hardware"):
         print("hardware:")
         print("  cpu                    this machine, measured at first use (numpy matmul and copy)")
@@ -312,13 +418,88 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from april_bench.results.provenance import collect_provenance
+    from april_bench.results.records import as_row
+    from april_bench.results.table import render_markdown
+    from april_bench.tasks.math import evaluate_checkpoint
+
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    result = evaluate_checkpoint(
+        args.model,
+        datasets,
+        paths=dict(args.data_path),
+        samples=args.samples,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        grader=args.grader,
+        template=args.template,
+        limit=args.limit,
+        seed=args.seed,
+        engine_args=dict(args.engine_arg),
+    )
+    rows = [
+        [
+            name,
+            Path(args.model).name,
+            f"avg@{args.samples}",
+            f"{d['accuracy']:.1%} ± {d['stderr'] * 100:.1f}",
+            str(int(d["problems"])),
+            "measured",
+        ]
+        for name, d in result.details.items()
+    ]
+    print(render_markdown(("Dataset", "Model", "Metric", "Accuracy", "Problems", "Source"), rows))
+    summary = {
+        "result_kind": "measured",
+        "model": args.model,
+        "samples": args.samples,
+        "accuracy": result.accuracy,
+        "stderr": result.stderr,
+        "by_dataset": result.details,
+    }
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        provenance = collect_provenance(simulated=False, engine="hf")
+        (args.out / "eval.json").write_text(
+            json.dumps({**summary, "provenance": provenance}, indent=2) + "\n"
+        )
+        with (args.out / "eval_rows.jsonl").open("w") as f:
+            for row in result.rows:
+                f.write(json.dumps(as_row(row)) + "\n")
+        print(f"\neval directory: {args.out}")
+    print(json.dumps(summary))
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from april_bench.data import format_stats, load, stats
+
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    loaded = load(args.dataset, args.path)
+    print(format_stats(stats(loaded, tokenizer=tokenizer, template=args.template)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"run": _cmd_run, "validate": _cmd_validate, "ls": _cmd_ls, "report": _cmd_report}[args.command]
+    handler = {
+        "run": _cmd_run,
+        "validate": _cmd_validate,
+        "ls": _cmd_ls,
+        "report": _cmd_report,
+        "eval": _cmd_eval,
+        "data": _cmd_data,
+    }[args.command]
     try:
         return handler(args)
-    except (ConfigError, KeyError, FileNotFoundError) as exc:
+    except (ConfigError, KeyError, FileNotFoundError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         print(f"error: {message}", file=sys.stderr)
         return 2

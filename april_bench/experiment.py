@@ -62,7 +62,17 @@ class ExperimentConfig(BaseConfig):
     trainer_args: Mapping[str, Any] = param(
         help="trainer settings (lr, mini_batches, ...)", default_factory=dict
     )
-    task_args: Mapping[str, Any] = param(help="synthetic-task settings", default_factory=dict)
+    task_args: Mapping[str, Any] = param(
+        help="task settings: the synthetic task's, or a math run's (grader, template, eval_samples ...)",
+        default_factory=dict,
+    )
+    data_paths: Mapping[str, str] = param(
+        help="local copies of data sets, by name (else the hub): the training set and evaluation sets",
+        default_factory=dict,
+    )
+    eval_datasets: tuple[str, ...] = param(
+        (), help="evaluation sets of a math run (aime-2024, aime-2025, math-500), avg@k every --eval-every"
+    )
     warmstart_args: Mapping[str, Any] = param(help="warm-start (SFT) settings", default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,6 +93,13 @@ class ExperimentConfig(BaseConfig):
             )
         if self.eval_every is not None and self.eval_every < 1:
             raise ConfigError(f"--eval-every must be >= 1, got {self.eval_every}")
+        from april_bench.data import DATASETS as DATA_SETS  # light: no pyarrow or datasets on import
+
+        for name in (*self.data_paths, *self.eval_datasets):
+            if name not in DATA_SETS:
+                raise ConfigError(
+                    f"unknown data set {name!r} in --data-path/--eval-datasets; known: {', '.join(DATA_SETS)}"
+                )
 
     @property
     def dynamic_sampling_on(self) -> bool:
@@ -164,8 +181,11 @@ def _sim_components(config: ExperimentConfig) -> Components:
         hardware=config.hardware, model=config.model, num_gpus=config.num_gpus, **dict(config.engine_args)
     )
     trainer_config = SimTrainer.Config(hardware=config.hardware, model=config.model, num_gpus=config.num_gpus)
+    workload_args = dict(config.workload_args)
+    if config.dataset in config.data_paths:  # measured prompt lengths for the simulated data set
+        workload_args.setdefault("data_path", config.data_paths[config.dataset])
     workload = SimWorkload.Config(
-        dataset=config.dataset, model=config.model, seed=config.seed, **dict(config.workload_args)
+        dataset=config.dataset, model=config.model, seed=config.seed, **workload_args
     ).build(n_samples_per_prompt=config.rollout.n_samples_per_prompt)
     if config.dynamic_sampling_on and not workload.has_rewards:
         raise ConfigError("dynamic sampling needs rewards: add a 'reward' column to the length trace")
@@ -264,6 +284,7 @@ def _evaluation(
                 n=result.n,
                 mean_response_len=result.mean_response_len,
                 eval_time_s=elapsed,
+                by_dataset=dict(getattr(result, "details", None) or {}),
             )
         )
         clock.origin += elapsed
@@ -278,4 +299,5 @@ def load_config(data: Mapping[str, Any]) -> ExperimentConfig:
     data = dict(data)
     data["rollout"] = RolloutConfig(**data.get("rollout", {}))
     data["strategies"] = tuple(data.get("strategies", ()))
+    data["eval_datasets"] = tuple(data.get("eval_datasets", ()))
     return ExperimentConfig(**data)

@@ -3,7 +3,11 @@
 * ``--dataset synthetic``: the synthetic task; a cached supervised warm start
   gives the engine and the trainer the same starting weights; rewards come
   from grading; held-out accuracy is evaluated through the engine.
-* a simulated data set (``dapo-math-17k`` ...): random ("dummy") weights of a
+* a math data set with ``--model`` a checkpoint directory: real prompts
+  (loaded from ``--data-path`` or the hub, rendered through the checkpoint's
+  chat template), rewards from the recipe's grader, avg@k accuracy on
+  ``--eval-datasets`` (:mod:`april_bench.tasks.math`).
+* a math data set with a named architecture: random ("dummy") weights of a
   real architecture, prompts of the data set's lengths with random ids, and
   the length model's responses replayed (EOS ignored until the drawn length) -
   the standard way to measure engine throughput without a checkpoint.  There
@@ -35,6 +39,61 @@ def _build(cls: Any, where: str, **settings: Any) -> Any:
     return cls.Config(**settings)
 
 
+def _stop_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
+    from april_bench.tasks.math import stop_token_ids
+
+    ids = stop_token_ids(model, tokenizer)
+    if not ids:
+        raise ConfigError(f"{model}: neither its generation config nor its tokenizer names an EOS token")
+    return ids
+
+
+def _math_task(config: ExperimentConfig) -> tuple[Any, Any, int]:
+    """A real checkpoint on a real data set: prompts through its chat template, the recipe's grader,
+    avg@k on ``eval_datasets``.  Returns the workload, the evaluator (or None) and the longest prompt."""
+    from transformers import AutoTokenizer
+
+    from april_bench.data import DATASETS, load
+    from april_bench.tasks.math import MathEvaluator, MathTaskSettings, MathWorkload, load_sets
+
+    if config.dataset not in DATASETS:
+        raise ConfigError(
+            f"--model {config.model} is a checkpoint, so --dataset must be a math data set "
+            f"({', '.join(DATASETS)}), got {config.dataset!r}"
+        )
+    settings = MathTaskSettings.from_args(config.task_args)
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    problems = load(config.dataset, config.data_paths.get(config.dataset), limit=settings.limit).problems
+    workload = MathWorkload(
+        problems,
+        tokenizer,
+        dataset=config.dataset,
+        template=settings.template,
+        grader=settings.grader,
+        seed=config.seed,
+    )
+    longest = workload.longest_prompt()
+    evaluator = None
+    if config.eval_datasets:
+        rollout = config.rollout
+        evaluator = MathEvaluator(
+            load_sets(config.eval_datasets, config.data_paths),
+            tokenizer,
+            max_new_tokens=rollout.max_response_len,
+            samples=settings.eval_samples,
+            temperature=rollout.temperature
+            if settings.eval_temperature is None
+            else settings.eval_temperature,
+            top_p=settings.eval_top_p,
+            template=settings.eval_template,
+            grader=settings.eval_grader,
+            seed=config.seed,
+            limit=settings.eval_limit,
+        )
+        longest = max(longest, evaluator.longest_prompt())
+    return workload, evaluator, longest
+
+
 def hf_components(config: ExperimentConfig, *, progress: bool = False) -> Components:
     from april_bench.engines.hf import HFEngine
     from april_bench.engines.hf.models import build_model, model_config
@@ -43,6 +102,12 @@ def hf_components(config: ExperimentConfig, *, progress: bool = False) -> Compon
 
     rollout = config.rollout
     context = rollout.max_response_len + 64
+    if config.dataset == "synthetic" and Path(config.model).is_dir():
+        raise ConfigError(
+            "the synthetic task trains a named architecture (--model tiny) from its own warm start and "
+            f"character tokenizer; for the checkpoint {config.model} choose a math --dataset "
+            "(dapo-math-17k, deepscaler, deepmath-103k)"
+        )
     if config.dataset == "synthetic":
         from april_bench.evaluation import TaskEvaluator
         from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
@@ -65,12 +130,22 @@ def hf_components(config: ExperimentConfig, *, progress: bool = False) -> Compon
         )
         eos: tuple[int, ...] = (CharTokenizer.EOS,)
         pad = CharTokenizer.PAD
+    elif Path(config.model).is_dir():
+        workload, evaluator, longest = _math_task(config)
+        tokenizer = workload.tokenizer
+        warm, vocab = None, None
+        eos = _stop_ids(config.model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        context = longest + rollout.max_response_len + 1
     else:
         from april_bench.sim.workload import SimWorkload
 
         warm, vocab, evaluator, eos, pad = None, None, None, (), 0
+        workload_args = dict(config.workload_args)
+        if config.dataset in config.data_paths:
+            workload_args.setdefault("data_path", config.data_paths[config.dataset])
         workload = SimWorkload.Config(
-            dataset=config.dataset, model=config.model, seed=config.seed, **dict(config.workload_args)
+            dataset=config.dataset, model=config.model, seed=config.seed, **workload_args
         ).build(n_samples_per_prompt=rollout.n_samples_per_prompt, token_ids=True)
         context = rollout.max_response_len + 4096
 

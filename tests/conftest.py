@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +23,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in reasons.items():
             if reason and marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real data samples beside the project (``../shared/data``), read in place, never copied.
+
+    ``APRIL_BENCH_SHARED_DATA`` points elsewhere; tests that need the samples skip where they are absent.
+    """
+    default = Path(__file__).resolve().parents[2] / "shared" / "data"
+    root = Path(os.environ.get("APRIL_BENCH_SHARED_DATA", default))
+    if not (root / "README.md").is_file():
+        pytest.skip(f"shared data samples not found at {root} (set APRIL_BENCH_SHARED_DATA)")
+    return root

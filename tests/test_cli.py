@@ -239,6 +239,9 @@ def test_cli_flags_stay_few() -> None:
             "--trainer-arg",
             "--warmstart-arg",
             "--workload-arg",
+            "--task-arg",
+            "--data-path",
+            "--eval-datasets",
             "--out",
             "--no-progress",
         ]

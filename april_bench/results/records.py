@@ -134,6 +134,8 @@ class EvalRecord:
     n: int
     mean_response_len: float
     eval_time_s: float
+    #: Per evaluation set (math runs): ``{name: {"accuracy", "stderr", "problems"}}``; empty otherwise.
+    by_dataset: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def as_row(record: Any) -> dict[str, Any]:

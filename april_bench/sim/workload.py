@@ -133,12 +133,20 @@ class SimWorkload(Configurable):
             0.0006, help="log-length drift per step (DAPO: mean 750 -> 2,500 tokens over 2,000 steps)"
         )
         length_trace: Path | None = param(None, help="replay response lengths from this .jsonl/.csv")
+        data_path: Path | None = param(
+            None, help="prompt lengths from this local copy of the data set instead of the profile"
+        )
+        tokenizer: str | None = param(
+            None, help="with data_path: a tokenizer directory, so prompt lengths are exact tokens"
+        )
 
         def __post_init__(self) -> None:
             if self.dataset not in DATASETS:
                 DATASETS.get(self.dataset)  # raises with did-you-mean
             if self.solve_concentration <= 0:
                 raise ConfigError("solve_concentration must be > 0")
+            if self.tokenizer is not None and self.data_path is None:
+                raise ConfigError("workload tokenizer= only counts prompt tokens of data_path=; set both")
 
     def __init__(self, config: Config, *, n_samples_per_prompt: int, token_ids: bool = False) -> None:
         self.config = config
@@ -148,6 +156,43 @@ class SimWorkload(Configurable):
         self._n = n_samples_per_prompt
         self.lengths: LengthModel = self._length_model()
         self._draws: dict[int, LengthDraw] = {}
+        #: Measured prompt lengths (data_path given) and their unit; else the profile's log-normal.
+        self.prompt_lengths: list[int] | None = None
+        self.prompt_length_unit = "tokens (profile log-normal)"
+        if config.data_path is not None:
+            self.prompt_lengths, self.prompt_length_unit = self._measured_prompt_lengths()
+            self.name = f"sim:{config.dataset}@{Path(config.data_path).name}"
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _measured_prompt_lengths(self) -> tuple[list[int], str]:
+        from april_bench.data import DATASETS as DATA_SETS
+        from april_bench.data import load, prompt_lengths
+
+        cfg = self.config
+        if cfg.dataset not in DATA_SETS:
+            raise ConfigError(
+                f"data_path needs a real data set ({', '.join(DATA_SETS)}), not the {cfg.dataset!r} profile"
+            )
+        tokenizer = None
+        if cfg.tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        lengths, unit = prompt_lengths(load(cfg.dataset, cfg.data_path), tokenizer)
+        if not lengths:
+            raise ConfigError(f"{cfg.data_path}: no {cfg.dataset} problems to take prompt lengths from")
+        return lengths, unit
+
+    def _measured_length(self, uid: int) -> int:
+        """Prompt ``uid`` is problem ``uid`` of a seeded shuffle, reshuffled every epoch."""
+        assert self.prompt_lengths is not None
+        epoch, position = divmod(uid, len(self.prompt_lengths))
+        order = self._orders.get(epoch)
+        if order is None:
+            order = self._orders[epoch] = np.random.default_rng([self.config.seed, epoch, 1]).permutation(
+                len(self.prompt_lengths)
+            )
+        return max(1, self.prompt_lengths[int(order[position])])
 
     def _length_model(self) -> LengthModel:
         cfg = self.config
@@ -180,6 +225,8 @@ class SimWorkload(Configurable):
         rng = np.random.default_rng([self.config.seed, uid, 0])
         p = self.profile
         length = max(4, round(p.prompt_median * math.exp(p.prompt_sigma * rng.standard_normal())))
+        if self.prompt_lengths is not None:
+            length = self._measured_length(uid)
         ids = None
         if self._vocab is not None:  # dummy-weight runs on a real engine need ids: random ones
             ids = tuple(int(i) for i in rng.integers(0, self._vocab, length))

@@ -1,0 +1,51 @@
+"""A tiny, complete Hugging Face checkpoint built offline: random weights plus a real tokenizer.
+
+Nothing can be downloaded in CI, yet the checkpoint path of the ``hf`` engine
+(``from_pretrained``, a tokenizer with a chat template, EOS handling) must be
+exercised end to end.  :func:`make_tiny_checkpoint` writes a directory that
+``transformers`` loads like any hub model: a character-level
+``PreTrainedTokenizerFast`` (every printable ASCII character, plus ``<pad>``,
+``<s>``, ``</s>``) with a ChatML-style chat template, and the ``tiny`` Qwen3
+architecture with random weights sized to that vocabulary.  It answers math
+problems at chance level; it is for plumbing, not for accuracy.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+__all__ = ["CHAT_TEMPLATE", "make_tiny_checkpoint"]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tiny_checkpoint(path: str | Path, *, seed: int = 0) -> Path:
+    """Write a loadable checkpoint (config, weights, tokenizer) to ``path`` and return it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from april_bench.engines.hf.models import build_model
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    chars = sorted(set(string.printable) - set("\x0b\x0c"))
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    core.decoder = decoders.Fuse()  # characters join back without spaces
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    model = build_model("tiny", vocab_size=len(vocab), seed=seed)
+    model.config.pad_token_id = vocab["<pad>"]
+    model.config.bos_token_id = vocab["<s>"]
+    model.config.eos_token_id = vocab["</s>"]
+    model.save_pretrained(path)
+    return path

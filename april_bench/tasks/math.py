@@ -1,0 +1,329 @@
+"""Math RL and evaluation on real data sets, for any engine that generates tokens.
+
+:class:`MathWorkload` turns a loaded data set into prompts - rendered with the
+recipe's template through the model tokenizer's chat template - and rewards
+responses with the data set's grader.  :class:`MathEvaluator` computes avg@k
+accuracy on evaluation sets (AIME 2024/2025, MATH-500, ...), one engine pass
+for all of them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from april_bench.config import BaseConfig, ConfigError, param
+from april_bench.data import MathProblem, render
+from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
+from april_bench.graders import correct_value, score, style_for
+from april_bench.rollout.loop import sample_seed
+from april_bench.types import Prompt, Sample
+from april_bench.workload import PromptStream
+
+__all__ = [
+    "EvalRow",
+    "MathEvalResult",
+    "MathEvaluator",
+    "MathTaskSettings",
+    "MathWorkload",
+    "evaluate_checkpoint",
+    "load_sets",
+    "stop_token_ids",
+]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MathTaskSettings(BaseConfig):
+    """A math run's task settings (``--task-arg NAME=VALUE``); unset means the data set's recipe."""
+
+    grader: str | None = param(
+        None, help="training grader: dapo, deepscaler or math-verify (default: recipe)"
+    )
+    template: str | None = param(None, help="training prompt template (default: the recipe's)")
+    limit: int | None = param(None, help="train on the first N problems only")
+    eval_grader: str | None = param(None, help="grader of every evaluation set (default: math-verify)")
+    eval_template: str | None = param(None, help="evaluation prompt template (default: boxed)")
+    eval_samples: int = param(4, help="k of avg@k (APRIL reports avg@16 on AIME 2024)")
+    eval_limit: int | None = param(None, help="first N problems of each evaluation set")
+    eval_temperature: float | None = param(None, help="evaluation temperature (default: the rollout's)")
+    eval_top_p: float = param(1.0, help="evaluation nucleus threshold (DAPO's evaluation: 0.7)")
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> MathTaskSettings:
+        unknown = sorted(set(args) - set(cls.field_help()))
+        if unknown:
+            known = ", ".join(cls.field_help())
+            raise ConfigError(f"unknown --task-arg {', '.join(unknown)} for a math run; known: {known}")
+        return cls(**dict(args))
+
+
+def stop_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a response: the checkpoint's generation config (chat models list their
+    end-of-turn token there, e.g. Qwen's ``<|im_end|>``), else the tokenizer's EOS."""
+    ids: list[int] = []
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(model).eos_token_id
+        ids.extend([eos] if isinstance(eos, int) else list(eos or ()))
+    except OSError:  # no generation_config.json: fine, the tokenizer knows its EOS
+        pass
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(ids)
+
+
+def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class MathWorkload:
+    """Prompt ``uid`` is problem ``uid`` of a seeded shuffle (reshuffled every epoch)."""
+
+    def __init__(
+        self,
+        problems: Sequence[MathProblem],
+        tokenizer: Any,
+        *,
+        dataset: str,
+        template: str | None = None,
+        grader: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not problems:
+            raise ValueError(f"data set {dataset!r} has no problems to train on")
+        self.name = f"math:{dataset}"
+        self.problems = list(problems)
+        self.tokenizer = tokenizer
+        self.template = template
+        self.style = style_for(dataset, grader)
+        self.seed = seed
+        self._orders: dict[int, list[int]] = {}
+        self._rendered: dict[int, tuple[str, tuple[int, ...]]] = {}
+
+    def _index(self, uid: int) -> int:
+        epoch, position = divmod(uid, len(self.problems))
+        order = self._orders.get(epoch)
+        if order is None:
+            order = list(range(len(self.problems)))
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._orders[epoch] = order
+        return order[position]
+
+    def _prompt(self, uid: int) -> Prompt:
+        index = self._index(uid)
+        problem = self.problems[index]
+        cached = self._rendered.get(index)
+        if cached is None:
+            text = render(problem, self.tokenizer, self.template)
+            cached = self._rendered[index] = (text, _encode(self.tokenizer, text))
+        text, ids = cached
+        return Prompt(
+            uid=uid,
+            source_id=problem.source_id,
+            length=len(ids),
+            token_ids=ids,
+            text=text,
+            answer=problem.answer,
+            metadata={"dataset": problem.dataset, "index": index},
+        )
+
+    def prompt_stream(self) -> PromptStream:
+        return PromptStream(self._prompt)
+
+    def longest_prompt(self) -> int:
+        """Tokens of the longest rendered prompt (sizes the engine's context)."""
+        return max(self._prompt(i).length for i in range(len(self.problems)))
+
+    def replay_len(self, prompt: Prompt, sample_index: int, start_step: int) -> int | None:
+        return None
+
+    def reward(self, sample: Sample) -> float:
+        response = self.tokenizer.decode(sample.response_ids(), skip_special_tokens=True)
+        return score(self.style, response, sample.prompt.answer or "")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRow:
+    """One evaluation sample: tidy, for the eval rows file."""
+
+    dataset: str
+    source_id: str
+    sample: int
+    score: float
+    correct: bool
+    response_len: int
+
+
+@dataclass(slots=True)
+class MathEvalResult:
+    """avg@k per data set and their plain mean, with standard errors over problems."""
+
+    accuracy: float
+    stderr: float
+    n: int
+    mean_response_len: float
+    details: dict[str, dict[str, float]] = field(default_factory=dict)
+    rows: list[EvalRow] = field(default_factory=list)
+
+
+class MathEvaluator:
+    """avg@k on one or more evaluation sets (APRIL reports avg@16 on AIME 2024)."""
+
+    def __init__(
+        self,
+        sets: Mapping[str, Sequence[MathProblem]],
+        tokenizer: Any,
+        *,
+        max_new_tokens: int,
+        samples: int = 4,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        template: str | None = None,
+        grader: str | None = None,
+        seed: int = 0,
+        limit: int | None = None,
+    ) -> None:
+        if not sets:
+            raise ValueError("evaluation needs at least one data set")
+        if samples < 1 or (temperature == 0 and samples > 1):
+            raise ValueError("evaluation needs samples >= 1, and exactly 1 when greedy (temperature 0)")
+        self.sets = {
+            name: list(problems)[:limit] if limit else list(problems) for name, problems in sets.items()
+        }
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.samples = samples
+        self.sampling = (temperature, top_p)
+        self.template = template
+        self.styles = {name: style_for(name, grader) for name in self.sets}
+        self.seed = seed
+        self._calls = 0
+        self._ids = {
+            (name, i): _encode(tokenizer, render(problem, tokenizer, template))
+            for name, problems in self.sets.items()
+            for i, problem in enumerate(problems)
+        }
+
+    def longest_prompt(self) -> int:
+        return max(len(ids) for ids in self._ids.values())
+
+    async def evaluate(self, engine: Engine) -> MathEvalResult:
+        self._calls += 1
+        requests, where = [], {}
+        for name, problems in self.sets.items():
+            for i, problem in enumerate(problems):
+                ids = self._ids[name, i]
+                for j in range(self.samples):
+                    rid = f"eval{self._calls:04d}-{name}-{i:06d}-{j:03d}"
+                    sampling = SamplingParams(
+                        temperature=self.sampling[0],
+                        top_p=self.sampling[1],
+                        seed=sample_seed(self.seed, -1 - i, j),
+                    )
+                    requests.append(
+                        GenerateRequest(rid, len(ids), self.max_new_tokens, sampling, input_ids=ids)
+                    )
+                    where[rid] = (name, problem, j)
+        rows: list[EvalRow] = []
+        async for c in engine.generate(requests):
+            name, problem, j = where[c.request_id]
+            text = self.tokenizer.decode(c.output_ids or (), skip_special_tokens=True)
+            value = score(self.styles[name], text, problem.answer)
+            rows.append(
+                EvalRow(
+                    name, problem.source_id, j, value, value >= correct_value(self.styles[name]), c.num_tokens
+                )
+            )
+        return self._summarise(rows)
+
+    def _summarise(self, rows: list[EvalRow]) -> MathEvalResult:
+        details: dict[str, dict[str, float]] = {}
+        for name in self.sets:
+            per_problem: dict[str, list[bool]] = {}
+            for row in rows:
+                if row.dataset == name:
+                    per_problem.setdefault(row.source_id, []).append(row.correct)
+            scores = [sum(v) / len(v) for v in per_problem.values()]
+            mean = sum(scores) / len(scores)
+            var = sum((s - mean) ** 2 for s in scores) / max(1, len(scores) - 1)
+            details[name] = {
+                "accuracy": mean,
+                "stderr": math.sqrt(var / len(scores)),
+                "problems": len(scores),
+            }
+        accuracies = [d["accuracy"] for d in details.values()]
+        stderr = math.sqrt(sum(d["stderr"] ** 2 for d in details.values())) / len(details)
+        return MathEvalResult(
+            accuracy=sum(accuracies) / len(accuracies),
+            stderr=stderr,
+            n=len(rows),
+            mean_response_len=sum(r.response_len for r in rows) / max(1, len(rows)),
+            details=details,
+            rows=rows,
+        )
+
+
+def load_sets(names: Sequence[str], paths: Mapping[str, str] | None = None) -> dict[str, list[MathProblem]]:
+    """Load evaluation (or training) sets by name, each from its path when given, else from the hub."""
+    from april_bench.data import load
+
+    paths = paths or {}
+    return {name: load(name, paths.get(name)).problems for name in names}
+
+
+def evaluate_checkpoint(
+    model: str,
+    datasets: Sequence[str],
+    *,
+    paths: Mapping[str, str] | None = None,
+    samples: int = 4,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 1024,
+    grader: str | None = None,
+    template: str | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    engine_args: Mapping[str, Any] | None = None,
+) -> MathEvalResult:
+    """avg@k of a checkpoint directory on evaluation sets, generated by the ``hf`` engine."""
+    from transformers import AutoTokenizer
+
+    from april_bench.engines.hf import HFEngine
+    from april_bench.vtime import run_real
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    evaluator = MathEvaluator(
+        load_sets(datasets, paths),
+        tokenizer,
+        max_new_tokens=max_new_tokens,
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+        grader=grader,
+        template=template,
+        seed=seed,
+        limit=limit,
+    )
+    longest = evaluator.longest_prompt()
+    settings: dict[str, Any] = {
+        "model": model,
+        "max_context_len": longest + max_new_tokens + 1,
+        "seed": seed,
+        "eos_token_ids": stop_token_ids(model, tokenizer),
+    }
+    settings.update(engine_args or {})
+    engine = HFEngine.Config(**settings).build()
+
+    async def main() -> MathEvalResult:
+        await engine.start()
+        try:
+            return await evaluator.evaluate(engine)
+        finally:
+            await engine.close()
+
+    return run_real(main())
