@@ -155,6 +155,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--eval-datasets",
+        metavar="LIST",
         help="comma-separated evaluation sets of a math run, e.g. aime-2024,math-500 (avg@k)",
     )
     env.add_argument(
@@ -253,7 +254,10 @@ def _add_data_parser(sub: Any) -> None:
     st.add_argument(
         "--tokenizer", help="a tokenizer directory: prompt lengths in tokens, chat template applied"
     )
-    st.add_argument("--template", help="prompt template (default: the data set's recipe)")
+    st.add_argument(
+        "--template",
+        help="dapo, dapo-boxed, deepscaler, deepmath, boxed or plain (default: the data set's recipe)",
+    )
 
 
 _TOP_LEVEL = {
