@@ -239,18 +239,9 @@ def _id(value: Any) -> str | None:
 
 def _boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` in ``text`` (brace counting), or ``None``."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return None
+    from april_bench.graders.deepscaler import last_boxed  # light: sympy loads only when grading
+
+    return last_boxed(text, fbox=False)
 
 
 def _chat_ground_truth(row: dict[str, Any], index: int, dataset: str) -> _Parsed | str:

@@ -19,6 +19,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+THINK_END = "</think>"
+
 DEFAULT_TIMEOUT_S = 3.0
 """Wall-clock budget for one sympy/math-verify grading call (DeepMath used 3 s inside math-verify)."""
 
@@ -121,3 +123,9 @@ def as_text(value: object) -> str | None:
         return str(value)
     except Exception:
         return None
+
+
+def after_think(response: str) -> str | None:
+    """The text after the last ``</think>`` (what the thinking-model graders look at), or None without one."""
+    cut = response.rfind(THINK_END)
+    return None if cut < 0 else response[cut + len(THINK_END) :]

@@ -13,15 +13,13 @@ import re
 from functools import cache
 from typing import Any
 
-from april_bench.graders._bounded import DEFAULT_TIMEOUT_S, call_bounded, quiet_loggers
+from april_bench.graders._bounded import DEFAULT_TIMEOUT_S, after_think, call_bounded, quiet_loggers
 
 MAX_SYMPY_CHARS = 1000
 """Answers longer than this skip the sympy comparison (MATH-500's longest answer has 159 characters)."""
 
 MAX_EXPR_CHARS = 200
 """Longest ``(gt)-(pred)`` expression handed to sympy's parser."""
-
-THINK_END = "</think>"
 
 
 def last_boxed(text: str, *, fbox: bool = True) -> str | None:
@@ -347,10 +345,10 @@ def grade_sympy(pred: str | None, gt: str | None) -> bool:
 
 def _is_correct(response: str, reference: str, require_think: bool) -> bool:
     if require_think:
-        cut = response.rfind(THINK_END)
-        if cut < 0:
+        answer_part = after_think(response)
+        if answer_part is None:
             return False
-        response = response[cut + len(THINK_END) :]
+        response = answer_part
     pred = last_boxed(response, fbox=False)
     gt = last_boxed(reference, fbox=False) if "\\boxed" in reference else reference
     if pred is None or not gt:

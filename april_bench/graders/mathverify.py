@@ -14,7 +14,7 @@ import math
 from functools import cache
 from typing import Any
 
-from april_bench.graders._bounded import DEFAULT_TIMEOUT_S, call_bounded, quiet_loggers
+from april_bench.graders._bounded import DEFAULT_TIMEOUT_S, after_think, call_bounded, quiet_loggers
 
 MAX_RESPONSE_CHARS = 4000
 """Only the last 4,000 characters of a response are parsed (the boxed answer sits at the end)."""
@@ -27,8 +27,6 @@ MAX_DIGITS = 100_000
 
 MAX_EXPANDED_POWER = 100
 """Reject a compound symbolic base raised to a larger numeric power (simplify would expand it)."""
-
-THINK_END = "</think>"
 
 _GROWTH_FUNCTIONS = frozenset(
     {
@@ -121,10 +119,10 @@ def _tame(expr: Any) -> bool:
 
 def _is_correct(response: str, reference: str, require_think: bool) -> bool:
     if require_think:
-        cut = response.rfind(THINK_END)
-        if cut < 0:
+        answer_part = after_think(response)
+        if answer_part is None:
             return False
-        response = response[cut + len(THINK_END) :]
+        response = answer_part
     if len(reference) > MAX_REFERENCE_CHARS:
         return False
     from math_verify import parse, verify
