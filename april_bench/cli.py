@@ -452,7 +452,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             str(int(d["problems"])),
             "measured",
         ]
-        for name, d in result.details.items()
+        for name, d in result.by_dataset.items()
     ]
     print(render_markdown(("Dataset", "Model", "Metric", "Accuracy", "Problems", "Source"), rows))
     summary = {
@@ -461,7 +461,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         "samples": args.samples,
         "accuracy": result.accuracy,
         "stderr": result.stderr,
-        "by_dataset": result.details,
+        "by_dataset": result.by_dataset,
     }
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

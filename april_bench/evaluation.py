@@ -9,13 +9,15 @@ with ``k=1`` gives greedy pass@1.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
 from april_bench.rollout.loop import sample_seed
 from april_bench.tasks.synthetic import Problem, SyntheticTask
 
-__all__ = ["EvalResult", "TaskEvaluator"]
+__all__ = ["EvalResult", "TaskEvaluator", "check_eval_sampling", "mean_and_stderr"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,22 @@ class EvalResult:
     stderr: float
     n: int
     mean_response_len: float
+    #: Per evaluation set, when there are several: ``{name: {"accuracy", "stderr", "problems"}}``.
+    by_dataset: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: One tidy row per evaluation sample, when the evaluator keeps them.
+    rows: Sequence[Any] = ()
+
+
+def check_eval_sampling(samples: int, temperature: float) -> None:
+    if samples < 1 or (temperature == 0 and samples > 1):
+        raise ValueError("evaluation needs samples >= 1, and exactly 1 when greedy (temperature 0)")
+
+
+def mean_and_stderr(scores: Sequence[float]) -> tuple[float, float]:
+    """The mean of per-problem avg@k scores and its standard error over problems."""
+    mean = sum(scores) / len(scores)
+    spread = sum((s - mean) ** 2 for s in scores) / max(1, len(scores) - 1)
+    return mean, math.sqrt(spread / len(scores))
 
 
 class TaskEvaluator:
@@ -40,8 +58,7 @@ class TaskEvaluator:
         seed: int = 0,
         limit: int | None = None,
     ) -> None:
-        if samples < 1 or (temperature == 0 and samples > 1):
-            raise ValueError("evaluation needs samples >= 1, and exactly 1 when greedy (temperature 0)")
+        check_eval_sampling(samples, temperature)
         self.task = task
         self.max_new_tokens = max_new_tokens
         self.samples = samples
@@ -72,11 +89,10 @@ class TaskEvaluator:
             )
             tokens += c.num_tokens
         scores = [per_problem.get(p, 0.0) / self.samples for p in self.problems]
-        mean = sum(scores) / len(scores)
-        spread = sum((s - mean) ** 2 for s in scores) / max(1, len(scores) - 1)
+        mean, stderr = mean_and_stderr(scores)
         return EvalResult(
             accuracy=mean,
-            stderr=math.sqrt(spread / len(scores)),
+            stderr=stderr,
             n=len(requests),
             mean_response_len=tokens / len(requests),
         )

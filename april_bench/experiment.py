@@ -168,7 +168,6 @@ def build_components(config: ExperimentConfig, engine_name: str, *, progress: bo
 def _sim_components(config: ExperimentConfig) -> Components:
     from april_bench.sim.engine import SimEngine
     from april_bench.sim.trainer import SimTrainer
-    from april_bench.sim.workload import SimWorkload
 
     engine_fields = SimEngine.Config.field_help()
     unknown = sorted(set(config.engine_args) - set(engine_fields))
@@ -181,15 +180,23 @@ def _sim_components(config: ExperimentConfig) -> Components:
         hardware=config.hardware, model=config.model, num_gpus=config.num_gpus, **dict(config.engine_args)
     )
     trainer_config = SimTrainer.Config(hardware=config.hardware, model=config.model, num_gpus=config.num_gpus)
-    workload_args = dict(config.workload_args)
-    if config.dataset in config.data_paths:  # measured prompt lengths for the simulated data set
-        workload_args.setdefault("data_path", config.data_paths[config.dataset])
-    workload = SimWorkload.Config(
-        dataset=config.dataset, model=config.model, seed=config.seed, **workload_args
-    ).build(n_samples_per_prompt=config.rollout.n_samples_per_prompt)
+    workload = sim_workload(config)
     if config.dynamic_sampling_on and not workload.has_rewards:
         raise ConfigError("dynamic sampling needs rewards: add a 'reward' column to the length trace")
     return Components(engine=engine_config.build, trainer=trainer_config.build, workload=workload)
+
+
+def sim_workload(config: ExperimentConfig, *, token_ids: bool = False) -> Any:
+    """The simulated workload of ``config``: the data set's length profile, with prompt lengths measured
+    from its ``--data-path`` file when one is given (``token_ids``: random prompt ids for a real engine)."""
+    from april_bench.sim.workload import SimWorkload
+
+    workload_args = dict(config.workload_args)
+    if config.dataset in config.data_paths:
+        workload_args.setdefault("data_path", config.data_paths[config.dataset])
+    return SimWorkload.Config(
+        dataset=config.dataset, model=config.model, seed=config.seed, **workload_args
+    ).build(n_samples_per_prompt=config.rollout.n_samples_per_prompt, token_ids=token_ids)
 
 
 async def _run_arm(
@@ -284,7 +291,7 @@ def _evaluation(
                 n=result.n,
                 mean_response_len=result.mean_response_len,
                 eval_time_s=elapsed,
-                by_dataset=dict(getattr(result, "details", None) or {}),
+                by_dataset={name: dict(d) for name, d in result.by_dataset.items()},
             )
         )
         clock.origin += elapsed

@@ -39,15 +39,6 @@ def _build(cls: Any, where: str, **settings: Any) -> Any:
     return cls.Config(**settings)
 
 
-def _stop_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
-    from april_bench.tasks.math import stop_token_ids
-
-    ids = stop_token_ids(model, tokenizer)
-    if not ids:
-        raise ConfigError(f"{model}: neither its generation config nor its tokenizer names an EOS token")
-    return ids
-
-
 def _math_task(config: ExperimentConfig) -> tuple[Any, Any, int]:
     """A real checkpoint on a real data set: prompts through its chat template, the recipe's grader,
     avg@k on ``eval_datasets``.  Returns the workload, the evaluator (or None) and the longest prompt."""
@@ -98,6 +89,7 @@ def hf_components(config: ExperimentConfig, *, progress: bool = False) -> Compon
     from april_bench.engines.hf import HFEngine
     from april_bench.engines.hf.models import build_model, model_config
     from april_bench.experiment import Components
+    from april_bench.tasks.math import stop_token_ids
     from april_bench.trainers.torch_trainer import TorchTrainer
 
     rollout = config.rollout
@@ -134,19 +126,14 @@ def hf_components(config: ExperimentConfig, *, progress: bool = False) -> Compon
         workload, evaluator, longest = _math_task(config)
         tokenizer = workload.tokenizer
         warm, vocab = None, None
-        eos = _stop_ids(config.model, tokenizer)
+        eos = stop_token_ids(config.model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         context = longest + rollout.max_response_len + 1
     else:
-        from april_bench.sim.workload import SimWorkload
+        from april_bench.experiment import sim_workload
 
         warm, vocab, evaluator, eos, pad = None, None, None, (), 0
-        workload_args = dict(config.workload_args)
-        if config.dataset in config.data_paths:
-            workload_args.setdefault("data_path", config.data_paths[config.dataset])
-        workload = SimWorkload.Config(
-            dataset=config.dataset, model=config.model, seed=config.seed, **workload_args
-        ).build(n_samples_per_prompt=rollout.n_samples_per_prompt, token_ids=True)
+        workload = sim_workload(config, token_ids=True)
         context = rollout.max_response_len + 4096
 
     if not Path(config.model).is_dir():

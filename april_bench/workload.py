@@ -7,12 +7,13 @@ in the strategy alone.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from april_bench.types import Prompt, Sample
 
-__all__ = ["PromptStream", "ScriptedWorkload", "Workload"]
+__all__ = ["EpochOrder", "PromptStream", "ScriptedWorkload", "Workload"]
 
 
 class PromptStream:
@@ -32,6 +33,24 @@ class PromptStream:
         prompts = [self._make(self.consumed + i) for i in range(n)]
         self.consumed += n
         return prompts
+
+
+class EpochOrder:
+    """Prompt ``uid`` -> row of an ``n``-row data set: a seeded shuffle, reshuffled every epoch, so each
+    epoch uses every row once and every arm sees the same order."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.seed = seed
+        self._orders: dict[int, list[int]] = {}
+
+    def index(self, uid: int) -> int:
+        epoch, position = divmod(uid, self.n)
+        order = self._orders.get(epoch)
+        if order is None:
+            order = self._orders[epoch] = list(range(self.n))
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order[position]
 
 
 @runtime_checkable

@@ -344,11 +344,8 @@ def grade_sympy(pred: str | None, gt: str | None) -> bool:
 
 
 def _is_correct(response: str, reference: str, require_think: bool) -> bool:
-    if require_think:
-        answer_part = after_think(response)
-        if answer_part is None:
-            return False
-        response = answer_part
+    if require_think and (response := after_think(response)) is None:
+        return False
     pred = last_boxed(response, fbox=False)
     gt = last_boxed(reference, fbox=False) if "\\boxed" in reference else reference
     if pred is None or not gt:

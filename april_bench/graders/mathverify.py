@@ -118,11 +118,8 @@ def _tame(expr: Any) -> bool:
 
 
 def _is_correct(response: str, reference: str, require_think: bool) -> bool:
-    if require_think:
-        answer_part = after_think(response)
-        if answer_part is None:
-            return False
-        response = answer_part
+    if require_think and (response := after_think(response)) is None:
+        return False
     if len(reference) > MAX_REFERENCE_CHARS:
         return False
     from math_verify import parse, verify

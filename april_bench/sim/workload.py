@@ -22,7 +22,7 @@ from april_bench.registry import Registry
 from april_bench.sim.lengths import LengthDraw, LengthModel, LognormalLengths, TraceLengths
 from april_bench.sim.models import MODELS
 from april_bench.types import Prompt, Sample, SampleStatus
-from april_bench.workload import PromptStream
+from april_bench.workload import EpochOrder, PromptStream
 
 __all__ = ["DATASETS", "DatasetProfile", "SimWorkload"]
 
@@ -156,13 +156,13 @@ class SimWorkload(Configurable):
         self._n = n_samples_per_prompt
         self.lengths: LengthModel = self._length_model()
         self._draws: dict[int, LengthDraw] = {}
-        #: Measured prompt lengths (data_path given) and their unit; else the profile's log-normal.
-        self.prompt_lengths: list[int] | None = None
+        #: Measured prompt lengths (data_path given) and their unit; empty: the profile's log-normal.
+        self.prompt_lengths: list[int] = []
         self.prompt_length_unit = "tokens (profile log-normal)"
         if config.data_path is not None:
             self.prompt_lengths, self.prompt_length_unit = self._measured_prompt_lengths()
             self.name = f"sim:{config.dataset}@{Path(config.data_path).name}"
-        self._orders: dict[int, np.ndarray] = {}
+            self._order = EpochOrder(len(self.prompt_lengths), config.seed)
 
     def _measured_prompt_lengths(self) -> tuple[list[int], str]:
         from april_bench.data import DATASETS as DATA_SETS
@@ -182,17 +182,6 @@ class SimWorkload(Configurable):
         if not lengths:
             raise ConfigError(f"{cfg.data_path}: no {cfg.dataset} problems to take prompt lengths from")
         return lengths, unit
-
-    def _measured_length(self, uid: int) -> int:
-        """Prompt ``uid`` is problem ``uid`` of a seeded shuffle, reshuffled every epoch."""
-        assert self.prompt_lengths is not None
-        epoch, position = divmod(uid, len(self.prompt_lengths))
-        order = self._orders.get(epoch)
-        if order is None:
-            order = self._orders[epoch] = np.random.default_rng([self.config.seed, epoch, 1]).permutation(
-                len(self.prompt_lengths)
-            )
-        return max(1, self.prompt_lengths[int(order[position])])
 
     def _length_model(self) -> LengthModel:
         cfg = self.config
@@ -223,10 +212,11 @@ class SimWorkload(Configurable):
 
     def _prompt(self, uid: int) -> Prompt:
         rng = np.random.default_rng([self.config.seed, uid, 0])
-        p = self.profile
-        length = max(4, round(p.prompt_median * math.exp(p.prompt_sigma * rng.standard_normal())))
-        if self.prompt_lengths is not None:
-            length = self._measured_length(uid)
+        if self.prompt_lengths:  # measured: problem `uid` of a per-epoch shuffle of the file
+            length = max(1, self.prompt_lengths[self._order.index(uid)])
+        else:
+            p = self.profile
+            length = max(4, round(p.prompt_median * math.exp(p.prompt_sigma * rng.standard_normal())))
         ids = None
         if self._vocab is not None:  # dummy-weight runs on a real engine need ids: random ones
             ids = tuple(int(i) for i in rng.integers(0, self._vocab, length))

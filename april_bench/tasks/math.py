@@ -10,22 +10,21 @@ for all of them.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, param
 from april_bench.data import MathProblem, render
 from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
+from april_bench.evaluation import EvalResult, check_eval_sampling, mean_and_stderr
 from april_bench.graders import correct_value, score, style_for
 from april_bench.rollout.loop import sample_seed
 from april_bench.types import Prompt, Sample
-from april_bench.workload import PromptStream
+from april_bench.workload import EpochOrder, PromptStream
 
 __all__ = [
     "EvalRow",
-    "MathEvalResult",
     "MathEvaluator",
     "MathTaskSettings",
     "MathWorkload",
@@ -62,7 +61,7 @@ class MathTaskSettings(BaseConfig):
 
 def stop_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
     """The ids that end a response: the checkpoint's generation config (chat models list their
-    end-of-turn token there, e.g. Qwen's ``<|im_end|>``), else the tokenizer's EOS."""
+    end-of-turn token there, e.g. Qwen's ``<|im_end|>``), else the tokenizer's EOS; neither is an error."""
     ids: list[int] = []
     try:
         from transformers import GenerationConfig
@@ -73,6 +72,8 @@ def stop_token_ids(model: str, tokenizer: Any) -> tuple[int, ...]:
         pass
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ConfigError(f"{model}: neither its generation config nor its tokenizer names an EOS token")
     return tuple(ids)
 
 
@@ -100,21 +101,11 @@ class MathWorkload:
         self.tokenizer = tokenizer
         self.template = template
         self.style = style_for(dataset, grader)
-        self.seed = seed
-        self._orders: dict[int, list[int]] = {}
+        self._order = EpochOrder(len(self.problems), seed)
         self._rendered: dict[int, tuple[str, tuple[int, ...]]] = {}
 
-    def _index(self, uid: int) -> int:
-        epoch, position = divmod(uid, len(self.problems))
-        order = self._orders.get(epoch)
-        if order is None:
-            order = list(range(len(self.problems)))
-            random.Random(f"{self.seed}:{epoch}").shuffle(order)
-            self._orders[epoch] = order
-        return order[position]
-
     def _prompt(self, uid: int) -> Prompt:
-        index = self._index(uid)
+        index = self._order.index(uid)
         problem = self.problems[index]
         cached = self._rendered.get(index)
         if cached is None:
@@ -158,18 +149,6 @@ class EvalRow:
     response_len: int
 
 
-@dataclass(slots=True)
-class MathEvalResult:
-    """avg@k per data set and their plain mean, with standard errors over problems."""
-
-    accuracy: float
-    stderr: float
-    n: int
-    mean_response_len: float
-    details: dict[str, dict[str, float]] = field(default_factory=dict)
-    rows: list[EvalRow] = field(default_factory=list)
-
-
 class MathEvaluator:
     """avg@k on one or more evaluation sets (APRIL reports avg@16 on AIME 2024)."""
 
@@ -189,8 +168,7 @@ class MathEvaluator:
     ) -> None:
         if not sets:
             raise ValueError("evaluation needs at least one data set")
-        if samples < 1 or (temperature == 0 and samples > 1):
-            raise ValueError("evaluation needs samples >= 1, and exactly 1 when greedy (temperature 0)")
+        check_eval_sampling(samples, temperature)
         self.sets = {
             name: list(problems)[:limit] if limit else list(problems) for name, problems in sets.items()
         }
@@ -211,7 +189,7 @@ class MathEvaluator:
     def longest_prompt(self) -> int:
         return max(len(ids) for ids in self._ids.values())
 
-    async def evaluate(self, engine: Engine) -> MathEvalResult:
+    async def evaluate(self, engine: Engine) -> EvalResult:
         self._calls += 1
         requests, where = [], {}
         for name, problems in self.sets.items():
@@ -240,7 +218,7 @@ class MathEvaluator:
             )
         return self._summarise(rows)
 
-    def _summarise(self, rows: list[EvalRow]) -> MathEvalResult:
+    def _summarise(self, rows: list[EvalRow]) -> EvalResult:
         details: dict[str, dict[str, float]] = {}
         for name in self.sets:
             per_problem: dict[str, list[bool]] = {}
@@ -248,21 +226,16 @@ class MathEvaluator:
                 if row.dataset == name:
                     per_problem.setdefault(row.source_id, []).append(row.correct)
             scores = [sum(v) / len(v) for v in per_problem.values()]
-            mean = sum(scores) / len(scores)
-            var = sum((s - mean) ** 2 for s in scores) / max(1, len(scores) - 1)
-            details[name] = {
-                "accuracy": mean,
-                "stderr": math.sqrt(var / len(scores)),
-                "problems": len(scores),
-            }
+            mean, stderr = mean_and_stderr(scores)
+            details[name] = {"accuracy": mean, "stderr": stderr, "problems": len(scores)}
         accuracies = [d["accuracy"] for d in details.values()]
         stderr = math.sqrt(sum(d["stderr"] ** 2 for d in details.values())) / len(details)
-        return MathEvalResult(
+        return EvalResult(
             accuracy=sum(accuracies) / len(accuracies),
             stderr=stderr,
             n=len(rows),
             mean_response_len=sum(r.response_len for r in rows) / max(1, len(rows)),
-            details=details,
+            by_dataset=details,
             rows=rows,
         )
 
@@ -289,7 +262,7 @@ def evaluate_checkpoint(
     limit: int | None = None,
     seed: int = 0,
     engine_args: Mapping[str, Any] | None = None,
-) -> MathEvalResult:
+) -> EvalResult:
     """avg@k of a checkpoint directory on evaluation sets, generated by the ``hf`` engine."""
     from transformers import AutoTokenizer
 
@@ -319,7 +292,7 @@ def evaluate_checkpoint(
     settings.update(engine_args or {})
     engine = HFEngine.Config(**settings).build()
 
-    async def main() -> MathEvalResult:
+    async def main() -> EvalResult:
         await engine.start()
         try:
             return await evaluator.evaluate(engine)
