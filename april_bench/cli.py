@@ -350,7 +350,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     """Build the configuration and its components without running anything (no warm start, no GPU)."""
-    from april_bench.engines.detect import resolve_engine
+    from april_bench.backends.resolve import resolve_engine
     from april_bench.experiment import build_components
 
     config = config_from_args(args)
@@ -372,8 +372,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from april_bench.algorithms import ALGORITHMS
     from april_bench.engines import ENGINES
-    from april_bench.sim.hardware import HARDWARE
-    from april_bench.sim.models import MODELS
+    from april_bench.profiles.hardware import HARDWARE
+    from april_bench.profiles.models import MODELS
     from april_bench.sim.workload import DATASETS
     from april_bench.strategies import STRATEGIES
 

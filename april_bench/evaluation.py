@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
-from april_bench.rollout.loop import sample_seed
+from april_bench.seeding import sample_seed
 from april_bench.tasks.synthetic import Problem, SyntheticTask
 
 __all__ = ["EvalResult", "TaskEvaluator", "check_eval_sampling", "mean_and_stderr"]

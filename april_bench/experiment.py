@@ -20,9 +20,9 @@ from typing import Any
 from tqdm import tqdm
 
 from april_bench.algorithms import ALGORITHMS
+from april_bench.backends.resolve import resolve_engine
 from april_bench.config import BaseConfig, ConfigError, param
 from april_bench.engines import ENGINES, WeightUpdate
-from april_bench.engines.detect import resolve_engine
 from april_bench.results.records import EvalRecord, Fate, RunRecorder
 from april_bench.rollout.loop import RolloutConfig, RolloutLoop
 from april_bench.strategies import STRATEGIES, build_strategy

@@ -42,14 +42,14 @@ import numpy as np
 from april_bench.engines.hf import HFEngine
 from april_bench.engines.protocol import GenerateRequest, SamplingParams
 from april_bench.experiment import ExperimentConfig, run
+from april_bench.profiles.hardware import CALIBRATION, GiB
+from april_bench.profiles.models import MODELS
 from april_bench.results.provenance import collect_provenance
 from april_bench.results.records import as_row
 from april_bench.results.store import load_run, write_run
 from april_bench.results.summary import summarize
 from april_bench.results.table import render_markdown
 from april_bench.rollout.loop import RolloutConfig
-from april_bench.sim.hardware import CALIBRATION, GiB
-from april_bench.sim.models import MODELS
 from april_bench.vtime import run_real
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -64,7 +64,7 @@ async def _decode_point(engine: HFEngine, batch: int, ctx: int, repeats: int = 3
     sp = SamplingParams(temperature=1.0)
     times: list[float] = []
     for r in range(repeats):
-        engine._step_times.clear()
+        engine.reset_step_times()
         reqs = [
             GenerateRequest(
                 f"b{batch}-c{ctx}-{r}-{i}", ctx, STEPS, sp, input_ids=tuple([5] * ctx), replay_len=STEPS
@@ -72,7 +72,7 @@ async def _decode_point(engine: HFEngine, batch: int, ctx: int, repeats: int = 3
             for i in range(batch)
         ]
         [c async for c in engine.generate(reqs)]
-        times += engine._step_times.get(batch, [])
+        times += engine.step_times.get(batch, [])
     return statistics.median(times)
 
 
@@ -356,7 +356,7 @@ def main() -> None:
     prefill = prefill_curve()
     prefill_fit = fit_prefill(prefill)
     write_profile(fitted, prefill_fit, provenance)
-    from april_bench.sim.hardware import hardware_profile
+    from april_bench.profiles.hardware import hardware_profile
 
     hardware_profile.cache_clear()  # the next simulation reads the profile just written
     result = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from april_bench.engines.detect import detect_accelerators
+from april_bench.machine import detect_accelerators
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -22,7 +22,14 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.engines.protocol import Completion, EngineInfo, EngineLoad, GenerateRequest, WeightUpdate
+from april_bench.engines.protocol import (
+    Completion,
+    EngineError,
+    EngineInfo,
+    EngineLoad,
+    GenerateRequest,
+    WeightUpdate,
+)
 from april_bench.engines.stream import CompletionStream
 from april_bench.types import FinishReason
 
@@ -173,7 +180,7 @@ class FakeEngine(Configurable):
 
     async def update_weights(self, update: WeightUpdate) -> None:
         if self._running or self._queued:
-            raise RuntimeError("update_weights while requests are in flight: abort and drain first")
+            raise EngineError("update_weights while requests are in flight: abort and drain first")
         if self.config.weight_sync_s:
             await asyncio.sleep(self.config.weight_sync_s)
         self.version = update.version

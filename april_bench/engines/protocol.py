@@ -16,6 +16,20 @@ april-bench, on the simulator and on real engines alike:
 * ``load()`` reports running and queued requests;
 * ``start()`` / ``close()``.
 
+Two optional capabilities, checked with ``isinstance``:
+
+* :class:`SaturationModel` - ``saturated_tokens_per_s(concurrency, context)``,
+  the rate a rollout would reach with no tail (the simulator knows it from its
+  cost model, the embedded engine from its own measured decode steps; a real
+  server engine cannot know it and does not implement it);
+* :class:`EngineMetrics` - ``metrics()``, a snapshot of the engine's own
+  counters and gauges (KV usage, running and waiting requests, preemptions,
+  prefix-cache hits, decode steps), recorded as rows at step boundaries.
+
+Weights reach an engine as a :class:`WeightUpdate`: an in-process state dict
+(``weights``), or a checkpoint directory (``path``) for an engine in another
+process.  :attr:`EngineInfo.weight_formats` says which an engine accepts.
+
 Native engine arguments are not flattened into this interface: each engine's
 ``Config`` has an ``engine_args`` mapping passed unchanged to the engine.
 """
@@ -34,8 +48,10 @@ __all__ = [
     "EngineError",
     "EngineInfo",
     "EngineLoad",
+    "EngineMetrics",
     "GenerateRequest",
     "SamplingParams",
+    "SaturationModel",
     "WeightUpdate",
 ]
 
@@ -117,10 +133,23 @@ class EngineLoad:
 
 @dataclass(frozen=True, slots=True)
 class WeightUpdate:
-    """New policy weights.  ``weights`` is engine-specific (a state dict, a path; ``None`` in simulation)."""
+    """New policy weights, stamped on every token generated afterwards.
+
+    ``weights``: an in-process state dict (name -> tensor); ``path``: a
+    checkpoint directory in Hugging Face format, for an engine in another
+    process.  Both ``None``: only the version moves (the simulator, the fake).
+    """
 
     version: int
     weights: Any = None
+    path: str | None = None
+
+    @property
+    def format(self) -> str:
+        """``"state_dict"``, ``"path"`` or ``"none"``: what :attr:`EngineInfo.weight_formats` lists."""
+        if self.weights is not None:
+            return "state_dict"
+        return "path" if self.path is not None else "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +164,10 @@ class EngineInfo:
     replicas: int = 1
     hardware: str = ""
     model: str = ""
+    #: The engine package's version (``None`` for april-bench's own engines).
+    version: str | None = None
+    #: What ``update_weights`` accepts: ``"state_dict"``, ``"path"``, ``"none"`` (version only).
+    weight_formats: tuple[str, ...] = ("state_dict", "none")
 
 
 @runtime_checkable
@@ -162,9 +195,25 @@ class Engine(Protocol):
         """Install new weights; tokens generated afterwards carry ``update.version``."""
 
     async def close(self) -> None:
-        """Release the engine."""
+        """Release the engine (and every process it started)."""
+
+
+@runtime_checkable
+class SaturationModel(Protocol):
+    """Optional: an engine that knows its no-tail decode rate."""
 
     def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
         """Decode tokens/s with ``concurrency`` requests always running at ``mean_context`` tokens
         of context: the rate a rollout would reach with no tail.  ``None`` when unknown."""
+        ...
+
+
+@runtime_checkable
+class EngineMetrics(Protocol):
+    """Optional: an engine that reports its own counters and gauges."""
+
+    def metrics(self) -> dict[str, float]:
+        """A snapshot: gauges (``kv_usage``, ``running``, ``waiting``) and monotonic counters
+        (``preemptions``, ``prefix_cache_hits``, ``prefix_cache_queries``, ``prompt_tokens``,
+        ``generation_tokens``, ``decode_steps`` ...).  Names are the engine's; cheap to call."""
         ...

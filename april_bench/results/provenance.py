@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from april_bench.engines.detect import detect_accelerators, installed_engines
+from april_bench.machine import detect_accelerators, installed_engines
 
 __all__ = ["collect_provenance", "git_info"]
 

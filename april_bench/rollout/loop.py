@@ -29,25 +29,22 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.engines.protocol import Completion, Engine, EngineError, GenerateRequest, SamplingParams
+from april_bench.engines.protocol import (
+    Completion,
+    Engine,
+    EngineError,
+    GenerateRequest,
+    SamplingParams,
+    SaturationModel,
+)
 from april_bench.results.records import Fate, RequestRecord, RunRecorder, StepRecord
 from april_bench.rollout.buffer import GroupBuffer
 from april_bench.rollout.strategy import Disposition, RefillMode, RolloutStrategy, RolloutView
+from april_bench.seeding import sample_seed
 from april_bench.types import Group, Sample, SampleStatus, Segment, concat_ids
 from april_bench.workload import PromptStream, Workload
 
-__all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome", "keep_group", "sample_seed"]
-
-
-_MASK63 = (1 << 63) - 1
-
-
-def sample_seed(seed: int, uid: int, index: int) -> int:
-    """The sampling seed of sample ``index`` of prompt ``uid``: the same in every arm, and for every
-    resume of the sample (engines key their draws by position, so a resume continues the stream)."""
-    z = (seed * 0x9E3779B97F4A7C15 + uid * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK63
-    z = ((z ^ (z >> 31)) * 0xD6E8FEB86659FD93) & _MASK63
-    return z ^ (z >> 29)
+__all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome", "keep_group"]
 
 
 def keep_group(rewards: list[float]) -> bool:
@@ -177,7 +174,6 @@ class RolloutLoop(Configurable):
         self._t0 = t0
         self._sampling = config.sampling_params()
         self._replay = config.replay_lengths or not engine.info.produces_tokens
-        self._seeded = engine.info.produces_tokens  # an engine that samples gets per-sample seeds
         self._seeded = engine.info.produces_tokens  # an engine that samples gets per-sample seeds
         self._next_request = 0
         self._next_order = 0
@@ -492,9 +488,14 @@ class RolloutLoop(Configurable):
             off_policy_tokens=sum(s.off_policy_tokens(st.version) for g in st.accepted for s in g.samples),
             peak_concurrency=st.peak_concurrency,
             mean_context=mean_context,
-            saturated_tokens_per_s=self.engine.saturated_tokens_per_s(st.peak_concurrency, mean_context),
+            saturated_tokens_per_s=self._saturated(st.peak_concurrency, mean_context),
             bookkeeping_s=st.bookkeeping_s,
         )
+
+    def _saturated(self, concurrency: int, mean_context: float) -> float | None:
+        if not isinstance(self.engine, SaturationModel):
+            return None  # a real server cannot know its no-tail rate
+        return self.engine.saturated_tokens_per_s(concurrency, mean_context)
 
 
 class _Meter:

@@ -28,8 +28,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from april_bench.sim.hardware import HardwareProfile
-from april_bench.sim.models import ModelProfile
+from april_bench.profiles.hardware import HardwareProfile
+from april_bench.profiles.models import ModelProfile
 
 __all__ = ["CostModel"]
 

@@ -31,9 +31,9 @@ from april_bench.engines.protocol import (
     WeightUpdate,
 )
 from april_bench.engines.stream import CompletionStream
+from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
+from april_bench.profiles.models import MODELS, ModelProfile
 from april_bench.sim.cost import CostModel
-from april_bench.sim.hardware import HardwareProfile, hardware_names, hardware_profile
-from april_bench.sim.models import MODELS, ModelProfile
 from april_bench.sim.replica import ReplicaSettings, SimReplica
 
 __all__ = ["SimEngine"]
@@ -125,6 +125,7 @@ class SimEngine(Configurable):
             replicas=self.num_replicas,
             hardware=self.hardware.name,
             model=self.model.name,
+            weight_formats=("none", "state_dict", "path"),  # timed from the model size; contents ignored
         )
 
     @property

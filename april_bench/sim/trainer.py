@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from april_bench.config import BaseConfig, Configurable, param
-from april_bench.sim.hardware import hardware_profile
-from april_bench.sim.models import MODELS
+from april_bench.profiles.hardware import hardware_profile
+from april_bench.profiles.models import MODELS
 from april_bench.trainers.protocol import TrainResult
 from april_bench.types import Group
 

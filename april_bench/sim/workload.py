@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.profiles.models import MODELS
 from april_bench.registry import Registry
 from april_bench.sim.lengths import LengthDraw, LengthModel, LognormalLengths, TraceLengths
-from april_bench.sim.models import MODELS
 from april_bench.types import Prompt, Sample, SampleStatus
 from april_bench.workload import EpochOrder, PromptStream
 

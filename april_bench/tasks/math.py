@@ -19,7 +19,7 @@ from april_bench.data import MathProblem, render
 from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
 from april_bench.evaluation import EvalResult, check_eval_sampling, mean_and_stderr
 from april_bench.graders import correct_value, score, style_for
-from april_bench.rollout.loop import sample_seed
+from april_bench.seeding import sample_seed
 from april_bench.types import Prompt, Sample
 from april_bench.workload import EpochOrder, PromptStream
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-__all__ = ["CHAT_TEMPLATE", "make_tiny_checkpoint"]
+import torch
+
+__all__ = ["CHAT_TEMPLATE", "load_state_dict", "make_tiny_checkpoint", "save_state_dict"]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -48,4 +50,36 @@ def make_tiny_checkpoint(path: str | Path, *, seed: int = 0) -> Path:
     model.config.bos_token_id = vocab["<s>"]
     model.config.eos_token_id = vocab["</s>"]
     model.save_pretrained(path)
+    return path
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory's ``*.safetensors`` files (sharded or not), on the CPU."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights to load")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file), device="cpu"))
+    return state
+
+
+def save_state_dict(module: torch.nn.Module, path: str | Path) -> Path:
+    """Save ``module`` as a Hugging Face checkpoint directory (config + safetensors) and return it.
+
+    Written to a temporary sibling and renamed, so a reader never sees half a checkpoint.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    module.save_pretrained(tmp)  # type: ignore[operator]
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
     return path

@@ -49,7 +49,7 @@ from april_bench.engines.protocol import (
     WeightUpdate,
 )
 from april_bench.engines.stream import CompletionStream
-from april_bench.rollout.loop import sample_seed
+from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
 __all__ = ["HFEngine"]
@@ -134,6 +134,7 @@ class HFEngine(Configurable):
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._step_times: dict[int, list[float]] = {}
+        self._counters = {"decode_steps": 0, "prefill_batches": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self._info = EngineInfo(
             name="hf",
             simulated=False,
@@ -142,6 +143,7 @@ class HFEngine(Configurable):
             replicas=1,
             hardware=self.device.type,
             model=config.model,
+            weight_formats=("state_dict", "path", "none"),
         )
 
     # ------------------------------------------------------------ protocol
@@ -207,7 +209,31 @@ class HFEngine(Configurable):
             raise EngineError("update_weights while requests are in flight: abort and drain first")
         if update.weights is not None:
             self.model.load_state_dict(update.weights)
+        elif update.path is not None:
+            from april_bench.engines.hf.checkpoint import load_state_dict
+
+            self.model.load_state_dict(load_state_dict(update.path))
+        if self.device.type == "cuda":  # load_state_dict only queues the copies: time them here
+            torch.cuda.synchronize(self.device)
         self.version = update.version
+
+    @property
+    def step_times(self) -> dict[int, list[float]]:
+        """Recent decode-step seconds by batch size (the last 64 of each), measured by the scheduler."""
+        return {batch: list(times) for batch, times in self._step_times.items()}
+
+    def reset_step_times(self) -> None:
+        self._step_times.clear()
+
+    def metrics(self) -> dict[str, float]:
+        kv = self.config.max_running_requests * self.config.max_context_len
+        used = sum(s.kv for s in self._active)
+        return {
+            "running": float(len(self._active)),
+            "waiting": float(len(self._waiting)),
+            "kv_usage": used / kv,
+            **{name: float(value) for name, value in self._counters.items()},
+        }
 
     def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
         """Measured: ``B`` tokens over this engine's median observed decode step at batch ``B``."""
@@ -291,6 +317,8 @@ class HFEngine(Configurable):
             logits = self._head(last)
         for seq in batch:
             seq.kv = seq.context
+        self._counters["prefill_batches"] += 1
+        self._counters["prompt_tokens"] += int(lengths.sum())
         self._append_tokens(batch, logits, loop.time())
 
     def _decode(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -313,6 +341,7 @@ class HFEngine(Configurable):
             logits = out.logits[:, -1]
         for seq in active:
             seq.kv += 1
+        self._counters["decode_steps"] += 1
         self._append_tokens(list(active), logits, loop.time())
         self._step_times.setdefault(len(active), []).append(loop.time() - tick)
         if len(self._step_times[len(active)]) > 64:
@@ -337,6 +366,7 @@ class HFEngine(Configurable):
             torch.tensor([position_uniform(s.seed, s.context) for s in seqs], device=logits.device),
             banned,
         )
+        self._counters["generation_tokens"] += len(seqs)
         for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
             seq.tokens.append(token)
             seq.logprobs.append(logprob)

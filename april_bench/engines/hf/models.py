@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, Qwen2Config, Qwen3Config
 
 from april_bench.config import ConfigError
-from april_bench.sim.models import MODELS
+from april_bench.profiles.models import MODELS
 
 __all__ = ["NAMED_MODELS", "TINY", "build_model", "model_config"]
 

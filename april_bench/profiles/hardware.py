@@ -1,4 +1,4 @@
-"""Hardware profiles for the simulator, every constant with its source.
+"""Hardware profiles, every constant with its source (read by the simulator, engines and telemetry).
 
 Peak figures are vendor specifications; the efficiency factors turn them into
 what a tuned engine achieves and come from published measurements.  Where no
@@ -233,7 +233,9 @@ def measure_host(seconds: float = 0.5) -> HardwareProfile:
         np.copyto(dst, src)
         moved += 2 * src.nbytes  # read + write
     bw = moved / (time.perf_counter() - t)
-    measured = f"measured on this host by april_bench.sim.hardware.measure_host ({time.strftime('%Y-%m-%d')})"
+    measured = (
+        f"measured on this host by april_bench.profiles.hardware.measure_host ({time.strftime('%Y-%m-%d')})"
+    )
     try:
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):

@@ -1,0 +1,1 @@
+"""Wiring: build the components of an experiment for a named backend."""
