@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-__all__ = ["BaseConfig", "ConfigError", "Configurable", "param", "to_jsonable"]
+__all__ = ["BaseConfig", "ConfigError", "Configurable", "config_from", "param", "to_jsonable"]
+
+C = TypeVar("C", bound="BaseConfig")
 
 
 class ConfigError(ValueError):
@@ -98,3 +103,108 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     return value
+
+
+def config_from(
+    cls: type[C], options: Mapping[str, Any], *, where: str, owner: str = "", fixed: tuple[str, ...] = ()
+) -> C:
+    """``cls(**options)`` for options a user typed: unknown names and values of the wrong type are
+    a :class:`ConfigError` that names the option (``where``, e.g. ``--engine-arg``, of ``owner``, e.g.
+    "the simulator") and the fix; ``fixed`` fields are set by other flags and not listed as known.
+
+    Values are checked against the field annotations and converted where the conversion is
+    lossless (``"3"`` to 3 for an int, 3 to 3.0 for a float, a list to a tuple, a string to a Path).
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(set(fields) - set(fixed))) or "none"
+        of = f" for {owner}" if owner else ""
+        raise ConfigError(f"unknown {where} {', '.join(unknown)}{of}; known: {known}")
+    hints = typing.get_type_hints(cls)
+    converted = {}
+    for name, value in options.items():
+        try:
+            converted[name] = _coerce(value, hints[name])
+        except (TypeError, ValueError):
+            what = f"{_type_name(hints[name])} ({fields[name].metadata.get('help', '')})"
+            raise ConfigError(f"{where} {name}={value!r}: expected {what}") from None
+    try:
+        return cls(**converted)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """``value`` as an instance of ``hint``, or TypeError/ValueError."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any:
+        return value
+    if isinstance(hint, type) and issubclass(hint, BaseConfig):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(value)
+        return config_from(hint, value, where=hint.__name__)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, option)
+            except (TypeError, ValueError):
+                continue
+        raise TypeError(value)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0]) for v in value)
+        if len(args) != len(value):
+            raise ValueError(value)
+        return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise TypeError(value)
+        return dict(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise TypeError(value)
+    if hint is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise TypeError(value)
+        return int(value) if isinstance(value, (int, float, str)) else _fail(value)
+    if hint is float:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        return float(value) if isinstance(value, (int, float, str)) else _fail(value)
+    if hint is str:
+        return value if isinstance(value, str) else _fail(value)
+    if hint is Path:
+        return Path(value) if isinstance(value, (str, Path)) else _fail(value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
+    return value
+
+
+def _fail(value: Any) -> Any:
+    raise TypeError(value)
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in typing.get_args(hint) if a is not type(None)]
+        optional = type(None) in typing.get_args(hint)
+        return " or ".join(names) + (" (or null)" if optional else "")
+    if origin is tuple:
+        return "a list"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(str(m.value) for m in hint)
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", Path: "a path"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )

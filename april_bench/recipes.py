@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from april_bench.experiment import ExperimentConfig
+from april_bench.experiment_config import ExperimentConfig
 from april_bench.rollout.loop import RolloutConfig
 
 __all__ = ["embedded", "paper", "recipe_for"]

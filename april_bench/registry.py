@@ -1,8 +1,9 @@
 """A small lazy registry: names map to ``"module:Attr"`` placeholders.
 
 Importing :mod:`april_bench` never imports an engine SDK: a registered engine
-is only imported when somebody asks for it by name.  Unknown names raise a
-:class:`KeyError` that suggests the closest registered names.
+is only imported when somebody asks for it by name.  Unknown names raise an
+:class:`UnknownNameError` (a ``ConfigError`` and a ``KeyError``) that suggests the
+closest registered names.
 """
 
 from __future__ import annotations
@@ -12,9 +13,18 @@ import importlib
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
+from april_bench.config import ConfigError
+
 T = TypeVar("T")
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "UnknownNameError"]
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """A name no registry entry has; the message lists the close and the available names."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class Registry(Generic[T]):
@@ -36,7 +46,7 @@ class Registry(Generic[T]):
         try:
             target = self._entries[name]
         except KeyError:
-            raise KeyError(self._unknown_message(name)) from None
+            raise UnknownNameError(self._unknown_message(name)) from None
         if isinstance(target, str):
             module_name, _, attr = target.partition(":")
             obj = getattr(importlib.import_module(module_name), attr)

@@ -27,6 +27,8 @@ class SampleStatus(enum.StrEnum):
     COMPLETED = "completed"
     TRUNCATED = "truncated"
     ABORTED = "aborted"
+    #: Stopped at a segment boundary (a strategy capped the request's budget): resumable, not aborted.
+    PARTIAL = "partial"
 
     @property
     def is_finished(self) -> bool:

@@ -8,7 +8,8 @@ in the strategy alone.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from april_bench.types import Prompt, Sample
@@ -17,22 +18,50 @@ __all__ = ["EpochOrder", "PromptStream", "ScriptedWorkload", "Workload"]
 
 
 class PromptStream:
-    """A deterministic stream of prompts; ``make(uid)`` builds the prompt drawn at position ``uid``."""
+    """A deterministic stream of prompts; ``make(uid)`` builds the prompt drawn at position ``uid``.
+
+    Prompts a strategy looked at and did not launch are given back and come out first next time,
+    in uid order, so no prompt is skipped.  ``limit`` bounds the stream (``None``: endless).
+    """
 
     def __init__(self, make: Callable[[int], Prompt], limit: int | None = None) -> None:
         self._make = make
         self._limit = limit
-        self.consumed = 0
+        self._next = 0
+        self._returned: deque[Prompt] = deque()
+
+    @property
+    def consumed(self) -> int:
+        """Prompts taken and not given back."""
+        return self._next - len(self._returned)
+
+    @property
+    def position(self) -> int:
+        """The uid the next new prompt will have."""
+        return self._next
 
     def take(self, n: int) -> list[Prompt]:
-        if self._limit is not None and self.consumed + n > self._limit:
-            raise RuntimeError(
-                f"the prompt stream is exhausted ({self._limit} prompts); "
-                "lower --steps or allow more epochs over the data set"
-            )
-        prompts = [self._make(self.consumed + i) for i in range(n)]
-        self.consumed += n
+        """Up to ``n`` prompts: given-back ones first, then new ones (fewer only at the limit)."""
+        prompts = [self._returned.popleft() for _ in range(min(n, len(self._returned)))]
+        fresh = n - len(prompts)
+        if self._limit is not None:
+            fresh = max(0, min(fresh, self._limit - self._next))
+        prompts += [self._make(self._next + i) for i in range(fresh)]
+        self._next += fresh
         return prompts
+
+    def give_back(self, prompts: Iterable[Prompt]) -> None:
+        """Return prompts that were taken but not launched; they come out first, oldest first."""
+        merged = sorted([*self._returned, *prompts], key=lambda p: p.uid)
+        self._returned = deque(merged)
+
+    def restore(self, position: int, returned: Iterable[int]) -> None:
+        """Continue a stream saved as (:attr:`position`, uids given back): for resuming a run."""
+        self._next = position
+        self._returned = deque(self._make(uid) for uid in sorted(returned))
+
+    def returned_uids(self) -> list[int]:
+        return [p.uid for p in self._returned]
 
 
 class EpochOrder:
@@ -61,6 +90,10 @@ class Workload(Protocol):
 
     def prompt_stream(self) -> PromptStream:
         """A fresh stream, starting at the first prompt (one per arm)."""
+        ...
+
+    def longest_prompt(self) -> int:
+        """Tokens of the longest prompt this workload can produce (sizes a real engine's context)."""
         ...
 
     def replay_len(self, prompt: Prompt, sample_index: int, start_step: int) -> int | None:
@@ -100,6 +133,9 @@ class ScriptedWorkload:
 
     def prompt_stream(self) -> PromptStream:
         return PromptStream(self._prompt)
+
+    def longest_prompt(self) -> int:
+        return self._prompt_len
 
     def replay_len(self, prompt: Prompt, sample_index: int, start_step: int) -> int | None:
         return self._length(prompt.uid, sample_index)

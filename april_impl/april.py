@@ -27,18 +27,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.rollout.strategy import Disposition, RolloutView, wave_refill
+from april_bench.rollout.strategy import BaseStrategy, Disposition, RolloutView, wave_refill
 from april_bench.types import Group, Sample
 
 __all__ = ["AprilStrategy"]
 
 
-class AprilStrategy(Configurable):
+class AprilStrategy(BaseStrategy, Configurable):
     """Over-provision, stop at N, recycle the unfinished groups first next step."""
 
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
-        over_sampling_batch_size: int = param(64, help="N': groups launched per wave (APRIL: about 2N)")
+        over_sampling_batch_size: int | None = param(
+            None, help="N' for this arm (default: the rollout's --over-sampling-batch-size; APRIL: about 2N)"
+        )
         max_version_span: int | None = param(
             None, help="restart a resumed sample whose oldest token is more than this many versions old"
         )
@@ -47,8 +49,8 @@ class AprilStrategy(Configurable):
         )
 
         def __post_init__(self) -> None:
-            if self.over_sampling_batch_size < 1:
-                raise ConfigError("--over-sampling-batch-size must be >= 1")
+            if self.over_sampling_batch_size is not None and self.over_sampling_batch_size < 1:
+                raise ConfigError("over_sampling_batch_size must be >= 1")
             for name in ("max_version_span", "max_aborts_per_sample"):
                 value = getattr(self, name)
                 if value is not None and value < 0:
@@ -60,7 +62,8 @@ class AprilStrategy(Configurable):
         self.config = config
 
     def launch_count(self, view: RolloutView) -> int:
-        return wave_refill(view, max(self.config.over_sampling_batch_size, view.target_groups))
+        wave = self.config.over_sampling_batch_size or view.over_sampling
+        return wave_refill(view, max(wave, view.target_groups))
 
     def on_leftover(self, group: Group, view: RolloutView) -> Disposition:
         return Disposition.BUFFER

@@ -12,22 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.rollout.strategy import Disposition, RolloutView, wave_refill
-from april_bench.types import Group, Sample
+from april_bench.rollout.strategy import BaseStrategy, Disposition, RolloutView, wave_refill
+from april_bench.types import Group
 
 __all__ = ["OversampleDiscardStrategy"]
 
 
-class OversampleDiscardStrategy(Configurable):
+class OversampleDiscardStrategy(BaseStrategy, Configurable):
     """Launch N' groups per wave; keep the first N that finish; drop the rest."""
 
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
-        over_sampling_batch_size: int = param(64, help="N': groups launched per wave")
+        over_sampling_batch_size: int | None = param(
+            None, help="N' for this arm (default: the rollout's --over-sampling-batch-size)"
+        )
 
         def __post_init__(self) -> None:
-            if self.over_sampling_batch_size < 1:
-                raise ConfigError("--over-sampling-batch-size must be >= 1")
+            if self.over_sampling_batch_size is not None and self.over_sampling_batch_size < 1:
+                raise ConfigError("over_sampling_batch_size must be >= 1")
 
     name = "oversample-discard"
 
@@ -35,10 +37,8 @@ class OversampleDiscardStrategy(Configurable):
         self.config = config
 
     def launch_count(self, view: RolloutView) -> int:
-        return wave_refill(view, max(self.config.over_sampling_batch_size, view.target_groups))
+        wave = self.config.over_sampling_batch_size or view.over_sampling
+        return wave_refill(view, max(wave, view.target_groups))
 
     def on_leftover(self, group: Group, view: RolloutView) -> Disposition:
         return Disposition.DROP
-
-    def keep_partial(self, sample: Sample, view: RolloutView) -> bool:
-        return True  # never asked: nothing is buffered

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from april_bench.config import BaseConfig, Configurable
-from april_bench.rollout.strategy import Disposition, RolloutView, wave_refill
-from april_bench.types import Group, Sample
+from april_bench.rollout.strategy import BaseStrategy, Disposition, RolloutView, wave_refill
+from april_bench.types import Group
 
 __all__ = ["SyncStrategy"]
 
 
-class SyncStrategy(Configurable):
+class SyncStrategy(BaseStrategy, Configurable):
     """Launch exactly N groups; wait for all; discard leftovers of refills."""
 
     @dataclass(kw_only=True, slots=True, frozen=True)
@@ -35,6 +35,3 @@ class SyncStrategy(Configurable):
 
     def on_leftover(self, group: Group, view: RolloutView) -> Disposition:
         return Disposition.DROP
-
-    def keep_partial(self, sample: Sample, view: RolloutView) -> bool:
-        return True  # never asked: nothing is buffered

@@ -45,9 +45,7 @@ from april_bench.experiment import ExperimentConfig, run
 from april_bench.profiles.hardware import CALIBRATION, GiB
 from april_bench.profiles.models import MODELS
 from april_bench.results.provenance import collect_provenance
-from april_bench.results.records import as_row
 from april_bench.results.store import load_run, write_run
-from april_bench.results.summary import summarize
 from april_bench.results.table import render_markdown
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.vtime import run_real
@@ -211,10 +209,7 @@ def measured_run(path: Path | None) -> Any:
         out,
         config=config.to_dict(),
         provenance=collect_provenance(simulated=False, engine="hf"),
-        requests=rec.requests,
-        samples=rec.samples,
-        steps=rec.steps,
-        evals=rec.evals,
+        tables=rec.tables,
     )
 
 
@@ -224,7 +219,7 @@ def predict(measured: Any) -> dict[str, Any]:
     summary = measured.summary()
     out: dict[str, Any] = {"run": str(measured.path), "arms": {}}
     for arm in summary:
-        rows = [s for s in measured.samples if s["arm"] == arm]
+        rows = [s for s in measured.rows("samples") if s["arm"] == arm]
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             for s in rows:
                 length = max(1, s["response_len"] + s["discarded_tokens"])
@@ -251,12 +246,7 @@ def predict(measured: Any) -> dict[str, Any]:
             workload_args={"length_trace": trace},
         )
         rec = run(sim_config, progress=False).recorder
-        simulated = summarize(
-            [as_row(r) for r in rec.requests],
-            [as_row(r) for r in rec.samples],
-            [as_row(r) for r in rec.steps],
-            baseline=arm,
-        )[arm]
+        simulated = rec.summary(baseline=arm)[arm]
         m = summary[arm]
         out["arms"][arm] = {
             "measured_rollout_s": m["rollout_time_s"],

@@ -50,7 +50,7 @@ def fake_arm(
         )
         for step in range(steps):
             outcome = await loop.run_step(step, step)
-            recorder.steps.append(outcome.record)
+            recorder.add(outcome.record)
             recorder.sample_fates(
                 strategy.name,
                 outcome.batch,

@@ -27,7 +27,7 @@ def test_a_request_landing_after_the_abort_is_aborted_again() -> None:
         reabort_interval_s=1.0,
     )
     record = outcomes[0].record
-    late = [(r.output_len, r.finish_reason, r.t_done) for r in recorder.requests if r.group_uid == 3]
+    late = [(r.output_len, r.finish_reason, r.t_done) for r in recorder["requests"] if r.group_uid == 3]
     assert late == [(1, "abort", 13.5), (1, "abort", 13.5)]
     assert record.abort_rounds == 4  # t = 10, 11, 12 (nothing landed yet), 13
     assert record.rollout_time_s == 13.5
@@ -54,12 +54,12 @@ def test_resume_budget_never_exceeds_the_limit_and_exhausted_samples_truncate() 
     )
     sends = [
         (r.prefix_len, r.max_new_tokens)
-        for r in recorder.requests
+        for r in recorder["requests"]
         if r.group_uid == 0 and r.sample_index == 0
     ]
     assert sends == [(0, 30), (11, 19), (22, 8)]
     assert all(p + m == 30 for p, m in sends)
-    trained = [s for s in recorder.samples if s.group_uid == 0 and s.fate == "trained"]
+    trained = [s for s in recorder["samples"] if s.group_uid == 0 and s.fate == "trained"]
     assert [s.response_len for s in trained] == [30, 30] and trained[0].status == "truncated"
 
 
@@ -69,6 +69,7 @@ def test_a_sample_with_no_budget_left_truncates_without_a_request() -> None:
         step=1,
         policy_version=1,
         target_groups=1,
+        over_sampling=1,
         accepted=0,
         in_flight=0,
         buffered=1,
@@ -85,7 +86,8 @@ def test_a_sample_with_no_budget_left_truncates_without_a_request() -> None:
     assert strategy.keep_partial(sample, view)
     assert sample.status is SampleStatus.ABORTED
     # The loop's rule: budget = max_response_len - response_len = 0 -> TRUNCATED, no request.
-    from april_bench.rollout.loop import RolloutConfig, RolloutLoop, _StepState
+    from april_bench.rollout.loop import RolloutConfig, RolloutLoop
+    from april_bench.rollout.step import StepState
 
     class _NoEngine:
         info = FakeEngine.Config().build().info
@@ -99,8 +101,8 @@ def test_a_sample_with_no_budget_left_truncates_without_a_request() -> None:
         prompts=None,
         recorder=None,
     )  # type: ignore[arg-type]
-    state = _StepState(step=1, version=1, t_start=0.0)
-    assert loop._request_for(state, sample, view) is None
+    state = StepState(step=1, version=1, t_start=0.0)
+    assert loop._request_for(state, sample, view, priority=0) is None
     assert sample.status is SampleStatus.TRUNCATED
 
 

@@ -63,7 +63,7 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
     )
     assert "SIMULATED" in proc.stdout and "n/a (simulated)" in proc.stdout
     final = json.loads(lines[-1])
-    assert final["result_kind"] == "simulated" and set(final["throughput_gain_vs_sync"]) == {
+    assert final["result_kind"] == "simulated" and set(final["throughput_gain"]) == {
         "sync",
         "oversample-discard",
         "april",
@@ -89,7 +89,7 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
         "step_time_s",
         "generated_tokens_per_s",
         "useful_tokens_per_s",
-        "throughput_gain_vs_sync",
+        "throughput_gain",
         "rollout_efficiency",
         "tail_time_share",
         "off_policy_token_ratio",
@@ -137,7 +137,7 @@ def test_embedded_default_measures_throughput_and_accuracy(tmp_path: Path) -> No
     for arm in ("sync", "april"):
         assert summary[arm]["accuracy"] is not None and summary[arm]["accuracy_equal_time"] is not None
         assert summary[arm]["generated_tokens_per_s"] > 0
-    assert summary["april"]["throughput_gain_vs_sync"] is not None
+    assert summary["april"]["throughput_gain"] is not None
     table = (out / "table.md").read_text()
     assert "(baseline)" in table and "pts)" in table
 
@@ -178,7 +178,9 @@ def test_validate_and_ls(capsys) -> None:
     out = capsys.readouterr().out
     assert "8 replica(s) of qwen3-4b on h200" in out
     assert main(["validate"]) == 0
-    assert "ok: hf engine, tiny on cpu; dataset synthetic; arms: sync, april" in capsys.readouterr().out
+    assert "ok: hf engine, tiny on cpu; synthetic task on synthetic; torch trainer; arms: sync, april" in (
+        capsys.readouterr().out
+    )
     assert main(["ls", "hardware"]) == 0
     listing = capsys.readouterr().out
     assert "mi300x" in listing and "eta_bw:" in listing

@@ -7,7 +7,7 @@ import pytest
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.registry import Registry
 from april_bench.rollout.loop import RolloutConfig
-from april_bench.strategies import STRATEGIES, build_strategy
+from april_bench.rollout.registry import STRATEGIES, ArmSpec, build_strategy
 
 
 def test_configurable_requires_slotted_frozen_kw_only_config() -> None:
@@ -52,9 +52,29 @@ def test_registry_suggests_close_names() -> None:
         registry.get("aprill")
 
 
-def test_build_strategy_passes_shared_options_only_where_they_apply() -> None:
+def test_build_strategy_takes_run_options_then_the_arms_own() -> None:
     assert set(STRATEGIES.names()) == {"sync", "oversample-discard", "april"}
-    sync = build_strategy("sync", over_sampling_batch_size=64, max_version_span=2)
-    april = build_strategy("april", over_sampling_batch_size=48, max_version_span=2)
+    defaults = {"april": {"max_version_span": 2}}
+    sync = build_strategy("sync", defaults)
+    april = build_strategy("april[over_sampling_batch_size=48]", defaults)
     assert sync.name == "sync"
     assert april.config.over_sampling_batch_size == 48 and april.config.max_version_span == 2
+    assert build_strategy("april[max_version_span=5]", defaults).config.max_version_span == 5
+
+
+def test_an_option_a_strategy_lacks_is_an_error_that_lists_its_options() -> None:
+    with pytest.raises(ConfigError, match=r"strategy 'sync'.*max_version_span; known: none"):
+        build_strategy("sync[max_version_span=2]")
+    with pytest.raises(ConfigError, match="max_version_span='x': expected an integer"):
+        build_strategy("april[max_version_span=x]")
+
+
+def test_arm_labels_keep_the_text_and_parse_typed_options() -> None:
+    arm = ArmSpec.parse("april[max_version_span=2,over_sampling_batch_size=48]")
+    assert arm.label == "april[max_version_span=2,over_sampling_batch_size=48]"
+    assert arm.strategy == "april" and dict(arm.options) == {
+        "max_version_span": 2,
+        "over_sampling_batch_size": 48,
+    }
+    with pytest.raises(ConfigError, match="Did you mean: april"):
+        ArmSpec.parse("aprill")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import fake_arm
 
-from april_bench.rollout.loop import keep_group
+from april_bench.algorithms.filters import keep_group
 from april_impl import AprilStrategy
 from baselines import SyncStrategy
 
@@ -44,7 +44,7 @@ def test_sync_refills_after_rejections(refill: str, launched: int, dropped: int)
     assert (record.launched_groups, record.rejected_groups, record.dropped_groups) == (launched, 1, dropped)
     assert [g.uid for g in outcomes[0].batch] == [1, 2]
     assert record.rejected_tokens == 20 and record.rollout_time_s == 20.0
-    rejected = {s.group_uid for s in recorder.samples if s.reason == "filter_rejected"}
+    rejected = {s.group_uid for s in recorder["samples"] if s.reason == "filter_rejected"}
     assert rejected == {0}
 
 
@@ -59,7 +59,7 @@ def test_max_version_span_restarts_stale_partials_and_counts_their_tokens() -> N
     )
     assert [o.record.restarted_samples for o in outcomes] == [0, 0, 2]
     assert [o.record.restart_tokens for o in outcomes] == [0, 0, 44]
-    sends = [r.prefix_len for r in recorder.requests if r.group_uid == 0 and r.sample_index == 0]
+    sends = [r.prefix_len for r in recorder["requests"] if r.group_uid == 0 and r.sample_index == 0]
     assert sends == [0, 11, 0]
 
 
@@ -76,10 +76,10 @@ def test_max_aborts_restarts_samples_aborted_too_often() -> None:
 
 @pytest.mark.parametrize("strategy", ["april", "oversample-discard"])
 def test_granular_refill_still_over_provisions_the_first_wave(strategy: str) -> None:
-    from april_bench.strategies import build_strategy
+    from april_bench.rollout.registry import build_strategy
 
     outcomes, _, _ = fake_arm(
-        build_strategy(strategy, over_sampling_batch_size=4),
+        build_strategy(f"{strategy}[over_sampling_batch_size=4]"),
         lambda uid, i: 100 if uid % 4 == 0 else 10,
         steps=1,
         refill="granular",
@@ -96,5 +96,5 @@ def test_abort_cap_counts_aborts_since_the_last_restart() -> None:
         max_response_len=200,
     )
     assert [o.record.restarted_samples for o in outcomes] == [0, 0, 2, 0, 2, 0]
-    sends = [r.prefix_len for r in recorder.requests if r.group_uid == 0 and r.sample_index == 0]
+    sends = [r.prefix_len for r in recorder["requests"] if r.group_uid == 0 and r.sample_index == 0]
     assert sends == [0, 11, 0, 11, 0, 11]

@@ -24,7 +24,6 @@ from april_bench.graders import (
     deepscaler,
     is_correct,
     mathverify,
-    overlong_penalty,
     score,
     style_for,
     wrong_value,
@@ -167,20 +166,6 @@ def test_style_for() -> None:
     assert style_for("dapo-math-17k") == "dapo"
     assert style_for("dapo-math-17k", override="deepscaler") == "deepscaler"
     assert style_for("some-new-set") == "math-verify"
-
-
-def test_overlong_penalty() -> None:
-    # DAPO: max 20480, buffer 4096 -> ramp from 0 at 16384 to -1 at 20480.
-    assert overlong_penalty(100, 20480, 4096) == 0.0
-    assert overlong_penalty(16384, 20480, 4096) == 0.0
-    assert overlong_penalty(16384 + 2048, 20480, 4096) == -0.5
-    assert overlong_penalty(20480, 20480, 4096) == -1.0
-    assert overlong_penalty(20480 + 4096, 20480, 4096) == -2.0  # no lower clamp in the formula
-    assert overlong_penalty(20480, 20480, 4096, penalty_factor=0.5) == -0.5
-    with pytest.raises(ValueError, match="buffer_len must be > 0"):
-        overlong_penalty(10, 100, 0)
-    with pytest.raises(ValueError, match=r"must be <= max_len"):
-        overlong_penalty(10, 100, 200)
 
 
 def test_import_is_light() -> None:

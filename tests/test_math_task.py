@@ -20,7 +20,7 @@ from april_bench.cli import main
 from april_bench.config import ConfigError
 from april_bench.data import MathProblem, load
 from april_bench.engines.protocol import Completion, GenerateRequest
-from april_bench.tasks.math import MathEvaluator, MathTaskSettings, MathWorkload, stop_token_ids
+from april_bench.tasks.math import MathTaskSettings, MathWorkload, math_evaluator, stop_token_ids
 from april_bench.types import FinishReason, Sample, SampleStatus, Segment
 
 
@@ -59,14 +59,14 @@ class AnswerEngine:
 def test_evaluator_computes_avg_at_k_per_set(tokenizer: Any, shared_data: Path) -> None:
     math500 = load("math-500", shared_data / "math-500" / "sample.jsonl", limit=5).problems
     aime = load("aime-2024", shared_data / "aime-2024" / "sample.jsonl", limit=3).problems
-    evaluator = MathEvaluator({"math-500": math500, "aime-2024": aime}, tokenizer, max_new_tokens=16)
+    evaluator = math_evaluator({"math-500": math500, "aime-2024": aime}, tokenizer, max_new_tokens=16)
     engine = AnswerEngine(tokenizer, math500)  # problem indices are per set: rebound for AIME below
     rows: list[Any] = []
 
     async def both() -> None:
         for name, problems in (("math-500", math500), ("aime-2024", aime)):
             engine.problems = problems
-            sub = MathEvaluator({name: problems}, tokenizer, max_new_tokens=16, samples=4)
+            sub = math_evaluator({name: problems}, tokenizer, max_new_tokens=16, samples=4)
             rows.append(await sub.evaluate(engine))
 
     asyncio.run(both())
@@ -77,7 +77,7 @@ def test_evaluator_computes_avg_at_k_per_set(tokenizer: Any, shared_data: Path) 
         assert len(result.rows) == 4 * n
     # the zero-padded AIME labels ("025") still grade right under the default grader (math-verify)
     assert all(r.correct == (r.sample % 2 == 0) for r in rows[1].rows)
-    assert evaluator.styles == {"math-500": "math-verify", "aime-2024": "math-verify"}
+    assert evaluator.sets == ["math-500", "aime-2024"] and evaluator.longest_prompt() > 0
     # each (problem, sample) has its own seed, and a second evaluation reuses them: accuracy moves
     # only because the policy does
     first = [r.sampling.seed for r in engine.seen if r.request_id.startswith("eval0001-math-500")]

@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 
 from april_bench.experiment import load_config, run
-from april_bench.results.records import as_row
 from april_bench.results.store import load_run
-from april_bench.results.summary import summarize
 
 RUNS = Path(__file__).resolve().parents[1] / "results" / "runs"
 SIMULATED = sorted(p for p in RUNS.glob("*") if (p / "provenance.json").exists() and load_run(p).simulated)
@@ -20,9 +18,7 @@ def test_committed_simulated_run_reproduces_exactly(path: Path) -> None:
     committed = load_run(path)
     config = load_config(committed.config)
     rec = run(config, progress=False).recorder
-    fresh = summarize(
-        [as_row(r) for r in rec.requests], [as_row(r) for r in rec.samples], [as_row(r) for r in rec.steps]
-    )
+    fresh = rec.summary()
     expected = committed.summary()
     for arm in (fresh, expected):  # real CPU seconds of the harness itself: measured, not simulated
         for metrics in arm.values():

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from helpers import fake_arm
 
-from april_bench.results.records import as_row
-from april_bench.results.summary import summarize
 from april_impl import AprilStrategy
 from baselines import OversampleDiscardStrategy, SyncStrategy
 
@@ -51,7 +49,7 @@ def test_oversample_discard_throws_away_what_is_left() -> None:
     # 4 groups launched; 1, 2, 3 stop at t=10, 1 and 2 are accepted; the abort lets uid 0 finish the
     # token in flight (11 tokens each, back at t=11); uid 3 (finished surplus) and uid 0 are dropped.
     assert _steps(outcomes) == [(11.0, 82, [1, 2], 0, 2), (11.0, 82, [5, 6], 0, 2)]
-    dropped = [(s.group_uid, s.reason, s.response_len) for s in recorder.samples if s.fate == "dropped"]
+    dropped = [(s.group_uid, s.reason, s.response_len) for s in recorder["samples"] if s.fate == "dropped"]
     assert dropped[:4] == [
         (0, "unfinished_discarded", 11),
         (0, "unfinished_discarded", 11),
@@ -75,7 +73,7 @@ def test_april_recycles_partials_first_and_finishes_them_later() -> None:
     # uid 0, sample 0 was sent four times, each time with the remaining budget.
     sends = [
         (r.prefix_len, r.max_new_tokens, r.output_len, r.finish_reason, r.policy_version)
-        for r in recorder.requests
+        for r in recorder["requests"]
         if r.group_uid == 0 and r.sample_index == 0
     ]
     assert sends == [
@@ -84,7 +82,7 @@ def test_april_recycles_partials_first_and_finishes_them_later() -> None:
         (22, 42, 11, "abort", 2),
         (33, 31, 31, "length", 3),
     ]
-    trained0 = next(s for s in recorder.samples if s.group_uid == 0 and s.fate == "trained")
+    trained0 = next(s for s in recorder["samples"] if s.group_uid == 0 and s.fate == "trained")
     assert trained0.version_runs == [[0, 11], [1, 11], [2, 11], [3, 31]]
     assert trained0.off_policy_tokens == 33 and trained0.abort_count == 3
     assert [g.uid for g in loop.buffer] == [4, 8]
@@ -94,12 +92,7 @@ def test_april_conserves_every_token_and_prompt() -> None:
     _, recorder, _ = fake_arm(
         AprilStrategy.Config(over_sampling_batch_size=4).build(), long_every_fourth, steps=4
     )
-    m = summarize(
-        [as_row(r) for r in recorder.requests],
-        [as_row(r) for r in recorder.samples],
-        [as_row(r) for r in recorder.steps],
-        baseline="april",
-    )["april"]
+    m = recorder.summary(baseline="april")["april"]
     assert m["generated_tokens"] == 440
     assert m["trained_tokens"] == 268 and m["buffered_tokens_at_end"] == 172 and m["wasted_tokens"] == 0
     assert m["prompts"] == {"launched": 10, "trained": 8, "dropped": 0, "buffered": 2, "inconsistent": 0}

@@ -12,7 +12,6 @@ from april_bench.experiment import ExperimentConfig, run
 from april_bench.profiles.hardware import hardware_profile
 from april_bench.profiles.models import MODELS
 from april_bench.results.records import as_row
-from april_bench.results.summary import summarize
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.sim.cost import CostModel, _sum_max_linear
 from april_bench.sim.engine import SimEngine
@@ -157,8 +156,8 @@ def _small(**kw: object) -> ExperimentConfig:
 
 def _rows(config: ExperimentConfig) -> tuple[list[dict], dict]:
     rec = run(config, progress=False).recorder
-    requests = [as_row(r) for r in rec.requests]
-    summary = summarize(requests, [as_row(r) for r in rec.samples], [as_row(r) for r in rec.steps])
+    requests = [as_row(r) for r in rec["requests"]]
+    summary = rec.summary()
     return requests, summary
 
 
@@ -196,7 +195,7 @@ def _gain(**workload: object) -> float:
             workload_args=workload,
         )
     )
-    return summary["april"]["throughput_gain_vs_sync"]
+    return summary["april"]["throughput_gain"]
 
 
 def test_no_tail_means_no_gain_and_the_gain_grows_with_the_tail() -> None:

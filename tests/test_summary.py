@@ -70,12 +70,12 @@ def test_tail_share_efficiency_gain_and_off_policy() -> None:
         _sample("april", 1, "trained", [[0, 30], [1, 50]], 1),
         _sample("april", 2, "buffered", [[1, 40]], None),
     ]
-    s = summarize(requests, samples, steps)
+    s = summarize({"requests": requests, "samples": samples, "steps": steps})
     assert s["sync"]["tail_time_share"] == pytest.approx(0.8)
     assert s["sync"]["off_policy_ratio_reference_def"] == 0
     assert s["sync"]["rollout_efficiency"] == pytest.approx(100 / (10 * 100))
     assert s["april"]["generated_tokens_per_s"] == pytest.approx(24.0)
-    assert s["april"]["throughput_gain_vs_sync"] == pytest.approx(24.0 / 10.0 - 1)
+    assert s["april"]["throughput_gain"] == pytest.approx(24.0 / 10.0 - 1)
     assert s["april"]["off_policy_token_ratio"] == pytest.approx(30 / 80)
     assert s["april"]["max_version_span"] == 1 and s["april"]["max_staleness"] == 1
     assert s["april"]["buffered_tokens_at_end"] == 40
@@ -98,12 +98,17 @@ def test_reference_off_policy_counts_only_the_previous_segment() -> None:
         _req("april", 1, 2, 5, "abort", prefix=10),
         _req("april", 2, 3, 7, prefix=15),
     ]
-    s = summarize(requests, [], steps, baseline="april")
+    s = summarize({"requests": requests, "steps": steps}, baseline="april")
     assert s["april"]["off_policy_ratio_reference_def"] == pytest.approx(15 / 37)
 
 
 def test_missing_baseline_or_saturation_gives_none_not_a_number() -> None:
-    s = summarize([_req("april", 0, 1.0, 5)], [], [_step("april", 0, 0.0, 1.0, sat=None)])
-    assert s["april"]["throughput_gain_vs_sync"] is None
+    s = summarize({"requests": [_req("april", 0, 1.0, 5)], "steps": [_step("april", 0, 0.0, 1.0, sat=None)]})
+    assert s["april"]["baseline"] == "april" and s["april"]["throughput_gain"] == 0.0  # the only arm
+    s = summarize(
+        {"requests": [_req("april", 0, 1.0, 5)], "steps": [_step("april", 0, 0.0, 1.0, sat=None)]},
+        baseline="sync",
+    )
+    assert s["april"]["throughput_gain"] is None
     assert s["april"]["rollout_efficiency"] is None
-    assert s["april"]["accuracy"] is None and s["april"]["accuracy_improvement_vs_sync"] is None
+    assert s["april"]["accuracy"] is None and s["april"]["accuracy_improvement"] is None

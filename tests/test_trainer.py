@@ -101,5 +101,5 @@ def test_a_short_rl_run_raises_held_out_accuracy(warm_cache: Path, monkeypatch) 
 
     monkeypatch.setenv("APRIL_BENCH_CACHE", str(warm_cache))
     result = run(embedded(algorithm="dapo", strategies=("sync",), steps=30, eval_every=None), progress=False)
-    start, end = (e.accuracy for e in result.recorder.evals)
+    start, end = (e.accuracy for e in result.recorder["evals"])
     assert end > start + 0.01, (start, end)

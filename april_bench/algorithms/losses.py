@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from april_bench.algorithms import OFF_POLICY_MODES
 from april_bench.config import BaseConfig, ConfigError, param
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-OFF_POLICY_MODES = ("as-is", "mask", "tis")
 ALGORITHM_NAMES = ("grpo", "dapo", "gspo")
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,1 +1,115 @@
-"""Wiring: build the components of an experiment for a named backend."""
+"""Wiring: build the components of an experiment from its config.
+
+Three independent choices, each from a registry:
+
+* the **engine** (``--engine``): :data:`april_bench.engines.ENGINES`, built from
+  :class:`~april_bench.engines.protocol.EngineSettings` (one context-length
+  formula: the longest prompt plus the response limit);
+* the **task** (data set and model): :func:`april_bench.backends.task.build_task`
+  - workload, evaluator, stop tokens, starting weights;
+* the **trainer** (``--trainer``): :data:`april_bench.backends.trainers.TRAINERS`.
+
+Any engine pairs with any trainer that fits it; the weight-sync seam
+(:mod:`april_bench.backends.weights`) carries weights between them in the form
+both accept.  The driver (:mod:`april_bench.experiment`) only sees
+:class:`Components`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from april_bench.backends.resolve import resolve_engine
+from april_bench.backends.task import Task, build_task
+from april_bench.backends.trainers import TrainerSettings, TrainerSpec, resolve_trainer
+from april_bench.config import ConfigError
+from april_bench.engines import ENGINES, EngineSpec
+from april_bench.engines.protocol import Engine, EngineSettings
+from april_bench.evaluation import Evaluator
+from april_bench.trainers.protocol import Trainer
+from april_bench.workload import Workload
+
+if TYPE_CHECKING:
+    from april_bench.experiment_config import ExperimentConfig
+
+__all__ = ["Components", "build_components", "resolve_engine"]
+
+
+@dataclass(slots=True)
+class Components:
+    """What every arm of an experiment is built from (engines and trainers fresh per arm)."""
+
+    engine_name: str
+    engine: Callable[[], Engine]
+    trainer: Callable[[], Trainer]
+    workload: Workload
+    evaluator: Evaluator | None
+    task: Task
+    engine_spec: EngineSpec
+    trainer_spec: TrainerSpec
+    engine_settings: EngineSettings
+    trainer_settings: TrainerSettings
+    engine_args: Mapping[str, Any]
+    trainer_args: Mapping[str, Any]
+    #: One line per choice made for the user (``--engine auto`` fell back to the simulator ...).
+    notes: list[str]
+
+    def check(self) -> None:
+        """Raise ``ConfigError`` for any engine or trainer option ``run`` would reject (no heavy work)."""
+        self.engine_spec.check(self.engine_settings, self.engine_args)
+        self.trainer_spec.check(self.trainer_settings, self.trainer_args)
+
+
+def build_components(config: ExperimentConfig, *, progress: bool = False) -> Components:
+    """Resolve the engine, assemble the task and prepare engine and trainer factories.
+
+    Nothing heavy happens here (no warm start, no model load): ``validate`` calls it too.
+    """
+    engine_name, note = resolve_engine(config.engine, config.hardware)
+    spec = ENGINES.get(engine_name)
+    missing = spec.missing()
+    if missing:
+        raise ConfigError(missing)
+    trainer_spec = resolve_trainer(config.trainer, engine=engine_name, produces_tokens=spec.produces_tokens)
+    task = build_task(config, produces_tokens=spec.produces_tokens, progress=progress)
+    engine_settings = EngineSettings(
+        model=config.model,
+        hardware=config.hardware,
+        max_context_len=task.longest_prompt + config.rollout.max_response_len,
+        seed=config.seed,
+        eos_token_ids=task.eos_token_ids,
+        vocab_size=task.vocab_size,
+        num_gpus=config.num_gpus,
+        initial_weights=task.initial_weights,
+        checkpoint=task.checkpoint,
+    )
+    trainer_settings = TrainerSettings(
+        algorithm=config.algorithm,
+        off_policy=config.off_policy,
+        temperature=config.rollout.temperature,
+        max_response_len=config.rollout.max_response_len,
+        model=config.model,
+        hardware=config.hardware,
+        seed=config.seed,
+        pad_token_id=task.pad_token_id,
+        vocab_size=task.vocab_size,
+        num_gpus=config.num_gpus,
+        initial_weights=task.initial_weights,
+    )
+    return Components(
+        engine_name=engine_name,
+        engine=lambda: spec.build(engine_settings, config.engine_args),
+        trainer=lambda: trainer_spec.build(trainer_settings, config.trainer_args),
+        workload=task.workload,
+        evaluator=task.evaluator,
+        task=task,
+        engine_spec=spec,
+        trainer_spec=trainer_spec,
+        engine_settings=engine_settings,
+        trainer_settings=trainer_settings,
+        engine_args=config.engine_args,
+        trainer_args=config.trainer_args,
+        notes=[note] if note else [],
+    )

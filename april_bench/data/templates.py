@@ -86,7 +86,7 @@ TEMPLATES: Mapping[str, Template] = MappingProxyType(
 
 def _template_for(problem: MathProblem | str, template: str | None) -> Template:
     if template is None:
-        from april_bench.data.loaders import DATASETS
+        from april_bench.data.specs import DATASETS
 
         spec = DATASETS.get(problem.dataset) if isinstance(problem, MathProblem) else None
         template = spec.template if spec is not None else "boxed"

@@ -1,4 +1,21 @@
-"""Inference engines behind one protocol, registered lazily by name."""
+"""Inference engines behind one protocol, registered lazily by name.
+
+Each entry of :data:`ENGINES` names a factory ``"module:function"`` that takes
+:class:`EngineSettings` (what the experiment decided: model, context length,
+stop tokens, seed, starting weights) plus the user's native ``--engine-arg``
+options and returns an unstarted engine.  The module is imported only when the
+engine is built, so ``name in ENGINES`` validates without importing torch or an
+engine package.  A new engine is one module with a ``from_settings`` factory
+and one ``ENGINES.register`` line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from april_bench.engines.protocol import (
     Completion,
@@ -6,8 +23,11 @@ from april_bench.engines.protocol import (
     EngineError,
     EngineInfo,
     EngineLoad,
+    EngineMetrics,
+    EngineSettings,
     GenerateRequest,
     SamplingParams,
+    SaturationModel,
     WeightUpdate,
 )
 from april_bench.registry import Registry
@@ -19,18 +39,77 @@ __all__ = [
     "EngineError",
     "EngineInfo",
     "EngineLoad",
+    "EngineMetrics",
+    "EngineSettings",
+    "EngineSpec",
     "GenerateRequest",
     "SamplingParams",
+    "SaturationModel",
     "WeightUpdate",
 ]
 
-ENGINES: Registry[type] = Registry("engine")
-ENGINES.register("sim", "april_bench.sim.engine:SimEngine", "discrete-event model of an SGLang deployment")
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """A registered engine: how to build it, and what it is, without importing it."""
+
+    name: str
+    #: ``"module:function"``: ``function(settings: EngineSettings, args: Mapping) -> Engine``.
+    factory: str
+    #: False for engines that produce lengths, not tokens (the simulator).
+    produces_tokens: bool
+    #: Packages it needs (checked with ``find_spec``, never imported here).
+    requires: tuple[str, ...] = ()
+    #: The ``pip install`` that provides them.
+    install: str = ""
+    #: ``"module:function"`` that checks ``(settings, args)`` without building (loading weights,
+    #: starting servers); ``None``: building is cheap, so :meth:`check` builds.
+    checker: str | None = None
+
+    def missing(self) -> str | None:
+        """One line naming the fix when a required package is absent, else ``None``."""
+        absent = [p for p in self.requires if importlib.util.find_spec(p) is None]
+        if not absent:
+            return None
+        return f"engine {self.name!r} needs {', '.join(absent)}: {self.install or 'pip install ' + absent[0]}"
+
+    def build(self, settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
+        engine: Engine = _load(self.factory)(settings, args)
+        return engine
+
+    def check(self, settings: EngineSettings, args: Mapping[str, Any]) -> None:
+        """Raise ``ConfigError`` for anything :meth:`build` would reject, without the heavy work."""
+        if self.checker is None:
+            self.build(settings, args)
+        else:
+            _load(self.checker)(settings, args)
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+ENGINES: Registry[EngineSpec] = Registry("engine")
+ENGINES.register(
+    "sim",
+    EngineSpec("sim", "april_bench.sim.engine:from_settings", produces_tokens=False, requires=("numpy",)),
+    "discrete-event model of an SGLang deployment (simulated)",
+)
 ENGINES.register(
     "hf",
-    "april_bench.engines.hf:HFEngine",
+    EngineSpec(
+        "hf",
+        "april_bench.engines.hf.engine:from_settings",
+        produces_tokens=True,
+        requires=("torch", "transformers"),
+        install="pip install torch==2.13.0 transformers",
+        checker="april_bench.engines.hf.engine:check_settings",
+    ),
     "continuous batching over any transformers causal LM (CPU or CUDA); the embedded default",
 )
 ENGINES.register(
-    "fake", "april_bench.engines.fake:FakeEngine", "deterministic fake: one token per tick per request"
+    "fake",
+    EngineSpec("fake", "april_bench.engines.fake:from_settings", produces_tokens=True),
+    "deterministic fake: one token per tick per request (virtual time)",
 )

@@ -18,22 +18,24 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
     Completion,
     EngineError,
     EngineInfo,
     EngineLoad,
+    EngineSettings,
     GenerateRequest,
     WeightUpdate,
 )
 from april_bench.engines.stream import CompletionStream
 from april_bench.types import FinishReason
 
-__all__ = ["FakeEngine", "fake_token"]
+__all__ = ["FakeEngine", "fake_token", "from_settings"]
 
 VOCAB = 1000
 
@@ -189,3 +191,8 @@ class FakeEngine(Configurable):
         if self.config.max_running is not None:
             concurrency = min(concurrency, self.config.max_running)
         return concurrency / self.config.token_time_s
+
+
+def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> FakeEngine:
+    """A fake engine; ``args`` are its Config fields (``token_time_s``, ``max_running`` ...)."""
+    return config_from(FakeEngine.Config, args, where="--engine-arg", owner="the fake engine").build()

@@ -36,7 +36,7 @@ Native engine arguments are not flattened into this interface: each engine's
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,6 +49,7 @@ __all__ = [
     "EngineInfo",
     "EngineLoad",
     "EngineMetrics",
+    "EngineSettings",
     "GenerateRequest",
     "SamplingParams",
     "SaturationModel",
@@ -92,6 +93,9 @@ class GenerateRequest:
     replay_len: int | None = None
     #: Requests with the same key share a prefix (a prompt's samples); routers may co-locate them.
     routing_key: str | None = None
+    #: Scheduling priority (lower runs first, as in vLLM and SGLang); engines without priority
+    #: scheduling ignore it.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -168,6 +172,29 @@ class EngineInfo:
     version: str | None = None
     #: What ``update_weights`` accepts: ``"state_dict"``, ``"path"``, ``"none"`` (version only).
     weight_formats: tuple[str, ...] = ("state_dict", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """What an experiment decided for its engine; native options come separately (``--engine-arg``)."""
+
+    #: A named architecture (``ls models``) or a checkpoint directory.
+    model: str
+    #: Hardware profile name (``cpu``, ``h100``, ...).
+    hardware: str
+    #: Prompt + response tokens one sequence may hold: the longest prompt + the response limit.
+    max_context_len: int
+    seed: int = 0
+    #: Tokens that end a response (empty: the model's own EOS).
+    eos_token_ids: tuple[int, ...] = ()
+    #: Vocabulary of a named architecture built here (``None``: the architecture's own).
+    vocab_size: int | None = None
+    #: GPUs for rollout (``None``: one node of the hardware).
+    num_gpus: int | None = None
+    #: The starting weights as an in-process state dict (``None``: the model's own).
+    initial_weights: Callable[[], Any] | None = None
+    #: A checkpoint directory holding the starting weights, for engines in another process.
+    checkpoint: Callable[[], str] | None = None
 
 
 @runtime_checkable

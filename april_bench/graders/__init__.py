@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from april_bench.data.specs import DATASETS
 from april_bench.graders._bounded import as_text
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "STYLES",
     "correct_value",
     "is_correct",
-    "overlong_penalty",
     "score",
     "style_for",
     "wrong_value",
@@ -38,18 +38,9 @@ _OPTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"dapo": ("strict_box",), "deepscaler": ("require_think",), "math-verify": ("require_think", "signed")}
 )
 
-DEFAULT_STYLE: Mapping[str, str] = MappingProxyType(
-    {
-        "dapo-math-17k": "dapo",
-        "deepscaler": "deepscaler",
-        "deepmath-103k": "math-verify",
-        "aime-2024": "math-verify",
-        "aime-2025": "math-verify",
-        "math-500": "math-verify",
-    }
-)
+DEFAULT_STYLE: Mapping[str, str] = MappingProxyType({name: spec.grader for name, spec in DATASETS.items()})
 """The grader each data set's recipe used (DAPO: verl math_dapo; DeepScaleR: its own reward; DeepMath and
-the evaluation sets: math-verify)."""
+the evaluation sets: math-verify), from :data:`april_bench.data.specs.DATASETS`."""
 
 
 def _check_style(style: str) -> str:
@@ -121,23 +112,3 @@ def style_for(dataset: str, override: str | None = None) -> str:
     if override is not None:
         return _check_style(override)
     return DEFAULT_STYLE.get(dataset, "math-verify")
-
-
-def overlong_penalty(response_len: int, max_len: int, buffer_len: int, penalty_factor: float = 1.0) -> float:
-    """DAPO's overlong reward shaping (verl ``DAPORewardManager``), added to the correctness reward.
-
-    With ``expected_len = max_len - buffer_len`` and ``exceed = response_len - expected_len``, returns
-    ``min(-exceed / buffer_len * penalty_factor, 0)``: 0 up to ``expected_len``, then a linear ramp to
-    ``-penalty_factor`` at ``max_len`` (no lower clamp beyond that). DAPO: max 20480, buffer 4096, factor 1.
-    """
-    if buffer_len <= 0:
-        raise ValueError(
-            f"buffer_len must be > 0 (got {buffer_len}); pass the overlong buffer length in tokens"
-        )
-    if buffer_len > max_len:
-        raise ValueError(
-            f"buffer_len ({buffer_len}) must be <= max_len ({max_len}); the buffer is the tail of max_len"
-        )
-    expected_len = max_len - buffer_len
-    exceed = response_len - expected_len
-    return min(-exceed / buffer_len * penalty_factor, 0.0) + 0.0  # + 0.0 turns -0.0 into 0.0

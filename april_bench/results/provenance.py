@@ -13,7 +13,7 @@ from typing import Any
 
 from april_bench.machine import detect_accelerators, installed_engines
 
-__all__ = ["collect_provenance", "git_info"]
+__all__ = ["collect_provenance", "git_info", "source_root"]
 
 _PACKAGES = (
     "april-bench",
@@ -28,9 +28,33 @@ _PACKAGES = (
 )
 
 
+def source_root() -> Path | None:
+    """The april-bench checkout this code runs from (``None`` for an installed, non-editable copy)."""
+    root = Path(__file__).resolve().parents[2]
+    pyproject = root / "pyproject.toml"
+    if (
+        (root / "april_bench").is_dir()
+        and pyproject.is_file()
+        and 'name = "april-bench"' in pyproject.read_text()
+    ):
+        return root
+    return None
+
+
 def git_info(path: Path | None = None) -> dict[str, Any]:
-    """Commit, dirty flag and branch of the repository holding ``path`` (or the package)."""
-    where = path or Path(__file__).resolve().parent
+    """Commit, dirty flag and branch of the april-bench checkout (never the caller's repository).
+
+    For an installed (non-editable) copy there is no checkout: the commit is ``None`` and ``source``
+    says which version was installed.
+    """
+    where = path or source_root()
+    if where is None:
+        return {
+            "commit": None,
+            "dirty": None,
+            "branch": None,
+            "source": f"installed april-bench {_version()}",
+        }
 
     def git(*args: str) -> str | None:
         try:
@@ -39,13 +63,24 @@ def git_info(path: Path | None = None) -> dict[str, Any]:
             return None
         return out.stdout.strip() if out.returncode == 0 else None
 
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != where.resolve():
+        return {"commit": None, "dirty": None, "branch": None, "source": f"{where} (not a git checkout)"}
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     return {
         "commit": commit,
         "dirty": bool(status) if status is not None else None,
         "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+        "source": str(where),
     }
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("april-bench")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _versions() -> dict[str, str | None]:
@@ -75,11 +110,36 @@ def _memory_bytes() -> int | None:
         return None
 
 
-def collect_provenance(*, simulated: bool, engine: str, notes: list[str] | None = None) -> dict[str, Any]:
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def collect_provenance(
+    *,
+    simulated: bool,
+    engine: str,
+    notes: list[str] | None = None,
+    engine_version: str | None = None,
+    started: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The provenance block of a run.  Called at the start of a run and again at its end with
+    ``started`` (the first block): the machine's load average is then recorded at both ends."""
+    if started is not None:
+        done = dict(started)
+        done["result_kind"] = "simulated" if simulated else "measured"
+        done["engine_version"] = engine_version
+        done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        done["machine"] = {**started["machine"], "load_average_end": _load_average()}
+        done["notes"] = notes or []
+        return done
     accel = detect_accelerators()
     return {
         "result_kind": "simulated" if simulated else "measured",
         "engine": engine,
+        "engine_version": engine_version,
         "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git": git_info(),
         "versions": _versions(),
@@ -88,6 +148,7 @@ def collect_provenance(*, simulated: bool, engine: str, notes: list[str] | None 
             "cpu": _cpu_model(),
             "cpu_count": os.cpu_count(),
             "memory_bytes": _memory_bytes(),
+            "load_average_start": _load_average(),
             "nvidia_gpus": accel.nvidia,
             "amd_gpus": accel.amd,
             "engines_installed": installed_engines(),

@@ -1,22 +1,37 @@
-"""Tidy records: one row per request segment, per sample fate, per step.
+"""Tidy records: one row per request segment, sample fate, step, evaluation and engine-metric sample.
 
 Every table and metric in april-bench is a pure function of these rows
 (:mod:`april_bench.results.summary`), and the rows are written as JSON Lines
 next to the run's config and provenance, so a reader can recompute anything.
 Times are seconds on the arm's clock (virtual for the simulator), measured
 from the start of the arm.
+
+:data:`TABLES` names every table and its record type: adding a table is one
+line there; the recorder, the run directory and ``report`` take it from there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from april_bench.types import Group
 
-__all__ = ["EvalRecord", "Fate", "RequestRecord", "RunRecorder", "SampleRecord", "StepRecord"]
+__all__ = [
+    "TABLES",
+    "EngineMetricRecord",
+    "EvalRecord",
+    "Fate",
+    "RequestRecord",
+    "RowSink",
+    "RunRecorder",
+    "SampleRecord",
+    "StepRecord",
+    "as_row",
+]
 
 
 class Fate(enum.StrEnum):
@@ -138,6 +153,29 @@ class EvalRecord:
     by_dataset: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class EngineMetricRecord:
+    """One snapshot of an engine's own counters and gauges (the ``EngineMetrics`` capability),
+    taken at a step boundary: ``phase`` is ``rollout_end`` (before the weight update) or ``step_end``."""
+
+    arm: str
+    step: int
+    phase: str
+    t: float
+    metrics: dict[str, float]
+
+
+#: Every table of a run, in the order they are written, with its record type.
+TABLES: Mapping[str, type] = {
+    "requests": RequestRecord,
+    "samples": SampleRecord,
+    "steps": StepRecord,
+    "evals": EvalRecord,
+    "engine_metrics": EngineMetricRecord,
+}
+_TABLE_OF = {cls: name for name, cls in TABLES.items()}
+
+
 def as_row(record: Any) -> dict[str, Any]:
     """A record as a plain dict (enums to values)."""
     row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
@@ -147,14 +185,43 @@ def as_row(record: Any) -> dict[str, Any]:
     return row
 
 
-class RunRecorder:
-    """Collects the rows of one run, for every arm, in memory."""
+class RowSink(Protocol):
+    """Where rows go as they are recorded (a run directory streams them to disk)."""
 
-    def __init__(self) -> None:
-        self.requests: list[RequestRecord] = []
-        self.samples: list[SampleRecord] = []
-        self.steps: list[StepRecord] = []
-        self.evals: list[EvalRecord] = []
+    def write(self, table: str, row: dict[str, Any]) -> None: ...
+
+
+class RunRecorder:
+    """The named tables of one run, for every arm: records kept in memory and, with a ``sink``,
+    streamed out as they are added.  ``recorder["steps"]`` is the list of step records."""
+
+    def __init__(self, sink: RowSink | None = None) -> None:
+        self.tables: dict[str, list[Any]] = {name: [] for name in TABLES}
+        self.sink = sink
+
+    def add(self, record: Any) -> None:
+        """Append a record to its table (chosen by its type) and to the sink."""
+        table = _TABLE_OF[type(record)]
+        self.tables[table].append(record)
+        if self.sink is not None:
+            self.sink.write(table, as_row(record))
+
+    def extend(self, records: Iterable[Any]) -> None:
+        for record in records:
+            self.add(record)
+
+    def __getitem__(self, table: str) -> list[Any]:
+        return self.tables[table]
+
+    def rows(self) -> dict[str, list[dict[str, Any]]]:
+        """Every table as plain dict rows."""
+        return {name: [as_row(r) for r in records] for name, records in self.tables.items()}
+
+    def summary(self, *, baseline: str = "sync") -> dict[str, dict[str, Any]]:
+        """Per-arm metrics of the rows recorded so far (:func:`april_bench.results.summary.summarize`)."""
+        from april_bench.results.summary import summarize
+
+        return summarize(self.rows(), baseline=baseline)
 
     def sample_fates(
         self,
@@ -171,7 +238,7 @@ class RunRecorder:
             for s in group.samples:
                 runs = s.version_runs()
                 off = sum(n for v, n in runs if train_version is not None and v < train_version)
-                self.samples.append(
+                self.add(
                     SampleRecord(
                         arm=arm,
                         step=step,

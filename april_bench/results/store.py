@@ -2,29 +2,32 @@
 
 ::
 
-    <out>/config.json        the resolved ExperimentConfig
-    <out>/provenance.json    git commit, versions, machine, simulated or measured
-    <out>/requests.jsonl     one row per engine request (segment)
-    <out>/samples.jsonl      one row per sample fate (trained / dropped / buffered)
-    <out>/steps.jsonl        one row per step
-    <out>/evals.jsonl        one row per held-out evaluation (measured runs)
-    <out>/summary.json       per-arm metrics (recomputable from the rows)
-    <out>/table.md           the paper-style and detail tables
+    <out>/config.json          the resolved ExperimentConfig
+    <out>/provenance.json      git commit, versions, machine, simulated or measured
+    <out>/<table>.jsonl        one file per table of april_bench.results.records.TABLES
+                               (requests, samples, steps, evals, engine_metrics, ...)
+    <out>/summary.json         per-arm metrics (recomputable from the rows)
+    <out>/table.md             the paper-style and detail tables
 
-Row files may be gzipped (``requests.jsonl.gz``): committed reference runs are,
-and :func:`load_run` reads either form.
+Rows are streamed: :class:`RunWriter` appends each row as it is recorded and
+flushes at step boundaries, so an interrupted run keeps every completed step.
+JSON files are written atomically (a temporary file, then a rename).  Row
+files may be gzipped (``requests.jsonl.gz``): committed reference runs are, and
+:func:`load_run` reads either form.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from april_bench.results.records import as_row
+from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
     DETAIL_COLUMNS,
@@ -34,7 +37,17 @@ from april_bench.results.table import (
     render_markdown,
 )
 
-__all__ = ["RunDirectory", "load_run", "render_tables", "write_run"]
+__all__ = [
+    "RunDirectory",
+    "RunWriter",
+    "load_run",
+    "render_tables",
+    "write_json_atomic",
+    "write_run",
+]
+
+#: Tables a run directory must have (the others may be absent: older runs, or nothing recorded).
+REQUIRED_TABLES = ("requests", "samples", "steps")
 
 
 @dataclass(slots=True)
@@ -42,24 +55,120 @@ class RunDirectory:
     path: Path
     config: dict[str, Any]
     provenance: dict[str, Any]
-    requests: list[dict[str, Any]]
-    samples: list[dict[str, Any]]
-    steps: list[dict[str, Any]]
-    evals: list[dict[str, Any]]
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def simulated(self) -> bool:
         return self.provenance.get("result_kind") == "simulated"
 
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        return self.tables.get(table, [])
+
     def summary(self) -> dict[str, dict[str, Any]]:
-        return summarize(self.requests, self.samples, self.steps, self.evals)
+        return summarize(self.tables, baseline=self.config.get("baseline"))
 
 
-def _write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, separators=(",", ":")))
-            f.write("\n")
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path`` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunWriter:
+    """Streams rows into ``<out>/<table>.jsonl`` as they are recorded (a :class:`RowSink`).
+
+    Files are opened for append on first use; :meth:`flush` pushes buffered rows to the OS (the
+    driver calls it after every step); :meth:`close` closes them.  ``append=True`` continues the
+    files of an interrupted run.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._files: dict[str, IO[str]] = {}
+        for table in TABLES:  # every table has a file, empty or not: a reader sees what was recorded
+            (out / f"{table}.jsonl").touch()
+
+    def write(self, table: str, row: Mapping[str, Any]) -> None:
+        f = self._files.get(table)
+        if f is None:
+            f = self._files[table] = (self.out / f"{table}.jsonl").open("a")
+        f.write(json.dumps(row, separators=(",", ":")))
+        f.write("\n")
+
+    def flush(self) -> None:
+        for f in self._files.values():
+            f.flush()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def finish(
+        self, config: Mapping[str, Any], provenance: Mapping[str, Any], tables: Mapping[str, Iterable[Any]]
+    ) -> RunDirectory:
+        """Close the row files, then write the summary and tables of the complete run."""
+        self.close()
+        run = RunDirectory(
+            self.out,
+            dict(config),
+            dict(provenance),
+            {name: [as_row(r) for r in records] for name, records in tables.items()},
+        )
+        write_summary(run)
+        return run
+
+
+def write_summary(run: RunDirectory) -> dict[str, dict[str, Any]]:
+    """Write ``summary.json`` and ``table.md`` of a run directory from its rows."""
+    summary = run.summary()
+    write_json_atomic(
+        run.path / "summary.json", {"result_kind": run.provenance.get("result_kind"), "arms": summary}
+    )
+    _write_text_atomic(run.path / "table.md", render_tables(run.config, summary, run.simulated) + "\n")
+    return summary
+
+
+def write_run(
+    out: Path,
+    *,
+    config: Mapping[str, Any],
+    provenance: Mapping[str, Any],
+    tables: Mapping[str, Iterable[Any]],
+) -> RunDirectory:
+    """Write a whole run directory at once (records or plain rows per table)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "config.json", dict(config))
+    write_json_atomic(out / "provenance.json", dict(provenance))
+    rows = {
+        name: [r if isinstance(r, dict) else as_row(r) for r in records] for name, records in tables.items()
+    }
+    for name, data in rows.items():
+        with (out / f"{name}.jsonl").open("w") as f:
+            for row in data:
+                f.write(json.dumps(row, separators=(",", ":")))
+                f.write("\n")
+    run = RunDirectory(out, dict(config), dict(provenance), rows)
+    write_summary(run)
+    return run
 
 
 def _rows_file(run: Path, name: str) -> Path | None:
@@ -75,52 +184,18 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def write_run(
-    out: Path,
-    *,
-    config: Mapping[str, Any],
-    provenance: Mapping[str, Any],
-    requests: Iterable[Any],
-    samples: Iterable[Any],
-    steps: Iterable[Any],
-    evals: Iterable[Any] = (),
-) -> RunDirectory:
-    out.mkdir(parents=True, exist_ok=True)
-    rows = {
-        "requests": [as_row(r) for r in requests],
-        "samples": [as_row(r) for r in samples],
-        "steps": [as_row(r) for r in steps],
-        "evals": [as_row(r) for r in evals],
-    }
-    for name, data in rows.items():
-        _write_jsonl(out / f"{name}.jsonl", data)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
-    run = RunDirectory(
-        out, dict(config), dict(provenance), rows["requests"], rows["samples"], rows["steps"], rows["evals"]
-    )
-    summary = run.summary()
-    (out / "summary.json").write_text(
-        json.dumps({"result_kind": provenance.get("result_kind"), "arms": summary}, indent=2) + "\n"
-    )
-    (out / "table.md").write_text(render_tables(run.config, summary, run.simulated) + "\n")
-    return run
-
-
 def load_run(path: Path) -> RunDirectory:
-    rows = {name: _rows_file(path, name) for name in ("requests", "samples", "steps")}
+    """Read a run directory: its config, provenance and every table present."""
+    files = {name: _rows_file(path, name) for name in TABLES}
     missing = [n for n in ("config.json", "provenance.json") if not (path / n).exists()]
-    missing += [f"{name}.jsonl" for name, found in rows.items() if found is None]
+    missing += [f"{name}.jsonl" for name in REQUIRED_TABLES if files[name] is None]
     if missing:
         raise FileNotFoundError(f"{path} is not a run directory (missing {', '.join(missing)})")
     return RunDirectory(
         path=path,
         config=json.loads((path / "config.json").read_text()),
         provenance=json.loads((path / "provenance.json").read_text()),
-        requests=_read_jsonl(rows["requests"]),  # type: ignore[arg-type]
-        samples=_read_jsonl(rows["samples"]),  # type: ignore[arg-type]
-        steps=_read_jsonl(rows["steps"]),  # type: ignore[arg-type]
-        evals=_read_jsonl(evals) if (evals := _rows_file(path, "evals")) else [],
+        tables={name: _read_jsonl(file) for name, file in files.items() if file is not None},
     )
 
 
@@ -137,5 +212,8 @@ def render_tables(
         f"over-sampling {rollout.get('over_sampling_batch_size')}, "
         f"max response {rollout.get('max_response_len')} tokens, seed {config.get('seed')}"
     )
+    baseline = next(iter(summary.values()), {}).get("baseline")
+    if baseline is not None and baseline != "sync":
+        setup += f"; gains are against {baseline} (the run has no sync arm)"
     label = kind.split()[0].lower()
     return f"## Results: {kind}\n\n{setup}\n\n{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"

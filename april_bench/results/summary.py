@@ -7,9 +7,13 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     APRIL's ``partial_rollout/tokens_throughput``.
 ``useful_tokens_per_s``
     response tokens of trained samples / rollout time.
-``throughput_gain_vs_sync``
-    ``generated_tokens_per_s`` / the sync arm's - 1 (``None`` without a sync arm).
-``useful_gain_vs_sync``, ``end_to_end_gain_vs_sync``
+``baseline``
+    the arm every gain is measured against: ``sync`` when the run has it,
+    else the first arm (or the one asked for).
+``throughput_gain``
+    ``generated_tokens_per_s`` / the baseline arm's - 1 (``None`` for the
+    baseline itself is not special: it is 0).
+``useful_gain``, ``end_to_end_gain``
     the same ratio for useful tokens per rollout second, and for trained tokens
     per step second (rollout + train + weight sync).
 ``rollout_efficiency``
@@ -28,6 +32,8 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     previous segment's tokens, and divides by (new tokens + those).
 ``max_version_span``
     over trained samples, newest minus oldest version among its tokens.
+``accuracy_improvement``, ``accuracy_improvement_equal_time``
+    accuracy minus the baseline's, in absolute terms (points / 100).
 ``accuracy``, ``accuracy_equal_time``
     held-out accuracy after the last step (every arm runs the same number of
     steps, so this is the equal-steps comparison), and at the largest training
@@ -45,44 +51,49 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["summarize"]
+__all__ = ["default_baseline", "summarize"]
 
 Row = Mapping[str, Any]
 
 
 def summarize(
-    requests: Iterable[Row],
-    samples: Iterable[Row],
-    steps: Iterable[Row],
-    evals: Iterable[Row] = (),
-    *,
-    baseline: str = "sync",
+    tables: Mapping[str, Iterable[Row]], *, baseline: str | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Metrics per arm, keyed by arm name (in the order arms appear in ``steps``)."""
-    by_arm_steps: dict[str, list[Row]] = defaultdict(list)
-    for row in steps:
-        by_arm_steps[row["arm"]].append(row)
-    by_arm_requests: dict[str, list[Row]] = defaultdict(list)
-    for row in requests:
-        by_arm_requests[row["arm"]].append(row)
-    by_arm_samples: dict[str, list[Row]] = defaultdict(list)
-    for row in samples:
-        by_arm_samples[row["arm"]].append(row)
+    """Metrics per arm, keyed by arm name (in the order arms appear in the ``steps`` table).
+
+    ``tables`` maps table names (``requests``, ``samples``, ``steps``, ``evals``) to rows; missing
+    tables are empty.  ``baseline`` defaults to :func:`default_baseline`.
+    """
+    by_arm = {name: _by_arm(tables.get(name, ())) for name in ("requests", "samples", "steps")}
     summary = {
-        arm: _arm_metrics(arm_steps, by_arm_requests[arm], by_arm_samples[arm])
-        for arm, arm_steps in by_arm_steps.items()
+        arm: _arm_metrics(arm_steps, by_arm["requests"].get(arm, []), by_arm["samples"].get(arm, []))
+        for arm, arm_steps in by_arm["steps"].items()
     }
-    _accuracy(summary, list(evals))
+    _accuracy(summary, list(tables.get("evals", ())))
+    baseline = baseline or default_baseline(list(summary))
     base = summary.get(baseline)
     for metrics in summary.values():
-        metrics["throughput_gain_vs_sync"] = _gain(metrics, base, "generated_tokens_per_s")
-        metrics["useful_gain_vs_sync"] = _gain(metrics, base, "useful_tokens_per_s")
-        metrics["end_to_end_gain_vs_sync"] = _gain(metrics, base, "trained_tokens_per_step_s")
-        metrics["accuracy_improvement_vs_sync"] = _accuracy_gain(metrics, base, "accuracy")
-        metrics["accuracy_improvement_equal_time_vs_sync"] = _accuracy_gain(
-            metrics, base, "accuracy_equal_time"
-        )
+        metrics["baseline"] = baseline
+        metrics["throughput_gain"] = _gain(metrics, base, "generated_tokens_per_s")
+        metrics["useful_gain"] = _gain(metrics, base, "useful_tokens_per_s")
+        metrics["end_to_end_gain"] = _gain(metrics, base, "trained_tokens_per_step_s")
+        metrics["accuracy_improvement"] = _accuracy_gain(metrics, base, "accuracy")
+        metrics["accuracy_improvement_equal_time"] = _accuracy_gain(metrics, base, "accuracy_equal_time")
     return summary
+
+
+def default_baseline(arms: Sequence[str]) -> str | None:
+    """The arm gains are measured against: ``sync`` when present, else the first arm."""
+    if "sync" in arms:
+        return "sync"
+    return arms[0] if arms else None
+
+
+def _by_arm(rows: Iterable[Row]) -> dict[str, list[Row]]:
+    grouped: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        grouped[row["arm"]].append(row)
+    return grouped
 
 
 def _accuracy(summary: dict[str, dict[str, Any]], evals: list[Row]) -> None:

@@ -29,11 +29,11 @@ def _pct(value: float | None, *, baseline: bool = False) -> str:
 def paper_table(
     config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
 ) -> list[list[str]]:
-    """Rows of the paper-style table: throughput gain and accuracy improvement against sync."""
+    """Rows of the paper-style table: throughput gain and accuracy improvement against the baseline arm."""
     source = "simulated" if simulated else "measured"
     rows = []
     for arm, m in summary.items():
-        is_base = arm == "sync"
+        is_base = arm == m.get("baseline")
         accuracy = [_accuracy(m, key, simulated, is_base) for key in ("accuracy", "accuracy_equal_time")]
         rows.append(
             [
@@ -42,7 +42,7 @@ def paper_table(
                 config["algorithm"].upper(),
                 config["hardware"].upper() if config["hardware"] != "cpu" else "CPU",
                 arm,
-                _pct(m.get("throughput_gain_vs_sync"), baseline=is_base),
+                _pct(m.get("throughput_gain"), baseline=is_base),
                 *accuracy,
                 source,
             ]
@@ -61,10 +61,7 @@ def _accuracy(m: Mapping[str, Any], key: str, simulated: bool, is_base: bool) ->
     text = f"{value:.1%}" + (f" ± {stderr * 100:.1f}" if stderr is not None else "")
     if is_base:
         return f"{text} (baseline)"
-    gain_key = (
-        "accuracy_improvement_vs_sync" if key == "accuracy" else "accuracy_improvement_equal_time_vs_sync"
-    )
-    gain = m.get(gain_key)
+    gain = m.get("accuracy_improvement" if key == "accuracy" else "accuracy_improvement_equal_time")
     return f"{text} ({gain * 100:+.1f} pts)" if gain is not None else text
 
 
@@ -95,7 +92,7 @@ def detail_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
                 _num(m.get("step_time_per_step_s"), "{:.1f}"),
                 _num(m.get("generated_tokens_per_s"), "{:,.0f}"),
                 _num(m.get("useful_tokens_per_s"), "{:,.0f}"),
-                _pct(m.get("useful_gain_vs_sync"), baseline=arm == "sync"),
+                _pct(m.get("useful_gain"), baseline=arm == m.get("baseline")),
                 _num(m.get("rollout_efficiency"), "{:.0%}"),
                 _num(m.get("tail_time_share"), "{:.0%}"),
                 _num(m.get("off_policy_token_ratio"), "{:.0%}"),

@@ -23,6 +23,13 @@ class GroupBuffer:
         """Remove and return up to ``n`` groups, oldest first."""
         return [self._groups.popleft() for _ in range(min(n, len(self._groups)))]
 
+    def remove(self, uids: set[int]) -> list[Group]:
+        """Remove and return the groups with these uids (in buffer order); the rest keep their order."""
+        taken = [g for g in self._groups if g.uid in uids]
+        if taken:
+            self._groups = deque(g for g in self._groups if g.uid not in uids)
+        return taken
+
     def __len__(self) -> int:
         return len(self._groups)
 

@@ -2,17 +2,19 @@
 
 One call of :meth:`RolloutLoop.run_step` collects N accepted groups:
 
-1. launch the groups the strategy asks for - buffered groups first (FIFO),
-   then new prompts.  A buffered sample resumes from its token ids with
-   ``max_new_tokens = max_response_len - response_len`` (never above the
-   limit; a sample with no budget left is TRUNCATED without a request);
+1. launch the groups the strategy asks for and selects - by default buffered
+   groups first (FIFO), then new prompts.  A buffered sample resumes from its
+   token ids with ``max_new_tokens = max_response_len - response_len`` (never
+   above the limit, or the strategy's smaller segment budget; a sample with no
+   budget left is TRUNCATED without a request);
 2. as groups finish, score them, apply DAPO dynamic sampling if enabled
    (reject groups whose rewards are all equal), accept the rest, and ask the
    strategy whether to launch more;
-3. once N groups are accepted, abort every request still in flight and
-   re-abort until the engine is idle and every request has returned (a request
-   that lands after the abort must not run on), then hand each group that came
-   back to the strategy: buffer it whole, or drop it.
+3. once N groups are accepted, abort every request still in flight (or those
+   the strategy names, letting the rest finish) and re-abort until the engine
+   is idle and every request has returned (a request that lands after the abort
+   must not run on), then hand each group that came back to the strategy:
+   buffer it whole, or drop it.
 
 Nothing is lost silently: every launched prompt ends trained, buffered or
 dropped, and the step record counts each.
@@ -23,11 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
 
+from april_bench.algorithms.filters import keep_group
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     Completion,
@@ -39,22 +41,21 @@ from april_bench.engines.protocol import (
 )
 from april_bench.results.records import Fate, RequestRecord, RunRecorder, StepRecord
 from april_bench.rollout.buffer import GroupBuffer
-from april_bench.rollout.strategy import Disposition, RefillMode, RolloutStrategy, RolloutView
+from april_bench.rollout.step import CarryOver, InFlight, Meter, Pending, ProgressView, StepState, step_record
+from april_bench.rollout.strategy import (
+    Candidate,
+    Disposition,
+    GroupProgress,
+    RefillMode,
+    RolloutStrategy,
+    RolloutView,
+    StepSummary,
+)
 from april_bench.seeding import sample_seed
-from april_bench.types import Group, Sample, SampleStatus, Segment, concat_ids
+from april_bench.types import FinishReason, Group, Prompt, Sample, SampleStatus, Segment, concat_ids
 from april_bench.workload import PromptStream, Workload
 
-__all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome", "keep_group"]
-
-
-def keep_group(rewards: list[float]) -> bool:
-    """DAPO dynamic sampling: keep a group only if its rewards are not all equal
-    (unbiased float64 std > 1e-6, slime ``check_reward_nonzero_std``)."""
-    if len(rewards) < 2:
-        return True
-    mean = sum(rewards) / len(rewards)
-    var = sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)
-    return math.sqrt(var) > 1e-6
+__all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -86,8 +87,9 @@ class RolloutConfig(BaseConfig):
                 f"--rollout-batch-size ({self.rollout_batch_size}); set it to at least "
                 f"{self.rollout_batch_size} (APRIL recommends about twice)"
             )
-        if self.reabort_interval_s <= 0 or self.abort_timeout_s <= 0:
-            raise ConfigError("abort intervals must be positive")
+        for name in ("reabort_interval_s", "abort_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"rollout {name} must be > 0, got {getattr(self, name)}")
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p)
@@ -99,51 +101,6 @@ class StepOutcome:
 
     batch: list[Group]
     record: StepRecord
-
-
-@dataclass(slots=True)
-class _InFlight:
-    group: Group
-    order: int
-    outstanding: int
-
-
-@dataclass(slots=True)
-class _Pending:
-    flight: _InFlight
-    sample: Sample
-    request: GenerateRequest
-    prefix_len: int
-    t_submit: float
-
-
-@dataclass(slots=True)
-class _StepState:
-    step: int
-    version: int
-    t_start: float
-    accepted: list[Group] = field(default_factory=list)
-    in_flight: dict[int, _InFlight] = field(default_factory=dict)
-    pending: dict[str, _Pending] = field(default_factory=dict)
-    returned_after_stop: list[_InFlight] = field(default_factory=list)
-    pumps: list[asyncio.Task[None]] = field(default_factory=list)
-    enough: asyncio.Event = field(default_factory=asyncio.Event)
-    all_returned: asyncio.Event = field(default_factory=asyncio.Event)
-    error: BaseException | None = None
-    stopping: bool = False
-    launched: int = 0
-    new_prompts: int = 0
-    resumed: int = 0
-    rejected: int = 0
-    rejected_tokens: int = 0
-    restarted: int = 0
-    restart_tokens: int = 0
-    requests: int = 0
-    aborted_requests: int = 0
-    generated: int = 0
-    context_token_sum: float = 0.0
-    peak_concurrency: int = 0
-    bookkeeping_s: float = 0.0
 
 
 class RolloutLoop(Configurable):
@@ -185,72 +142,121 @@ class RolloutLoop(Configurable):
     # ------------------------------------------------------------------ step
     async def run_step(self, step: int, policy_version: int) -> StepOutcome:
         loop = asyncio.get_running_loop()
-        st = _StepState(step=step, version=policy_version, t_start=loop.time())
-        with _Meter(st):
+        st = StepState(step=step, version=policy_version, t_start=loop.time())
+        with Meter(st):
             self._maybe_launch(st)
         await st.enough.wait()
         self._raise_if_failed(st)
         t_stop = loop.time()
-        abort_rounds = await self._abort_until_idle(st) if st.pending else 0
-        await asyncio.gather(*st.pumps)
+        abort_rounds = await self._stop(st) if st.pending else 0
+        await asyncio.gather(*st.pumps, *st.aborts)
         self._raise_if_failed(st)
         t_end = loop.time()
-        with _Meter(st):
+        with Meter(st):
             carried = self._carry_over(st)
-        record = self._step_record(st, t_end, t_end - t_stop, abort_rounds, carried)
+        record = step_record(
+            st,
+            arm=self.arm,
+            t0=self._t0,
+            t_end=t_end,
+            drain=t_end - t_stop,
+            abort_rounds=abort_rounds,
+            carried=carried,
+            saturated_tokens_per_s=self._saturated(st),
+        )
+        self.strategy.on_step_end(
+            StepSummary(
+                step=step,
+                launched_groups=st.launched,
+                accepted_groups=len(st.accepted),
+                buffered_groups=carried.buffered,
+                dropped_groups=carried.dropped,
+                rollout_time_s=record.rollout_time_s,
+                drain_time_s=record.drain_time_s,
+                generated_tokens=st.generated,
+                completion_times_s=tuple(st.accepted_at),
+            )
+        )
         return StepOutcome(batch=st.accepted, record=record)
 
     # ------------------------------------------------------------ launching
-    def _view(self, st: _StepState) -> RolloutView:
+    def _view(self, st: StepState) -> RolloutView:
+        now = asyncio.get_running_loop().time()
         return RolloutView(
             step=st.step,
             policy_version=st.version,
             target_groups=self.config.rollout_batch_size,
+            over_sampling=self.config.over_sampling_batch_size,
             accepted=len(st.accepted),
             in_flight=len(st.in_flight),
             buffered=len(self.buffer),
             rejected=st.rejected,
             launched=st.launched,
             refill=self.config.refill,
+            elapsed_s=now - st.t_start,
+            pending_requests=len(st.pending),
+            groups=ProgressView(st.in_flight, now),
         )
 
-    def _maybe_launch(self, st: _StepState) -> None:
+    def _maybe_launch(self, st: StepState) -> None:
         if st.stopping:
             return
-        count = self.strategy.launch_count(self._view(st))
-        if count <= 0:
+        view = self._view(st)
+        count = self.strategy.launch_count(view)
+        chosen = self._select(count, view) if count > 0 else []
+        if not chosen:
             if not st.in_flight and len(st.accepted) < self.config.rollout_batch_size:
-                raise RuntimeError(
+                raise EngineError(
                     f"strategy {self.strategy.name!r} launched nothing while step {st.step} still needs "
                     f"{self.config.rollout_batch_size - len(st.accepted)} groups"
+                    + (" (the prompt stream is exhausted)" if count > 0 else "")
                 )
             return
-        groups = self.buffer.take(count)
-        st.resumed += len(groups)
-        fresh = self.prompts.take(count - len(groups))
-        st.new_prompts += len(fresh)
-        groups += [Group.fresh(p, self.config.n_samples_per_prompt) for p in fresh]
-        self._launch(st, groups)
+        self._launch(st, chosen, view)
 
-    def _launch(self, st: _StepState, groups: list[Group]) -> None:
+    def _select(self, count: int, view: RolloutView) -> list[tuple[Group, GroupProgress]]:
+        """Ask the strategy which candidates launch; return the chosen groups in launch order."""
+        buffered = {g.uid: g for g in self.buffer}
+        fresh = {p.uid: p for p in self.prompts.take(count)}
+        n = self.config.n_samples_per_prompt
+        candidates = [Candidate(GroupProgress.of(g), fresh=False) for g in buffered.values()]
+        candidates += [Candidate(_fresh_progress(p, n), fresh=True) for p in fresh.values()]
+        chosen = list(self.strategy.select(candidates, count, view))
+        uids = [c.uid for c in chosen]
+        if len(chosen) > count or len(set(uids)) != len(uids) or not set(uids) <= {c.uid for c in candidates}:
+            raise EngineError(
+                f"strategy {self.strategy.name!r} selected {uids}: at most {count} distinct candidates"
+            )
+        taken = {g.uid: g for g in self.buffer.remove({c.uid for c in chosen if not c.fresh})}
+        self.prompts.give_back(p for uid, p in fresh.items() if uid not in set(uids))
+        groups = []
+        for c in chosen:
+            group = Group.fresh(fresh[c.uid], n) if c.fresh else taken[c.uid]
+            groups.append((group, c.progress))
+        return groups
+
+    def _launch(self, st: StepState, chosen: list[tuple[Group, GroupProgress]], view: RolloutView) -> None:
         now = asyncio.get_running_loop().time()
-        view = self._view(st)
         requests: list[GenerateRequest] = []
-        ready: list[_InFlight] = []
-        for group in groups:
+        ready: list[InFlight] = []
+        for group, progress in chosen:
             if group.first_step is None:
                 group.first_step = st.step
-            flight = _InFlight(group=group, order=self._next_order, outstanding=0)
+                st.new_prompts += 1
+            else:
+                st.resumed += 1
+            flight = InFlight(group=group, order=self._next_order, outstanding=0, t_launch=now)
             self._next_order += 1
             st.in_flight[group.uid] = flight
             st.launched += 1
+            priority = self.strategy.priority(progress, view)
             for sample in group.samples:
-                request = self._request_for(st, sample, view)
+                request = self._request_for(st, sample, view, priority)
                 if request is None:
                     continue
                 requests.append(request)
                 flight.outstanding += 1
-                st.pending[request.request_id] = _Pending(flight, sample, request, sample.response_len, now)
+                st.pending[request.request_id] = Pending(flight, sample, request, sample.response_len, now)
             if flight.outstanding == 0:
                 ready.append(flight)
         if requests:
@@ -264,16 +270,19 @@ class RolloutLoop(Configurable):
         for flight in ready:  # buffered groups that were already finished
             self._on_group_returned(st, flight)
 
-    def _request_for(self, st: _StepState, sample: Sample, view: RolloutView) -> GenerateRequest | None:
+    def _request_for(
+        self, st: StepState, sample: Sample, view: RolloutView, priority: int
+    ) -> GenerateRequest | None:
         if sample.response_len and not self.strategy.keep_partial(sample, view):
             st.restart_tokens += sample.restart()
             st.restarted += 1
         if sample.status.is_finished:
             return None
-        budget = self.config.max_response_len - sample.response_len
-        if budget <= 0:
+        remaining = self.config.max_response_len - sample.response_len
+        if remaining <= 0:
             sample.status = SampleStatus.TRUNCATED
             return None
+        budget = max(1, min(remaining, self.strategy.request_budget(sample, remaining, view)))
         if sample.start_step is None:
             sample.start_step = st.step
         replay = None
@@ -299,6 +308,7 @@ class RolloutLoop(Configurable):
             input_ids=input_ids,
             replay_len=replay,
             routing_key=str(prompt.uid),
+            priority=priority,
         )
 
     def _sampling_for(self, sample: Sample) -> SamplingParams:
@@ -308,10 +318,10 @@ class RolloutLoop(Configurable):
         return dataclasses.replace(self._sampling, seed=seed)
 
     # ------------------------------------------------------------ returning
-    async def _pump(self, st: _StepState, stream: AsyncIterator[Completion]) -> None:
+    async def _pump(self, st: StepState, stream: AsyncIterator[Completion]) -> None:
         try:
             async for completion in stream:
-                with _Meter(st):
+                with Meter(st):
                     self._on_completion(st, completion)
         except BaseException as exc:  # wake the step so it can re-raise
             st.error = st.error or exc
@@ -319,7 +329,7 @@ class RolloutLoop(Configurable):
             st.all_returned.set()
             raise
 
-    def _on_completion(self, st: _StepState, c: Completion) -> None:
+    def _on_completion(self, st: StepState, c: Completion) -> None:
         pending = st.pending.pop(c.request_id, None)
         if pending is None:
             raise EngineError(f"engine returned unknown or duplicate request id {c.request_id!r}")
@@ -340,11 +350,13 @@ class RolloutLoop(Configurable):
                 logprobs=c.logprobs,
             )
         )
+        if c.finish_reason is FinishReason.LENGTH and sample.response_len < self.config.max_response_len:
+            sample.status = SampleStatus.PARTIAL  # a segment budget, not the response limit, stopped it
         st.generated += c.num_tokens
         st.context_token_sum += c.num_tokens * (pending.request.input_len + (c.num_tokens - 1) / 2)
         if c.finish_reason == "abort":
             st.aborted_requests += 1
-        self.recorder.requests.append(
+        self.recorder.add(
             RequestRecord(
                 arm=self.arm,
                 step=st.step,
@@ -371,17 +383,19 @@ class RolloutLoop(Configurable):
         if not st.pending:
             st.all_returned.set()
 
-    def _on_group_returned(self, st: _StepState, flight: _InFlight) -> None:
+    def _on_group_returned(self, st: StepState, flight: InFlight) -> None:
         group = flight.group
         del st.in_flight[group.uid]
         if st.stopping:
-            st.returned_after_stop.append(flight)  # surplus or unfinished: the strategy decides
+            st.leftovers.append(flight)  # surplus or unfinished: the strategy decides
             return
         if not group.is_finished:
-            # Aborted although we did not stop (an engine-side timeout, another client's
-            # abort-all): carry it over like any leftover, and keep the step going.
-            st.returned_after_stop.append(flight)
+            # Aborted or stopped at a segment although the step goes on (the strategy's selective
+            # abort, an engine-side timeout, another client's abort-all): carry it over like any
+            # leftover, and keep the step going.
+            st.leftovers.append(flight)
             self._maybe_launch(st)
+            self._abort_selected(st)
             return
         self._score(group)
         if self.config.dynamic_sampling and not keep_group(group.rewards()):
@@ -392,11 +406,13 @@ class RolloutLoop(Configurable):
             )
         else:
             st.accepted.append(group)
+            st.accepted_at.append(asyncio.get_running_loop().time() - st.t_start)
             if len(st.accepted) >= self.config.rollout_batch_size:
                 st.stopping = True
                 st.enough.set()
                 return
         self._maybe_launch(st)
+        self._abort_selected(st)
 
     def _score(self, group: Group) -> None:
         """Reward every finished sample once (finished members of a buffered group keep theirs)."""
@@ -404,8 +420,35 @@ class RolloutLoop(Configurable):
             if sample.reward is None and sample.status.is_finished:
                 sample.reward = self.workload.reward(sample)
 
-    # ------------------------------------------------------------- stopping
-    async def _abort_until_idle(self, st: _StepState) -> int:
+    # ------------------------------------------------------------- aborting
+    def _request_ids(self, st: StepState, uids: Collection[int]) -> list[str]:
+        wanted = set(uids)
+        return [rid for rid, p in st.pending.items() if p.flight.group.uid in wanted]
+
+    def _abort_selected(self, st: StepState) -> None:
+        """Abort the in-flight groups the strategy names now (mid-step selective abort)."""
+        if not st.in_flight:
+            return
+        uids = self.strategy.abort_now(self._view(st))
+        ids = self._request_ids(st, uids) if uids else []
+        if ids:
+            st.aborts.append(asyncio.ensure_future(self.engine.abort(ids)))
+
+    async def _stop(self, st: StepState) -> int:
+        """N groups are in: abort what the strategy says (default: everything) until idle."""
+        uids = self.strategy.stop_abort(self._view(st))
+        if uids is None:
+            return await self._abort_until_idle(st)
+        rounds = 0
+        ids = self._request_ids(st, uids)
+        if ids:
+            await self.engine.abort(ids)
+            rounds += 1
+        await st.all_returned.wait()  # the others run to completion
+        self._raise_if_failed(st)
+        return rounds + await self._abort_until_idle(st)
+
+    async def _abort_until_idle(self, st: StepState) -> int:
         """Abort everything, and re-abort until every request is back and the engine is idle."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.abort_timeout_s
@@ -429,86 +472,47 @@ class RolloutLoop(Configurable):
                 rounds += 1
                 await asyncio.sleep(self.config.reabort_interval_s)
 
-    def _carry_over(self, st: _StepState) -> tuple[int, int, int, int, int]:
-        """Buffer or drop every group that came back after the stop; returns counts."""
+    def _carry_over(self, st: StepState) -> CarryOver:
+        """Buffer or drop every group that came back unfinished or after the stop."""
         view = self._view(st)
-        buffered = buffered_tokens = partial = dropped = dropped_tokens = 0
-        for flight in sorted(st.returned_after_stop, key=lambda f: f.order):
+        out = CarryOver()
+        for flight in sorted(st.leftovers, key=lambda f: f.order):
             group = flight.group
             self._score(group)
             if self.strategy.on_leftover(group, view) is Disposition.BUFFER:
                 self.buffer.put(group)
-                buffered += 1
-                buffered_tokens += group.response_tokens
-                partial += sum(1 for s in group.samples if s.response_len and not s.status.is_finished)
+                out.buffered += 1
+                out.buffered_tokens += group.response_tokens
+                out.partial += sum(1 for s in group.samples if s.response_len and not s.status.is_finished)
             else:
-                dropped += 1
-                dropped_tokens += group.response_tokens
+                out.dropped += 1
+                out.dropped_tokens += group.response_tokens
                 reason = "surplus_discarded" if group.is_finished else "unfinished_discarded"
                 self.recorder.sample_fates(self.arm, [group], step=st.step, fate=Fate.DROPPED, reason=reason)
-        return buffered, buffered_tokens, partial, dropped, dropped_tokens
+        return out
 
-    def _raise_if_failed(self, st: _StepState) -> None:
+    def _raise_if_failed(self, st: StepState) -> None:
         if st.error is not None:
             raise st.error
 
-    def _step_record(
-        self, st: _StepState, t_end: float, drain: float, abort_rounds: int, carried: tuple[int, ...]
-    ) -> StepRecord:
-        buffered, buffered_tokens, partial, dropped, dropped_tokens = carried
-        mean_context = st.context_token_sum / st.generated if st.generated else 0.0
-        return StepRecord(
-            arm=self.arm,
-            step=st.step,
-            policy_version=st.version,
-            t_start=st.t_start - self._t0,
-            rollout_time_s=t_end - st.t_start,
-            train_time_s=0.0,
-            weight_sync_time_s=0.0,
-            step_time_s=0.0,
-            drain_time_s=drain,
-            launched_groups=st.launched,
-            new_prompts=st.new_prompts,
-            resumed_groups=st.resumed,
-            accepted_groups=len(st.accepted),
-            rejected_groups=st.rejected,
-            rejected_tokens=st.rejected_tokens,
-            dropped_groups=dropped,
-            dropped_tokens=dropped_tokens,
-            buffered_groups=buffered,
-            buffered_tokens=buffered_tokens,
-            partial_samples=partial,
-            restarted_samples=st.restarted,
-            restart_tokens=st.restart_tokens,
-            requests=st.requests,
-            aborted_requests=st.aborted_requests,
-            abort_rounds=abort_rounds,
-            generated_tokens=st.generated,
-            trained_tokens=sum(g.response_tokens for g in st.accepted),
-            off_policy_tokens=sum(s.off_policy_tokens(st.version) for g in st.accepted for s in g.samples),
-            peak_concurrency=st.peak_concurrency,
-            mean_context=mean_context,
-            saturated_tokens_per_s=self._saturated(st.peak_concurrency, mean_context),
-            bookkeeping_s=st.bookkeeping_s,
-        )
-
-    def _saturated(self, concurrency: int, mean_context: float) -> float | None:
+    def _saturated(self, st: StepState) -> float | None:
         if not isinstance(self.engine, SaturationModel):
             return None  # a real server cannot know its no-tail rate
-        return self.engine.saturated_tokens_per_s(concurrency, mean_context)
+        mean_context = st.context_token_sum / st.generated if st.generated else 0.0
+        return self.engine.saturated_tokens_per_s(st.peak_concurrency, mean_context)
 
 
-class _Meter:
-    """Adds the real (not virtual) seconds spent inside the block to the step's bookkeeping."""
-
-    __slots__ = ("_st", "_tick")
-
-    def __init__(self, st: _StepState) -> None:
-        self._st = st
-        self._tick = 0.0
-
-    def __enter__(self) -> None:
-        self._tick = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self._st.bookkeeping_s += time.perf_counter() - self._tick
+def _fresh_progress(prompt: Prompt, samples: int) -> GroupProgress:
+    return GroupProgress(
+        uid=prompt.uid,
+        source_id=prompt.source_id,
+        prompt_len=prompt.length,
+        samples=samples,
+        finished_samples=0,
+        tokens=0,
+        longest=0,
+        oldest_version=None,
+        newest_version=None,
+        aborts=0,
+        first_step=None,
+    )

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
     Completion,
     EngineError,
     EngineInfo,
     EngineLoad,
+    EngineSettings,
     GenerateRequest,
     WeightUpdate,
 )
@@ -36,7 +38,7 @@ from april_bench.profiles.models import MODELS, ModelProfile
 from april_bench.sim.cost import CostModel
 from april_bench.sim.replica import ReplicaSettings, SimReplica
 
-__all__ = ["SimEngine"]
+__all__ = ["SimEngine", "from_settings"]
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load")
 
@@ -205,6 +207,25 @@ class SimEngine(Configurable):
         by_kv = int(self.settings.kv_capacity // max(mean_context, 1.0))
         batch = max(1, min(per_replica, self.settings.max_running, by_kv))
         return self.num_replicas * self.cost.saturated_tokens_per_s(batch, mean_context)
+
+
+def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SimEngine:
+    """The simulated deployment of ``settings.model`` on ``settings.hardware``; ``args``: SGLang's knobs."""
+    fixed = {"hardware", "model", "num_gpus"}
+    if fixed & set(args):
+        raise ConfigError(
+            f"--engine-arg {', '.join(sorted(fixed & set(args)))} is set by --hw, --model and --num-gpus"
+        )
+    options = {"hardware": settings.hardware, "model": settings.model, "num_gpus": settings.num_gpus, **args}
+    config = config_from(
+        SimEngine.Config, options, where="--engine-arg", owner="the simulator", fixed=tuple(fixed)
+    )
+    if settings.max_context_len > config.context_length:
+        raise ConfigError(
+            f"prompt + response need up to {settings.max_context_len} tokens but {config.model}'s context "
+            f"holds {config.context_length}; lower --max-response-len"
+        )
+    return config.build()
 
 
 def _sglang_max_running(kv_tokens: int, context_length: int) -> int:

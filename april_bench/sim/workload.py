@@ -139,6 +139,7 @@ class SimWorkload(Configurable):
         tokenizer: str | None = param(
             None, help="with data_path: a tokenizer directory, so prompt lengths are exact tokens"
         )
+        max_prompt_len: int = param(4096, help="longest prompt drawn from the profile (sizes a real engine)")
 
         def __post_init__(self) -> None:
             if self.dataset not in DATASETS:
@@ -216,11 +217,16 @@ class SimWorkload(Configurable):
             length = max(1, self.prompt_lengths[self._order.index(uid)])
         else:
             p = self.profile
-            length = max(4, round(p.prompt_median * math.exp(p.prompt_sigma * rng.standard_normal())))
+            draw = round(p.prompt_median * math.exp(p.prompt_sigma * rng.standard_normal()))
+            length = min(self.config.max_prompt_len, max(4, draw))
         ids = None
         if self._vocab is not None:  # dummy-weight runs on a real engine need ids: random ones
             ids = tuple(int(i) for i in rng.integers(0, self._vocab, length))
         return Prompt(uid=uid, source_id=f"{self.config.dataset}#{uid}", length=length, token_ids=ids)
+
+    def longest_prompt(self) -> int:
+        """The longest prompt this workload can produce (sizes a real engine's context)."""
+        return max(self.prompt_lengths) if self.prompt_lengths else self.config.max_prompt_len
 
     def prompt_stream(self) -> PromptStream:
         return PromptStream(self._prompt)

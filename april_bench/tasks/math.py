@@ -2,34 +2,30 @@
 
 :class:`MathWorkload` turns a loaded data set into prompts - rendered with the
 recipe's template through the model tokenizer's chat template - and rewards
-responses with the data set's grader.  :class:`MathEvaluator` computes avg@k
+responses with the data set's grader.  :func:`math_evaluator` computes avg@k
 accuracy on evaluation sets (AIME 2024/2025, MATH-500, ...), one engine pass
 for all of them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, param
 from april_bench.data import MathProblem, render
-from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
-from april_bench.evaluation import EvalResult, check_eval_sampling, mean_and_stderr
+from april_bench.evaluation import AvgAtK, EvalItem, EvalResult
 from april_bench.graders import correct_value, score, style_for
-from april_bench.seeding import sample_seed
 from april_bench.types import Prompt, Sample
 from april_bench.workload import EpochOrder, PromptStream
 
 __all__ = [
-    "EvalRow",
-    "MathEvaluator",
     "MathTaskSettings",
     "MathWorkload",
     "evaluate_checkpoint",
     "load_sets",
+    "math_evaluator",
     "stop_token_ids",
 ]
 
@@ -137,107 +133,46 @@ class MathWorkload:
         return score(self.style, response, sample.prompt.answer or "")
 
 
-@dataclass(frozen=True, slots=True)
-class EvalRow:
-    """One evaluation sample: tidy, for the eval rows file."""
-
-    dataset: str
-    source_id: str
-    sample: int
-    score: float
-    correct: bool
-    response_len: int
-
-
-class MathEvaluator:
-    """avg@k on one or more evaluation sets (APRIL reports avg@16 on AIME 2024)."""
-
-    def __init__(
-        self,
-        sets: Mapping[str, Sequence[MathProblem]],
-        tokenizer: Any,
-        *,
-        max_new_tokens: int,
-        samples: int = 4,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        template: str | None = None,
-        grader: str | None = None,
-        seed: int = 0,
-        limit: int | None = None,
-    ) -> None:
-        if not sets:
-            raise ValueError("evaluation needs at least one data set")
-        check_eval_sampling(samples, temperature)
-        self.sets = {
-            name: list(problems)[:limit] if limit else list(problems) for name, problems in sets.items()
-        }
-        self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
-        self.samples = samples
-        self.sampling = (temperature, top_p)
-        self.template = template
-        self.styles = {name: style_for(name, grader) for name in self.sets}
-        self.seed = seed
-        self._calls = 0
-        self._ids = {
-            (name, i): _encode(tokenizer, render(problem, tokenizer, template))
-            for name, problems in self.sets.items()
-            for i, problem in enumerate(problems)
-        }
-
-    def longest_prompt(self) -> int:
-        return max(len(ids) for ids in self._ids.values())
-
-    async def evaluate(self, engine: Engine) -> EvalResult:
-        self._calls += 1
-        requests, where = [], {}
-        for name, problems in self.sets.items():
-            for i, problem in enumerate(problems):
-                ids = self._ids[name, i]
-                for j in range(self.samples):
-                    rid = f"eval{self._calls:04d}-{name}-{i:06d}-{j:03d}"
-                    sampling = SamplingParams(
-                        temperature=self.sampling[0],
-                        top_p=self.sampling[1],
-                        seed=sample_seed(self.seed, -1 - i, j),
-                    )
-                    requests.append(
-                        GenerateRequest(rid, len(ids), self.max_new_tokens, sampling, input_ids=ids)
-                    )
-                    where[rid] = (name, problem, j)
-        rows: list[EvalRow] = []
-        async for c in engine.generate(requests):
-            name, problem, j = where[c.request_id]
-            text = self.tokenizer.decode(c.output_ids or (), skip_special_tokens=True)
-            value = score(self.styles[name], text, problem.answer)
-            rows.append(
-                EvalRow(
-                    name, problem.source_id, j, value, value >= correct_value(self.styles[name]), c.num_tokens
-                )
-            )
-        return self._summarise(rows)
-
-    def _summarise(self, rows: list[EvalRow]) -> EvalResult:
-        details: dict[str, dict[str, float]] = {}
-        for name in self.sets:
-            per_problem: dict[str, list[bool]] = {}
-            for row in rows:
-                if row.dataset == name:
-                    per_problem.setdefault(row.source_id, []).append(row.correct)
-            scores = [sum(v) / len(v) for v in per_problem.values()]
-            mean, stderr = mean_and_stderr(scores)
-            details[name] = {"accuracy": mean, "stderr": stderr, "problems": len(scores)}
-        accuracies = [d["accuracy"] for d in details.values()]
-        stderr = math.sqrt(sum(d["stderr"] ** 2 for d in details.values())) / len(details)
-        return EvalResult(
-            accuracy=sum(accuracies) / len(accuracies),
-            stderr=stderr,
-            n=len(rows),
-            mean_response_len=sum(r.response_len for r in rows) / max(1, len(rows)),
-            by_dataset=details,
-            rows=rows,
+def math_evaluator(
+    sets: Mapping[str, Sequence[MathProblem]],
+    tokenizer: Any,
+    *,
+    max_new_tokens: int,
+    samples: int = 4,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    template: str | None = None,
+    grader: str | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+) -> AvgAtK:
+    """avg@k on one or more evaluation sets (APRIL reports avg@16 on AIME 2024), each graded with its
+    recipe's grader (or ``grader`` for all), prompts rendered with ``template`` (default: boxed)."""
+    if not sets:
+        raise ValueError("evaluation needs at least one data set")
+    styles = {name: style_for(name, grader) for name in sets}
+    items = [
+        EvalItem(
+            name, problem.source_id, _encode(tokenizer, render(problem, tokenizer, template)), problem.answer
         )
+        for name, problems in sets.items()
+        for problem in (list(problems)[:limit] if limit else list(problems))
+    ]
+
+    def grade(item: EvalItem, output_ids: Sequence[int]) -> tuple[float, bool]:
+        text = tokenizer.decode(list(output_ids), skip_special_tokens=True)
+        value = score(styles[item.dataset], text, item.reference)
+        return value, value >= correct_value(styles[item.dataset])
+
+    return AvgAtK(
+        items,
+        grade,
+        max_new_tokens=max_new_tokens,
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
 
 
 def load_sets(names: Sequence[str], paths: Mapping[str, str] | None = None) -> dict[str, list[MathProblem]]:
@@ -270,7 +205,7 @@ def evaluate_checkpoint(
     from april_bench.vtime import run_real
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    evaluator = MathEvaluator(
+    evaluator = math_evaluator(
         load_sets(datasets, paths),
         tokenizer,
         max_new_tokens=max_new_tokens,

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.evaluation import AvgAtK, EvalItem
 
-__all__ = ["CharTokenizer", "Problem", "SyntheticTask"]
+__all__ = ["CharTokenizer", "Problem", "SyntheticTask", "synthetic_evaluator"]
 
 
 class CharTokenizer:
@@ -163,3 +164,25 @@ class SyntheticTask(Configurable):
 
     def grade(self, problem: Problem, response_ids: Sequence[int]) -> float:
         return problem.grade(self.tokenizer.decode(response_ids))
+
+
+def synthetic_evaluator(
+    task: SyntheticTask,
+    *,
+    max_new_tokens: int,
+    samples: int = 4,
+    temperature: float = 1.0,
+    seed: int = 0,
+    limit: int | None = None,
+) -> AvgAtK:
+    """avg@k on every held-out problem of the synthetic task (graded by its exact rule)."""
+    problems = task.heldout_problems[:limit] if limit else task.heldout_problems
+    items = [EvalItem("synthetic-heldout", p.prompt, tuple(task.prompt_ids(p)), p) for p in problems]
+
+    def grade(item: EvalItem, output_ids: Sequence[int]) -> tuple[float, bool]:
+        value = task.grade(item.reference, output_ids)
+        return value, value >= 1.0
+
+    return AvgAtK(
+        items, grade, max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, seed=seed
+    )

@@ -32,6 +32,12 @@ class SyntheticWorkload:
             metadata={"n": problem.n, "k": problem.k},
         )
 
+    def longest_prompt(self) -> int:
+        """Tokens of the longest prompt of any split (``<bos>`` + ``n-k=``)."""
+        task = self.task
+        problems = [*task.sft_problems, *task.rl_problems, *task.heldout_problems]
+        return max(len(task.prompt_ids(p)) for p in problems)
+
     def prompt_stream(self) -> PromptStream:
         return PromptStream(self._prompt)
 

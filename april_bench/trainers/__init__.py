@@ -1,5 +1,5 @@
 """Trainers: the policy update that follows each rollout step."""
 
-from april_bench.trainers.protocol import Trainer, TrainResult
+from april_bench.trainers.protocol import CheckpointWriter, Trainer, TrainResult
 
-__all__ = ["TrainResult", "Trainer"]
+__all__ = ["CheckpointWriter", "TrainResult", "Trainer"]

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from april_bench.types import Group
 
-__all__ = ["TrainResult", "Trainer"]
+__all__ = ["CheckpointWriter", "TrainResult", "Trainer"]
 
 
 @dataclass(slots=True)
@@ -23,5 +23,15 @@ class Trainer(Protocol):
         ...
 
     def weights(self) -> Any:
-        """What the engine's ``update_weights`` needs (a state dict, a path; ``None`` in simulation)."""
+        """The policy's weights as an in-process state dict (``None`` in simulation)."""
+        ...
+
+
+@runtime_checkable
+class CheckpointWriter(Protocol):
+    """Optional: a trainer that can write its policy as a Hugging Face checkpoint directory
+    (what an engine in another process loads its weights from)."""
+
+    def save(self, path: str) -> str:
+        """Write the policy to ``path`` atomically and return the directory."""
         ...

@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.hf.cache import SlotKVCache
 from april_bench.engines.hf.models import build_model
 from april_bench.engines.hf.sampling import position_uniform, sample
@@ -45,6 +46,7 @@ from april_bench.engines.protocol import (
     EngineError,
     EngineInfo,
     EngineLoad,
+    EngineSettings,
     GenerateRequest,
     WeightUpdate,
 )
@@ -52,7 +54,7 @@ from april_bench.engines.stream import CompletionStream
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
-__all__ = ["HFEngine"]
+__all__ = ["HFEngine", "from_settings"]
 
 
 @dataclass(slots=True, eq=False)
@@ -417,6 +419,73 @@ class HFEngine(Configurable):
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)
+
+
+def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> HFEngine.Config:
+    """The engine's Config for ``settings`` and ``args`` (its Config fields: ``device``, ``dtype``,
+    ``max_running_requests`` ...), checked: options, device and dtype names, and the KV cache's size."""
+    options = {
+        "model": settings.model,
+        "max_context_len": settings.max_context_len,
+        "eos_token_ids": settings.eos_token_ids,
+        "seed": settings.seed,
+        **args,
+    }
+    config = config_from(
+        HFEngine.Config, options, where="--engine-arg", owner="the hf engine", fixed=("model",)
+    )
+    device = _device(config.device)
+    _dtype(config.dtype, device)
+    _check_kv_fits(config, settings.vocab_size, device)
+    return config
+
+
+def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> HFEngine:
+    """The embedded engine for ``settings``; ``args`` override the settings' context length and stops."""
+    config = check_settings(settings, args)
+    weights = settings.initial_weights() if settings.initial_weights is not None else None
+    return config.build(vocab_size=settings.vocab_size, weights=weights)
+
+
+def _check_kv_fits(config: HFEngine.Config, vocab_size: int | None, device: torch.device) -> None:
+    """Refuse a slot KV cache larger than the device's memory, naming the knobs."""
+    from april_bench.engines.hf.models import model_config
+
+    if Path(config.model).is_dir():
+        return  # a checkpoint's shape is known only once loaded; SlotKVCache allocation checks it
+    shape = model_config(config.model, vocab_size=vocab_size)
+    if config.max_context_len > shape.max_position_embeddings:
+        raise ConfigError(
+            f"prompt + response need {config.max_context_len} tokens but {config.model} holds "
+            f"{shape.max_position_embeddings}; lower --max-response-len"
+        )
+    heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
+    head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
+    dtype_bytes = (
+        2
+        if config.dtype in ("bfloat16", "float16") or (config.dtype == "auto" and device.type == "cuda")
+        else 4
+    )
+    per_token = 2 * shape.num_hidden_layers * heads * head_dim * dtype_bytes
+    need = per_token * config.max_running_requests * config.max_context_len
+    have = _device_memory(device)
+    if have is not None and need > have:
+        raise ConfigError(
+            f"the hf engine's KV cache needs {need / 2**30:,.1f} GiB ({config.max_running_requests} slots x "
+            f"{config.max_context_len} tokens) but the {device.type} has {have / 2**30:,.1f} GiB; lower "
+            "--max-response-len or --engine-arg max_running_requests"
+        )
+
+
+def _device_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _device(name: str) -> torch.device:

@@ -1,0 +1,135 @@
+"""Trainers by name (``--trainer``), built from what the experiment decided.
+
+Any trainer pairs with any engine that fits it: a trainer that needs token ids
+(``torch``) needs an engine that produces them; the simulated trainer prices a
+step from token counts alone and pairs with anything.  ``auto`` is ``sim`` on a
+token-free engine and ``torch`` otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from april_bench.config import ConfigError, config_from
+from april_bench.registry import Registry
+from april_bench.trainers.protocol import Trainer
+
+__all__ = ["TRAINERS", "TrainerSettings", "TrainerSpec", "resolve_trainer"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerSettings:
+    """What an experiment decided for its trainer; native options come from ``--trainer-arg``."""
+
+    algorithm: str
+    off_policy: str
+    temperature: float
+    max_response_len: int
+    model: str
+    hardware: str
+    seed: int = 0
+    pad_token_id: int = 0
+    vocab_size: int | None = None
+    num_gpus: int | None = None
+    #: The starting weights (the same the engine starts from).
+    initial_weights: Callable[[], Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerSpec:
+    name: str
+    #: ``"module:function"``: ``function(settings, args) -> Trainer``.
+    factory: str
+    #: True when it trains on token ids (the engine must produce them).
+    needs_tokens: bool
+    #: ``"module:function"`` that checks ``(settings, args)`` without building; ``None``: build.
+    checker: str | None = None
+
+    def build(self, settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+        trainer: Trainer = _load(self.factory)(settings, args)
+        return trainer
+
+    def check(self, settings: TrainerSettings, args: Mapping[str, Any]) -> None:
+        """Raise ``ConfigError`` for anything :meth:`build` would reject, without the heavy work."""
+        if self.checker is None:
+            self.build(settings, args)
+        else:
+            _load(self.checker)(settings, args)
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+TRAINERS: Registry[TrainerSpec] = Registry("trainer")
+TRAINERS.register(
+    "torch",
+    TrainerSpec(
+        "torch",
+        "april_bench.backends.trainers:build_torch",
+        needs_tokens=True,
+        checker="april_bench.backends.trainers:check_torch",
+    ),
+    "one-process policy-gradient trainer (CPU or CUDA): GRPO, DAPO, GSPO",
+)
+TRAINERS.register(
+    "sim",
+    TrainerSpec("sim", "april_bench.backends.trainers:build_sim", needs_tokens=False),
+    "simulated: a step costs modelled time and changes nothing",
+)
+
+
+def resolve_trainer(requested: str, *, engine: str, produces_tokens: bool) -> TrainerSpec:
+    """The trainer to build: ``auto`` by the engine, a named one checked against it."""
+    name = requested if requested != "auto" else ("torch" if produces_tokens else "sim")
+    spec = TRAINERS.get(name)
+    if spec.needs_tokens and not produces_tokens:
+        raise ConfigError(
+            f"--trainer {name} trains on token ids, but engine {engine!r} produces lengths only; "
+            "use --trainer sim, or a real engine (--engine hf)"
+        )
+    return spec
+
+
+def check_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
+    from april_bench.trainers.torch_trainer import TorchTrainer
+
+    options = {
+        "algorithm": settings.algorithm,
+        "off_policy": settings.off_policy,
+        "temperature": settings.temperature,
+        "max_response_len": settings.max_response_len,
+        "pad_token_id": settings.pad_token_id,
+        **args,
+    }
+    return config_from(TorchTrainer.Config, options, where="--trainer-arg", owner="the torch trainer")
+
+
+def build_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+    from april_bench.engines.hf.models import build_model
+
+    config = check_torch(settings, args)
+    module = build_model(settings.model, vocab_size=settings.vocab_size, seed=settings.seed)
+    start = settings.initial_weights() if settings.initial_weights is not None else None
+    if start is not None:
+        module.load_state_dict(start)
+    trainer: Trainer = config.build(module=module)
+    return trainer
+
+
+def build_sim(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+    from april_bench.sim.trainer import SimTrainer
+
+    options = {"hardware": settings.hardware, "model": settings.model, "num_gpus": settings.num_gpus, **args}
+    trainer: Trainer = config_from(
+        SimTrainer.Config,
+        options,
+        where="--trainer-arg",
+        owner="the simulated trainer",
+        fixed=("hardware", "model", "num_gpus"),
+    ).build()
+    return trainer

@@ -1,0 +1,69 @@
+"""``python -m april_bench``: run | validate | ls | report | eval | data.
+
+Examples::
+
+    python -m april_bench run                                  # the embedded default, on this CPU
+    python -m april_bench run --hw mi300x --algo dapo          # APRIL's paper setting, simulated here
+    python -m april_bench run --hw h100 --dataset deepmath-103k --strategies sync,april --steps 50
+    python -m april_bench run --strategies 'sync,april,april[max_version_span=2]'
+    python -m april_bench run --engine-arg max_running_requests=64 --workload-arg response_median=3000
+    python -m april_bench ls hardware
+    python -m april_bench report runs/<run-id>
+    python -m april_bench eval --model ckpt/ --datasets aime-2024,math-500 --samples 16
+    python -m april_bench data stats deepscaler --path data/deepscaler.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from april_bench.config import ConfigError
+from april_bench.engines.protocol import EngineError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from april_bench.cli import commands, evaldata
+    from april_bench.cli.args import add_run_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="python -m april_bench",
+        description="APRIL (Active Partial Rollouts) against synchronous baselines, on real or simulated "
+        "engines. Every number is labelled simulated or measured.",
+        epilog="Start with `run` (the embedded default on this CPU) or `run --hw mi300x --algo dapo` (the "
+        "paper's setting, simulated). Docs: README.md, docs/simulator.md, docs/embedded.md.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="compare strategies on one workload and print a paper-style table",
+        description="Run every arm on the same prompts, seeds and length draws; write a run directory.",
+    )
+    add_run_arguments(run)
+    run.set_defaults(handler=commands.cmd_run)
+    validate = sub.add_parser(
+        "validate",
+        help="check a configuration without running it (takes run's flags)",
+        description="Everything `run` would reject, found without loading a model or running a step.",
+    )
+    add_run_arguments(validate)
+    validate.set_defaults(handler=commands.cmd_validate)
+    commands.add_inspect_parsers(sub)
+    evaldata.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except EngineError as exc:
+        print(f"engine error: {exc}", file=sys.stderr)
+        return 1

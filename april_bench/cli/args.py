@@ -1,0 +1,239 @@
+"""The ``run`` / ``validate`` flags, derived from the configs and registries they set.
+
+Help texts are the config fields' own (:meth:`BaseConfig.field_help`), choices
+come from the registries, so nothing is typed twice.  :func:`config_from_args`
+starts from the hardware's recipe and applies every flag the user set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_run_arguments", "config_from_args", "key_value", "name_path"]
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip().replace("-", "_"), value
+
+
+def name_path(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PATH, e.g. math-500=data/math500.jsonl, got {text!r}"
+        )
+    name, path = text.split("=", 1)
+    return name.strip(), str(Path(path.strip()).expanduser())
+
+
+def _strategy_key_value(text: str) -> tuple[str, str, Any]:
+    key, value = key_value(text)
+    strategy, dot, option = key.partition(".")
+    if not dot or not option:
+        raise argparse.ArgumentTypeError(
+            f"expected STRATEGY.OPTION=VALUE, e.g. april.max_version_span=2, got {text!r}"
+        )
+    return strategy.replace("_", "-"), option, value
+
+
+def _int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    return value
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Every flag of ``run`` and ``validate`` (the two take the same flags)."""
+    from april_bench.algorithms import ALGORITHMS, OFF_POLICY_MODES
+    from april_bench.backends.trainers import TRAINERS
+    from april_bench.data.specs import training_sets
+    from april_bench.engines import ENGINES
+    from april_bench.experiment_config import ExperimentConfig
+    from april_bench.profiles.hardware import hardware_names
+    from april_bench.rollout.loop import RolloutConfig
+    from april_bench.rollout.registry import STRATEGIES
+    from april_bench.rollout.strategy import RefillMode
+
+    exp, roll = ExperimentConfig.field_help(), RolloutConfig.field_help()
+    what = p.add_argument_group(
+        "what to compare (unset flags come from the recipe: embedded CPU default, or APRIL's paper setting)"
+    )
+    what.add_argument(
+        "--hw",
+        default="cpu",
+        choices=hardware_names(),
+        help=exp["hardware"] + "; cpu runs the embedded default",
+    )
+    what.add_argument("--algo", choices=ALGORITHMS.names(), help=exp["algorithm"])
+    what.add_argument("--dataset", choices=["synthetic", *training_sets()], help=exp["dataset"])
+    what.add_argument("--model", help=exp["model"])
+    what.add_argument("--engine", choices=["auto", *ENGINES.names()], help=exp["engine"])
+    what.add_argument("--trainer", choices=["auto", *TRAINERS.names()], help=exp["trainer"])
+    what.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help=f"comma-separated arms ({', '.join(STRATEGIES.names())}); {exp['strategies']}",
+    )
+    what.add_argument("--baseline", metavar="ARM", help=exp["baseline"])
+    what.add_argument("--steps", type=_int, help=exp["steps"])
+    what.add_argument("--seed", type=_int, help=exp["seed"])
+    batch = p.add_argument_group("rollout batch")
+    for name in (
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "over_sampling_batch_size",
+        "max_response_len",
+    ):
+        batch.add_argument(f"--{name.replace('_', '-')}", type=_int, help=roll[name])
+    batch.add_argument(
+        "--dynamic-sampling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=exp["dynamic_sampling"],
+    )
+    batch.add_argument("--refill", choices=[m.value for m in RefillMode], help=roll["refill"])
+    strat = p.add_argument_group("strategy options and APRIL's off-policy tokens")
+    strat.add_argument("--off-policy", choices=OFF_POLICY_MODES, help=exp["off_policy"])
+    strat.add_argument(
+        "--max-version-span",
+        type=_int,
+        help="APRIL: restart buffered samples whose oldest token is more than this many versions old",
+    )
+    strat.add_argument(
+        "--max-aborts-per-sample", type=_int, help="APRIL: restart samples aborted more than this often"
+    )
+    strat.add_argument(
+        "--strategy-arg",
+        action="append",
+        type=_strategy_key_value,
+        default=[],
+        metavar="STRATEGY.OPTION=VALUE",
+        help="an option for every arm of a strategy, e.g. april.max_version_span=2 (repeatable)",
+    )
+    env = p.add_argument_group("engine, trainer, task and workload")
+    env.add_argument("--eval-every", type=_int, help=exp["eval_every"])
+    env.add_argument("--num-gpus", type=_int, help=exp["num_gpus"])
+    for flag, example in (
+        ("engine", "max_running_requests=64 (simulator: SGLang's names; hf: device=cuda)"),
+        ("trainer", "lr=3e-4 or mini_batches=2"),
+        ("warmstart", "steps=200"),
+        ("task", "grader=math-verify (math) or max_k=29 (synthetic)"),
+        ("workload", "response_median=3000 or length_trace=lens.jsonl"),
+    ):
+        env.add_argument(
+            f"--{flag}-arg",
+            action="append",
+            type=key_value,
+            default=[],
+            metavar="NAME=VALUE",
+            help=f"{exp[flag + '_args']}, e.g. {example} (repeatable)",
+        )
+    data = p.add_argument_group(
+        "math data sets (a checkpoint --model trains on real prompts; the sim takes prompt lengths from them)"
+    )
+    data.add_argument(
+        "--data-path",
+        action="append",
+        type=name_path,
+        default=[],
+        metavar="NAME=PATH",
+        help="local parquet/json/jsonl file or directory of a data set, e.g. dapo-math-17k=data/dapo.parquet "
+        "(repeatable; unset: the hub)",
+    )
+    data.add_argument("--eval-datasets", metavar="LIST", help="comma-separated: " + exp["eval_datasets"])
+    out = p.add_argument_group("output")
+    out.add_argument(
+        "--out", type=Path, default=None, help="run directory (default: runs/<time>-<hw>-<algo>-<n>)"
+    )
+    out.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+_TOP_LEVEL = {
+    "algo": "algorithm",
+    "dataset": "dataset",
+    "model": "model",
+    "engine": "engine",
+    "trainer": "trainer",
+    "baseline": "baseline",
+    "steps": "steps",
+    "seed": "seed",
+    "dynamic_sampling": "dynamic_sampling",
+    "num_gpus": "num_gpus",
+    "off_policy": "off_policy",
+    "eval_every": "eval_every",
+}
+_ROLLOUT = (
+    "rollout_batch_size",
+    "n_samples_per_prompt",
+    "over_sampling_batch_size",
+    "max_response_len",
+    "refill",
+)
+_MAPPINGS = {
+    "engine_arg": "engine_args",
+    "trainer_arg": "trainer_args",
+    "warmstart_arg": "warmstart_args",
+    "workload_arg": "workload_args",
+    "task_arg": "task_args",
+}
+_APRIL_CAPS = ("max_version_span", "max_aborts_per_sample")
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in _split_arms(text) if s.strip())
+
+
+def _split_arms(text: str) -> list[str]:
+    """Split on commas outside brackets: ``sync,april[a=1,b=2]`` is two arms."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The hardware's recipe, with every flag the user set applied on top."""
+    from april_bench.recipes import recipe_for
+
+    base = recipe_for(args.hw)
+    changes: dict[str, Any] = {
+        k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
+    }
+    if args.strategies is not None:
+        changes["strategies"] = _split(args.strategies)
+    rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
+    if rollout:
+        changes["rollout"] = base.rollout.replace(**rollout)
+    for flag, key in _MAPPINGS.items():
+        if getattr(args, flag):
+            changes[key] = {**getattr(base, key), **dict(getattr(args, flag))}
+    strategy_args = {name: dict(options) for name, options in base.strategy_args.items()}
+    for cap in _APRIL_CAPS:
+        if getattr(args, cap) is not None:
+            strategy_args.setdefault("april", {})[cap] = getattr(args, cap)
+    for strategy, option, value in args.strategy_arg:
+        strategy_args.setdefault(strategy, {})[option] = value
+    if strategy_args != base.strategy_args:
+        changes["strategy_args"] = strategy_args
+    if args.data_path:
+        changes["data_paths"] = {**base.data_paths, **dict(args.data_path)}
+    if args.eval_datasets is not None:
+        changes["eval_datasets"] = _split(args.eval_datasets)
+    return base.replace(**changes)

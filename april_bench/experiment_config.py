@@ -1,0 +1,142 @@
+"""The configuration of an experiment: one workload, several arms, everything a run needs to repeat.
+
+``ExperimentConfig`` holds every choice; recipes (:mod:`april_bench.recipes`)
+return complete ones and the CLI applies the user's flags on top.  Its field
+help texts are the CLI's help texts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from april_bench.algorithms import ALGORITHMS, OFF_POLICY_MODES
+from april_bench.config import BaseConfig, ConfigError, config_from, param
+from april_bench.engines import ENGINES
+from april_bench.rollout.loop import RolloutConfig
+from april_bench.rollout.registry import ArmSpec, build_strategy
+
+__all__ = ["ExperimentConfig", "load_config"]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ExperimentConfig(BaseConfig):
+    hardware: str = param("h100", help="hardware to run or simulate: cpu, h100, h200, mi300x")
+    algorithm: str = param("grpo", help="grpo, dapo (adds dynamic sampling) or gspo")
+    dataset: str = param("dapo-math-17k", help="synthetic, dapo-math-17k, deepscaler or deepmath-103k")
+    model: str = param("qwen3-4b", help="policy model: a named architecture (ls models) or a checkpoint dir")
+    engine: str = param("auto", help="auto (a real engine when it can run the hardware here, else sim)")
+    trainer: str = param("auto", help="auto (torch on a token engine, sim on the simulator), torch or sim")
+    strategies: tuple[str, ...] = param(
+        ("sync", "oversample-discard", "april"),
+        help="arms to compare: NAME or NAME[key=value,...], e.g. april[max_version_span=2]",
+    )
+    baseline: str | None = param(
+        None, help="arm every gain is measured against (default: sync, else the first)"
+    )
+    steps: int = param(20, help="training steps per arm")
+    seed: int = param(0, help="seed of the workload draws and of sampling")
+    rollout: RolloutConfig = param(help="rollout batch settings", default_factory=RolloutConfig)
+    dynamic_sampling: bool | None = param(None, help="override the algorithm's DAPO dynamic sampling")
+    strategy_args: Mapping[str, Mapping[str, Any]] = param(
+        help="options of each strategy, by strategy name (e.g. april: max_version_span)", default_factory=dict
+    )
+    num_gpus: int | None = param(None, help="GPUs to simulate (default: one node of the hardware)")
+    eval_every: int | None = param(
+        None, help="held-out evaluation every this many steps (and at 0 and the end)"
+    )
+    off_policy: str = param("as-is", help="tokens of older policies in the loss: as-is (paper), mask or tis")
+    engine_args: Mapping[str, Any] = param(
+        help="native engine arguments, passed through", default_factory=dict
+    )
+    workload_args: Mapping[str, Any] = param(help="simulated-workload overrides", default_factory=dict)
+    trainer_args: Mapping[str, Any] = param(
+        help="trainer settings (lr, mini_batches, ...)", default_factory=dict
+    )
+    task_args: Mapping[str, Any] = param(
+        help="task settings: the synthetic task's, or a math run's (grader, template, eval_samples ...)",
+        default_factory=dict,
+    )
+    data_paths: Mapping[str, str] = param(
+        help="local copies of data sets, by name (else the hub): the training set and evaluation sets",
+        default_factory=dict,
+    )
+    eval_datasets: tuple[str, ...] = param(
+        (), help="evaluation sets of a math run (aime-2024, aime-2025, math-500), avg@k every --eval-every"
+    )
+    warmstart_args: Mapping[str, Any] = param(help="warm-start (SFT) settings", default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from april_bench.data import DATASETS as DATA_SETS  # light: no pyarrow or datasets on import
+        from april_bench.profiles.hardware import hardware_names
+
+        if self.hardware not in hardware_names():
+            raise ConfigError(
+                f"unknown hardware {self.hardware!r}; choose from {', '.join(hardware_names())}"
+            )
+        ALGORITHMS.get(self.algorithm)
+        if not self.strategies:
+            raise ConfigError("--strategies needs at least one strategy, e.g. sync,april")
+        labels = [ArmSpec.parse(s).label for s in self.strategies]
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"--strategies lists an arm twice: {','.join(self.strategies)}")
+        used = {arm.strategy for arm in self.arms}
+        for name in self.strategy_args:
+            if name not in used:
+                raise ConfigError(
+                    f"options are given for strategy {name!r} but no arm runs it; add it to --strategies "
+                    "or drop its --strategy-arg"
+                )
+        for arm in self.arms:
+            build_strategy(arm, self.strategy_args)  # unknown or ill-typed options fail here
+        if self.baseline is not None and self.baseline not in labels:
+            raise ConfigError(f"--baseline {self.baseline!r} is not one of the arms: {', '.join(labels)}")
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        if self.engine != "auto" and self.engine not in ENGINES:
+            ENGINES.get(self.engine)  # raises with did-you-mean
+        if self.off_policy not in OFF_POLICY_MODES:
+            raise ConfigError(
+                f"--off-policy must be one of {', '.join(OFF_POLICY_MODES)}, got {self.off_policy!r}"
+            )
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ConfigError(f"--eval-every must be >= 1, got {self.eval_every}")
+        if self.num_gpus is not None and self.num_gpus < 1:
+            raise ConfigError(f"--num-gpus must be >= 1 (or unset for one node), got {self.num_gpus}")
+        for name in (*self.data_paths, *self.eval_datasets):
+            if name not in DATA_SETS:
+                raise ConfigError(
+                    f"unknown data set {name!r} in --data-path/--eval-datasets; known: {', '.join(DATA_SETS)}"
+                )
+
+    @property
+    def arms(self) -> list[ArmSpec]:
+        return [ArmSpec.parse(s) for s in self.strategies]
+
+    @property
+    def dynamic_sampling_on(self) -> bool:
+        if self.dynamic_sampling is not None:
+            return self.dynamic_sampling
+        return ALGORITHMS.get(self.algorithm).dynamic_sampling
+
+    def rollout_config(self) -> RolloutConfig:
+        return self.rollout.replace(dynamic_sampling=self.dynamic_sampling_on, seed=self.seed)
+
+
+#: Fields of older config.json files, and where they live now.
+_MOVED = {"max_version_span": "april", "max_aborts_per_sample": "april"}
+
+
+def load_config(data: Mapping[str, Any]) -> ExperimentConfig:
+    """Rebuild an :class:`ExperimentConfig` from its ``to_dict()`` form (a run's config.json)."""
+    data = dict(data)
+    strategy_args = {k: dict(v) for k, v in data.get("strategy_args", {}).items()}
+    for key, strategy in _MOVED.items():
+        value = data.pop(key, None)
+        if value is not None:
+            strategy_args.setdefault(strategy, {})[key] = value
+    data["strategy_args"] = strategy_args
+    return config_from(ExperimentConfig, data, where="config field")
