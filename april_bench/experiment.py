@@ -1,20 +1,30 @@
 """An experiment: the same workload run under several rollout strategies.
 
-``run(config)`` runs one *arm* per strategy.  Every arm gets a fresh engine,
-trainer, buffer and prompt stream over the same prompts, the same sampling
-seeds and the same per-(prompt, sample) draws, so arms differ in the strategy
-alone.  A step is rollout, then train, then weight sync, timed on the arm's
-clock (virtual for the simulator, ``time.monotonic`` for real engines).
-Held-out evaluations happen between steps and are excluded from that clock,
+``run(config)`` runs one *session* per arm (and per repetition with
+``repeats``).  Every session gets a fresh engine, trainer, buffer and prompt
+stream over the same prompts, the same sampling seeds and the same
+per-(prompt, sample) draws, so arms differ in the strategy alone.  A step is
+rollout, then train, then weight sync, timed on the session's clock (virtual
+for the simulator, ``time.monotonic`` for real engines).  Held-out
+evaluations, and the time other sessions run, are excluded from that clock,
 so "equal wall-clock" compares training time only.
+
+Measured (real-time) sessions run interleaved on one event loop in blocks of
+``block_steps`` steps, in ABBA order (A B, then B A, ...), so a burst of load
+on a shared machine falls on every arm alike.  Simulated sessions run one
+after another, each on its own virtual clock.
+
+With a ``state_dir``, every session writes a checkpoint after each completed
+step and ``resume=True`` continues from them (:mod:`april_bench.results.resume`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +33,17 @@ from tqdm import tqdm
 
 from april_bench.backends import Components, build_components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
-from april_bench.engines.protocol import Engine, EngineMetrics
+from april_bench.engines.protocol import Engine, EngineMetrics, EngineState
 from april_bench.experiment_config import ExperimentConfig, load_config
-from april_bench.results.records import EngineMetricRecord, EvalRecord, Fate, RunRecorder
+from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
+from april_bench.results.resume import RunStatus, state_path
+from april_bench.results.store import write_json_atomic
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
-from april_bench.vtime import run_real, run_virtual
+from april_bench.trainers.protocol import Trainer, TrainerState
+from april_bench.vtime import VirtualTimeLoop, run_real, run_virtual
 
-__all__ = ["ExperimentConfig", "RunResult", "load_config", "run"]
+__all__ = ["ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
 
 
 @dataclass(slots=True)
@@ -51,153 +64,361 @@ def run(
     echo: Callable[[str], None] | None = None,
     recorder: RunRecorder | None = None,
     components: Components | None = None,
+    status: RunStatus | None = None,
 ) -> RunResult:
-    """Run every arm of ``config`` and return the tidy records (also streamed to ``recorder``'s sink)."""
+    """Run every session of ``config`` and return the tidy records (also streamed to ``recorder``'s
+    sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
+    from the steps ``status`` says they completed."""
     components = components or build_components(config, progress=progress)
     for note in components.notes:
         if echo:
             echo(note)
     recorder = recorder if recorder is not None else RunRecorder()
-    simulated, version = True, None
-    for arm in config.arms:
-        engine = components.engine()
-        simulated, version = engine.info.simulated, engine.info.version
-        runner = run_virtual if engine.info.virtual_time else run_real
-        bar = tqdm(
-            total=config.steps, desc=f"{arm.label:>18}", unit="step", disable=not progress, file=sys.stderr
-        )
-        try:
-            runner(_run_arm(config, arm, engine, components, recorder, bar))
-        finally:
-            bar.close()
+    sessions = [
+        ArmSession(config, arm, repeat, components, recorder, status)
+        for repeat in range(config.repeats)
+        for arm in config.arms
+    ]
+    bars = _Bars(sessions, config.steps, progress)
+    try:
+        if not components.engine_spec.produces_tokens or components.engine_name == "fake":
+            for session in sessions:  # virtual time: each session alone, on its own clock
+                run_virtual(session.run_alone(bars))
+        else:
+            run_real(_interleaved(sessions, config, bars))
+    finally:
+        bars.close()
+    first = sessions[0]
     return RunResult(
         config=config,
         engine=components.engine_name,
-        simulated=simulated,
+        simulated=first.simulated,
         recorder=recorder,
         notes=list(components.notes),
-        engine_version=version,
+        engine_version=first.engine_version,
     )
 
 
-async def _run_arm(
-    config: ExperimentConfig,
-    arm: ArmSpec,
-    engine: Engine,
-    components: Components,
-    recorder: RunRecorder,
-    bar: tqdm,
-) -> None:
-    loop = asyncio.get_running_loop()
-    await engine.start()
+def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range]]:
+    """``(session, steps)`` blocks in ABBA order: block 0 runs sessions 0..S-1, block 1 runs them
+    backwards, and so on, so sessions alternate who goes first."""
+    for b, start in enumerate(range(0, steps, block)):
+        order = range(sessions) if b % 2 == 0 else range(sessions - 1, -1, -1)
+        for s in order:
+            yield s, range(start, min(start + block, steps))
+
+
+async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bars: _Bars) -> None:
+    opened: list[ArmSession] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="april-bench-weights-") as scratch:
-            trainer = components.trainer()
-            sync = choose_weight_sync(engine, trainer, Path(scratch))
-            clock = _TrainingClock(loop.time())
-            rollout_config = config.rollout_config()
-            if components.task.replay_lengths:
-                rollout_config = rollout_config.replace(replay_lengths=True)
-            rollout = rollout_config.build(
-                arm=arm.label,
-                engine=engine,
-                strategy=build_strategy(arm, config.strategy_args),
-                workload=components.workload,
-                prompts=components.workload.prompt_stream(),
-                recorder=recorder,
-                t0=clock.origin,
-            )
-            evaluate = _evaluation(config, arm.label, engine, components, recorder, clock, rollout)
-            await evaluate(0)
-            for step in range(config.steps):
-                await _step(step, arm.label, engine, trainer, sync, rollout, recorder, clock, evaluate)
-                bar.update(1)
-            recorder.sample_fates(
-                arm.label, list(rollout.buffer), step=config.steps, fate=Fate.BUFFERED, reason="end_of_run"
-            )
+        for session in sessions:
+            await session.open()
+            opened.append(session)
+        block = config.block_steps or config.steps
+        for index, steps in schedule(len(sessions), config.steps, block):
+            await sessions[index].run_steps(steps, bars)
+        for session in sessions:
+            await session.finish()
     finally:
-        await engine.close()
+        for session in opened:
+            await session.close()
 
 
-async def _step(
-    step: int,
-    arm: str,
-    engine: Engine,
-    trainer: Any,
-    sync: WeightSync,
-    rollout: RolloutLoop,
-    recorder: RunRecorder,
-    clock: _TrainingClock,
-    evaluate: Callable[[int], Any],
-) -> None:
-    """One training step: rollout, train, weight sync; then the rows and the due evaluation."""
-    loop = asyncio.get_running_loop()
-    version = step  # one policy update per step
-    outcome = await rollout.run_step(step, version)
-    t_train = loop.time()
-    _engine_metrics(engine, recorder, arm, step, "rollout_end", t_train - clock.origin)
-    result = await trainer.train(outcome.batch, step=step, policy_version=version)
-    t_sync = loop.time()
-    await sync.push(trainer, engine, version + 1)
-    t_end = loop.time()
-    record = outcome.record
-    record.train_time_s = t_sync - t_train
-    record.weight_sync_time_s = t_end - t_sync
-    record.step_time_s = t_end - (clock.origin + record.t_start)
-    record.train_metrics = dict(getattr(result, "metrics", {}) or {})
-    recorder.sample_fates(
-        arm, outcome.batch, step=step, fate=Fate.TRAINED, reason="accepted", train_version=version
-    )
-    record.accuracy = await evaluate(step + 1)
-    recorder.add(record)
+class _Bars:
+    """One progress bar per session."""
+
+    def __init__(self, sessions: list[ArmSession], steps: int, progress: bool) -> None:
+        self._bars = [
+            tqdm(total=steps, desc=f"{s.name:>18}", unit="step", disable=not progress, file=sys.stderr)
+            for s in sessions
+        ]
+        self._index = {id(s): i for i, s in enumerate(sessions)}
+
+    def advance(self, session: ArmSession, n: int = 1) -> None:
+        self._bars[self._index[id(session)]].update(n)
+
+    def close(self) -> None:
+        for bar in self._bars:
+            bar.close()
 
 
-def _engine_metrics(engine: Engine, recorder: RunRecorder, arm: str, step: int, phase: str, t: float) -> None:
-    if isinstance(engine, EngineMetrics):
-        recorder.add(EngineMetricRecord(arm=arm, step=step, phase=phase, t=t, metrics=engine.metrics()))
+class ArmSession:
+    """One arm (one repetition of it): engine, trainer, rollout loop and clock, run step by step.
 
+    The session clock measures the arm's own training time: evaluations and the time other sessions
+    run are cut out (``_pause`` / ``_unpause``), so rows of interleaved sessions read as if each ran
+    alone.
+    """
 
-@dataclass(slots=True)
-class _TrainingClock:
-    """The arm's clock origin; moved forward by every evaluation so it measures training time only."""
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        arm: ArmSpec,
+        repeat: int,
+        components: Components,
+        recorder: RunRecorder,
+        status: RunStatus | None,
+    ) -> None:
+        self.config = config
+        self.arm = arm
+        self.repeat = repeat
+        self.components = components
+        self.recorder = recorder
+        self.status = status
+        self.name = arm.label if config.repeats == 1 else f"{arm.label} #{repeat}"
+        self.simulated = True
+        self.engine_version: str | None = None
+        self._engine: Engine | None = None
+        self._trainer: Trainer | None = None
+        self._sync: WeightSync | None = None
+        self._rollout: RolloutLoop | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._origin = 0.0  # the session clock's zero on the loop's clock
+        self._run_origin = 0.0  # the run's zero (events and telemetry share it)
+        self._paused_at: float | None = None
+        self._done = 0  # steps completed
 
-    origin: float
+    # ------------------------------------------------------------------ lifecycle
+    async def run_alone(self, bars: _Bars) -> None:
+        await self.open()
+        try:
+            await self.run_steps(range(self.config.steps), bars)
+            await self.finish()
+        finally:
+            await self.close()
 
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        saved = self._load_checkpoint()
+        if saved is not None and isinstance(loop, VirtualTimeLoop):
+            loop.set_time(saved["clock_now"])  # a simulated run continues on the same virtual clock
+        self._run_origin = loop.time() if saved is None else loop.time() - saved["run_elapsed"]
+        engine = self._engine = self.components.engine()
+        self.simulated, self.engine_version = engine.info.simulated, engine.info.version
+        await engine.start()
+        self._trainer = self.components.trainer()
+        self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
+        self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
+        rollout_config = self.config.rollout_config()
+        if self.components.task.replay_lengths:
+            rollout_config = rollout_config.replace(replay_lengths=True)
+        self._rollout = rollout_config.build(
+            arm=self.arm.label,
+            engine=engine,
+            strategy=build_strategy(self.arm, self.config.strategy_args),
+            workload=self.components.workload,
+            prompts=self.components.workload.prompt_stream(),
+            recorder=self.recorder,
+            repeat=self.repeat,
+        )
+        if saved is None:
+            self._set_origin(loop.time())
+            self._event(0, "arm_start")
+            await self._evaluate(0)
+        else:
+            await self._restore(saved)
+        self._pause()  # other sessions may open or run before this one's first block
 
-def _evaluation(
-    config: ExperimentConfig,
-    arm: str,
-    engine: Engine,
-    components: Components,
-    recorder: RunRecorder,
-    clock: _TrainingClock,
-    rollout: RolloutLoop,
-) -> Callable[[int], Any]:
-    async def evaluate(done: int) -> float | None:
-        evaluator = components.evaluator
+    async def run_steps(self, steps: range, bars: _Bars) -> None:
+        self._unpause()
+        for step in steps:
+            if step < self._done:
+                continue  # completed before an interruption
+            await self._step(step)
+            self._done = step + 1
+            self._checkpoint()
+            bars.advance(self)
+        self._pause()
+
+    async def finish(self) -> None:
+        """The end-of-run rows: groups still buffered (every launched prompt has a fate)."""
+        assert self._rollout is not None
+        key_done = self.status is not None and f"{self.arm.label}#{self.repeat}" in self.status.finished
+        if not key_done:
+            self.recorder.sample_fates(
+                self.arm.label,
+                list(self._rollout.buffer),
+                step=self.config.steps,
+                fate=Fate.BUFFERED,
+                reason="end_of_run",
+                repeat=self.repeat,
+            )
+            self._event(self.config.steps, "arm_end")
+            if self.status is not None:
+                self._flush()
+                self.status.session_finished(self.arm.label, self.repeat)
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.close()
+            self._engine = None
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+    # ------------------------------------------------------------------ one step
+    async def _step(self, step: int) -> None:
+        """Rollout, train, weight sync; then the rows and the evaluation that is due."""
+        assert self._engine is not None and self._trainer is not None and self._sync is not None
+        assert self._rollout is not None
+        loop = asyncio.get_running_loop()
+        version = step  # one policy update per step
+        self._event(step, "rollout_start")
+        outcome = await self._rollout.run_step(step, version)
+        t_train = loop.time()
+        record = outcome.record
+        self._event(step, "rollout_stop", t_train - record.drain_time_s)
+        self._event(step, "rollout_end", t_train)
+        self._engine_metrics(step, "rollout_end", t_train - self._origin)
+        result = await self._trainer.train(outcome.batch, step=step, policy_version=version)
+        t_sync = loop.time()
+        self._event(step, "weight_sync_start", t_sync)
+        await self._sync.push(self._trainer, self._engine, version + 1)
+        t_end = loop.time()
+        self._event(step, "weight_sync_end", t_end)
+        record.train_time_s = t_sync - t_train
+        record.weight_sync_time_s = t_end - t_sync
+        record.step_time_s = t_end - (self._origin + record.t_start)
+        record.train_metrics = dict(getattr(result, "metrics", {}) or {})
+        record.warmup = step < self.config.warmup_steps
+        self.recorder.sample_fates(
+            self.arm.label,
+            outcome.batch,
+            step=step,
+            fate=Fate.TRAINED,
+            reason="accepted",
+            train_version=version,
+            repeat=self.repeat,
+        )
+        record.accuracy = await self._evaluate(step + 1)
+        self.recorder.add(record)
+
+    async def _evaluate(self, done: int) -> float | None:
+        evaluator, config = self.components.evaluator, self.config
         due = done in (0, config.steps) or (config.eval_every is not None and done % config.eval_every == 0)
         if evaluator is None or not due:
             return None
+        assert self._engine is not None
         loop = asyncio.get_running_loop()
         start = loop.time()
-        result = await evaluator.evaluate(engine)
+        self._event(done, "eval_start", start)
+        result = await evaluator.evaluate(self._engine)
         elapsed = loop.time() - start
-        recorder.add(
+        self._event(done, "eval_end", start + elapsed)
+        self.recorder.add(
             EvalRecord(
-                arm=arm,
+                arm=self.arm.label,
                 step=done,
                 policy_version=done,
-                train_time_s=start - clock.origin,
+                train_time_s=start - self._origin,
                 accuracy=result.accuracy,
                 accuracy_stderr=result.stderr,
                 n=result.n,
                 mean_response_len=result.mean_response_len,
                 eval_time_s=elapsed,
                 by_dataset={name: dict(d) for name, d in result.by_dataset.items()},
+                repeat=self.repeat,
             )
         )
-        clock.origin += elapsed
-        rollout.shift_clock(elapsed)
+        self._shift(elapsed)
         return result.accuracy
 
-    return evaluate
+    # ------------------------------------------------------------------ clock
+    def _set_origin(self, origin: float) -> None:
+        assert self._rollout is not None
+        self._rollout.shift_clock(origin - self._origin)
+        self._origin = origin
+
+    def _shift(self, seconds: float) -> None:
+        """Cut ``seconds`` out of the session clock (an evaluation, another session's block)."""
+        self._set_origin(self._origin + seconds)
+
+    def _pause(self) -> None:
+        self._paused_at = asyncio.get_running_loop().time()
+
+    def _unpause(self) -> None:
+        if self._paused_at is not None:
+            self._shift(asyncio.get_running_loop().time() - self._paused_at)
+            self._paused_at = None
+
+    # ------------------------------------------------------------------ rows
+    def _event(self, step: int, kind: str, at: float | None = None) -> None:
+        t = asyncio.get_running_loop().time() if at is None else at
+        self.recorder.add(
+            EventRecord(arm=self.arm.label, step=step, kind=kind, t=t - self._run_origin, repeat=self.repeat)
+        )
+
+    def _engine_metrics(self, step: int, phase: str, t: float) -> None:
+        if isinstance(self._engine, EngineMetrics):
+            self.recorder.add(
+                EngineMetricRecord(
+                    arm=self.arm.label,
+                    step=step,
+                    phase=phase,
+                    t=t,
+                    metrics=self._engine.metrics(),
+                    repeat=self.repeat,
+                )
+            )
+
+    def _flush(self) -> None:
+        flush = getattr(self.recorder.sink, "flush", None)
+        if flush is not None:
+            flush()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self) -> None:
+        """After a completed step: rows to disk, then the session's state, then the status."""
+        if self.status is None:
+            return
+        assert self._rollout is not None and self._engine is not None
+        self._flush()
+        loop = asyncio.get_running_loop()
+        path = state_path(self.status.path.parent, self.arm.label, self.repeat)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        trainer_file = None
+        if isinstance(self._trainer, TrainerState):
+            trainer_file = str(path.with_suffix(".trainer.pt"))
+            self._trainer.save_state(trainer_file)
+        write_json_atomic(
+            path,
+            {
+                "completed_steps": self._done,
+                "clock_now": loop.time(),
+                "session_elapsed": loop.time() - self._origin,
+                "run_elapsed": loop.time() - self._run_origin,
+                "rollout": self._rollout.state(),
+                "strategy": self._rollout.strategy.state()
+                if hasattr(self._rollout.strategy, "state")
+                else {},
+                "engine": self._engine.export_state() if isinstance(self._engine, EngineState) else None,
+                "trainer_file": trainer_file,
+            },
+        )
+        self.status.step_done(self.arm.label, self.repeat, self._done)
+
+    def _load_checkpoint(self) -> dict[str, Any] | None:
+        if self.status is None or not self.status.completed.get(f"{self.arm.label}#{self.repeat}", 0):
+            return None
+        path = state_path(self.status.path.parent, self.arm.label, self.repeat)
+        try:
+            saved: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RuntimeError(f"{path}: the checkpoint of {self.name} cannot be read ({exc})") from None
+        return saved
+
+    async def _restore(self, saved: dict[str, Any]) -> None:
+        assert self._rollout is not None and self._engine is not None and self._trainer is not None
+        assert self._sync is not None
+        loop = asyncio.get_running_loop()
+        self._done = saved["completed_steps"]
+        if saved["trainer_file"] and isinstance(self._trainer, TrainerState):
+            self._trainer.load_state(saved["trainer_file"])
+            await self._sync.push(self._trainer, self._engine, self._done)  # before the clock restarts
+        if saved["engine"] is not None and isinstance(self._engine, EngineState):
+            self._engine.restore_state(saved["engine"])
+        self._rollout.restore(saved["rollout"])
+        restore = getattr(self._rollout.strategy, "restore", None)
+        if restore is not None:
+            restore(saved["strategy"])
+        self._set_origin(loop.time() - saved["session_elapsed"])

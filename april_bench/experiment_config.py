@@ -36,6 +36,11 @@ class ExperimentConfig(BaseConfig):
         None, help="arm every gain is measured against (default: sync, else the first)"
     )
     steps: int = param(20, help="training steps per arm")
+    repeats: int = param(1, help="runs of every arm, interleaved with the others (measured runs)")
+    block_steps: int | None = param(
+        None, help="steps per interleaved block, arms alternating ABBA (default: all steps in one block)"
+    )
+    warmup_steps: int = param(0, help="first steps left out of the paired gain statistics")
     seed: int = param(0, help="seed of the workload draws and of sampling")
     rollout: RolloutConfig = param(help="rollout batch settings", default_factory=RolloutConfig)
     dynamic_sampling: bool | None = param(None, help="override the algorithm's DAPO dynamic sampling")
@@ -94,6 +99,12 @@ class ExperimentConfig(BaseConfig):
             raise ConfigError(f"--baseline {self.baseline!r} is not one of the arms: {', '.join(labels)}")
         if self.steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.block_steps is not None and self.block_steps < 1:
+            raise ConfigError(f"--block-steps must be >= 1, got {self.block_steps}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ConfigError(f"--warmup-steps must be in [0, --steps), got {self.warmup_steps}")
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         if self.engine != "auto" and self.engine not in ENGINES:

@@ -80,6 +80,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._vselector.now
 
+    def set_time(self, now: float) -> None:
+        """Jump the clock forward to ``now`` (a resumed simulation continues where it stopped)."""
+        if now < self._vselector.now:
+            raise ValueError(f"virtual time cannot move back from {self._vselector.now} to {now}")
+        self._vselector.now = now
+
 
 def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion on a fresh :class:`VirtualTimeLoop`."""
@@ -91,7 +97,16 @@ def run_real(coro: Coroutine[Any, Any, T]) -> T:
     return _run_on(asyncio.new_event_loop(), coro)
 
 
+def _quiet_interrupts(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The default handler, minus the tasks an interrupt (Ctrl-C, SIGTERM) ended: the interrupt is
+    handled by whoever stops the run, not reported once per task."""
+    if isinstance(context.get("exception"), (KeyboardInterrupt, SystemExit)):
+        return
+    loop.default_exception_handler(context)
+
+
 def _run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    loop.set_exception_handler(_quiet_interrupts)
     try:
         return loop.run_until_complete(coro)
     finally:

@@ -25,7 +25,7 @@ class PromptStream:
     """
 
     def __init__(self, make: Callable[[int], Prompt], limit: int | None = None) -> None:
-        self._make = make
+        self.make = make
         self._limit = limit
         self._next = 0
         self._returned: deque[Prompt] = deque()
@@ -46,7 +46,7 @@ class PromptStream:
         fresh = n - len(prompts)
         if self._limit is not None:
             fresh = max(0, min(fresh, self._limit - self._next))
-        prompts += [self._make(self._next + i) for i in range(fresh)]
+        prompts += [self.make(self._next + i) for i in range(fresh)]
         self._next += fresh
         return prompts
 
@@ -58,7 +58,7 @@ class PromptStream:
     def restore(self, position: int, returned: Iterable[int]) -> None:
         """Continue a stream saved as (:attr:`position`, uids given back): for resuming a run."""
         self._next = position
-        self._returned = deque(self._make(uid) for uid in sorted(returned))
+        self._returned = deque(self.make(uid) for uid in sorted(returned))
 
     def returned_uids(self) -> list[int]:
         return [p.uid for p in self._returned]

@@ -111,5 +111,5 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         trainer_settings=trainer_settings,
         engine_args=config.engine_args,
         trainer_args=config.trainer_args,
-        notes=[note] if note else [],
+        notes=([note] if note else []) + task.notes,
     )

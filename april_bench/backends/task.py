@@ -20,7 +20,7 @@ Everything here is decided once per experiment and shared by every arm.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from april_bench.workload import Workload
 if TYPE_CHECKING:
     from april_bench.experiment_config import ExperimentConfig
 
-__all__ = ["Task", "build_task", "looks_like_path", "sim_workload"]
+__all__ = ["Task", "build_task", "check_loaded", "looks_like_path", "sim_workload"]
 
 
 @dataclass(slots=True)
@@ -50,6 +50,32 @@ class Task:
     initial_weights: Callable[[], Any] | None = None
     #: A checkpoint directory with the starting weights, for engines in another process.
     checkpoint: Callable[[], str] | None = None
+    #: Lines for the user and the provenance (rows a data file lost, ...).
+    notes: list[str] = field(default_factory=list)
+
+
+#: The options each kind of task reads; any other kind given them is a mistake worth an error.
+_TASK_OPTIONS = {
+    "synthetic": ("task_args", "warmstart_args"),
+    "math": ("task_args",),
+    "lengths": ("workload_args",),
+}
+_FLAG = {"task_args": "--task-arg", "warmstart_args": "--warmstart-arg", "workload_args": "--workload-arg"}
+
+
+def check_loaded(loaded: Any, *, min_share: float = 0.5, notes: list[str]) -> None:
+    """Say what a data file lost (count and the first reasons); fail when too little is left."""
+    report = loaded.report
+    if not report.skipped_total:
+        return
+    reasons = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items(), key=lambda kv: -kv[1])[:3])
+    line = f"{report.source}: kept {report.kept} of {report.rows_read} rows; skipped {reasons}"
+    notes.append(line)
+    if report.kept == 0 or report.kept < min_share * report.rows_read:
+        raise ConfigError(
+            f"{line}: too few usable rows (under {min_share:.0%}); check the file is a {loaded.name} copy "
+            "(`python -m april_bench data stats` shows its schema) or lower --task-arg min_kept_share"
+        )
 
 
 def looks_like_path(model: str) -> bool:
@@ -65,10 +91,32 @@ def build_task(config: ExperimentConfig, *, produces_tokens: bool, progress: boo
             "`python -m april_bench ls models`)"
         )
     if config.dataset == "synthetic" and produces_tokens:
-        return _synthetic_task(config, progress=progress)
-    if produces_tokens and Path(model).expanduser().is_dir():
-        return _math_task(config)
-    return _lengths_task(config, produces_tokens=produces_tokens)
+        task = _synthetic_task(config, progress=progress)
+    elif produces_tokens and Path(model).expanduser().is_dir():
+        task = _math_task(config)
+    else:
+        task = _lengths_task(config, produces_tokens=produces_tokens)
+    _check_options_used(config, task.kind)
+    return task
+
+
+def _check_options_used(config: ExperimentConfig, kind: str) -> None:
+    """Options the chosen task never reads are a mistake: say which task reads them."""
+    for name, flag in _FLAG.items():
+        if getattr(config, name) and name not in _TASK_OPTIONS[kind]:
+            readers = [k for k, used in _TASK_OPTIONS.items() if name in used]
+            raise ConfigError(
+                f"{flag} is not used by this run's {kind} task (it applies to the {' and '.join(readers)} "
+                f"task{'s' if len(readers) > 1 else ''}); drop it"
+            )
+    used = {config.dataset, *config.eval_datasets}
+    unused = sorted(set(config.data_paths) - used)
+    if unused:
+        raise ConfigError(
+            f"--data-path {', '.join(unused)} is not used: the run trains on {config.dataset}"
+            + (f" and evaluates on {', '.join(config.eval_datasets)}" if config.eval_datasets else "")
+            + "; add it to --eval-datasets or drop it"
+        )
 
 
 def sim_workload(config: ExperimentConfig, *, token_ids: bool = False) -> Any:
@@ -90,6 +138,9 @@ def _lengths_task(config: ExperimentConfig, *, produces_tokens: bool) -> Task:
 
         model_config(config.model)  # an unknown architecture fails here, before anything runs
     workload = sim_workload(config, token_ids=produces_tokens)
+    notes: list[str] = []
+    if workload.load_report is not None:
+        check_loaded(_Loaded(config.dataset, workload.load_report), notes=notes)
     if config.dynamic_sampling_on and not workload.has_rewards:
         raise ConfigError("dynamic sampling needs rewards: add a 'reward' column to the length trace")
     checkpoint = None
@@ -105,6 +156,7 @@ def _lengths_task(config: ExperimentConfig, *, produces_tokens: bool) -> Task:
         longest_prompt=workload.longest_prompt(),
         replay_lengths=produces_tokens,
         checkpoint=checkpoint,
+        notes=notes,
     )
 
 
@@ -178,7 +230,10 @@ def _math_task(config: ExperimentConfig) -> Task:
     settings = MathTaskSettings.from_args(config.task_args)
     model = str(Path(config.model).expanduser())
     tokenizer = AutoTokenizer.from_pretrained(model)
-    problems = load(config.dataset, config.data_paths.get(config.dataset), limit=settings.limit).problems
+    loaded = load(config.dataset, config.data_paths.get(config.dataset), limit=settings.limit)
+    notes: list[str] = []
+    check_loaded(loaded, min_share=settings.min_kept_share, notes=notes)
+    problems = loaded.problems
     workload = MathWorkload(
         problems,
         tokenizer,
@@ -215,7 +270,14 @@ def _math_task(config: ExperimentConfig) -> Task:
         eos_token_ids=eos,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0],
         checkpoint=lambda: model,
+        notes=notes,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    name: str
+    report: Any
 
 
 def _random_checkpoint(model: str, *, seed: int) -> str:

@@ -16,6 +16,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -67,3 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineError as exc:
         print(f"engine error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

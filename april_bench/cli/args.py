@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_run_arguments", "config_from_args", "key_value", "name_path"]
+__all__ = ["add_run_arguments", "config_from_args", "flags_set", "key_value", "name_path"]
 
 
 def key_value(text: str) -> tuple[str, Any]:
@@ -103,6 +103,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help=exp["dynamic_sampling"],
     )
     batch.add_argument("--refill", choices=[m.value for m in RefillMode], help=roll["refill"])
+    batch.add_argument(
+        "--rollout-arg",
+        action="append",
+        type=key_value,
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other rollout setting, e.g. temperature=0.6, top_p=0.95 or max_groups_per_step=2048",
+    )
     strat = p.add_argument_group("strategy options and APRIL's off-policy tokens")
     strat.add_argument("--off-policy", choices=OFF_POLICY_MODES, help=exp["off_policy"])
     strat.add_argument(
@@ -152,9 +160,17 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "(repeatable; unset: the hub)",
     )
     data.add_argument("--eval-datasets", metavar="LIST", help="comma-separated: " + exp["eval_datasets"])
+    measure = p.add_argument_group("measurement (measured runs: arms interleaved in blocks, ABBA)")
+    measure.add_argument("--repeats", type=_int, help=exp["repeats"])
+    measure.add_argument("--block-steps", type=_int, help=exp["block_steps"])
+    measure.add_argument("--warmup-steps", type=_int, help=exp["warmup_steps"])
     out = p.add_argument_group("output")
     out.add_argument(
-        "--out", type=Path, default=None, help="run directory (default: runs/<time>-<hw>-<algo>-<n>)"
+        "--out", type=Path, default=None, help="run directory (default: runs/<time>-<hw>-<algo>-<data>)"
+    )
+    out.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    out.add_argument(
+        "--resume", type=Path, metavar="DIR", help="continue the interrupted run in DIR (with its own config)"
     )
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -172,6 +188,9 @@ _TOP_LEVEL = {
     "num_gpus": "num_gpus",
     "off_policy": "off_policy",
     "eval_every": "eval_every",
+    "repeats": "repeats",
+    "block_steps": "block_steps",
+    "warmup_steps": "warmup_steps",
 }
 _ROLLOUT = (
     "rollout_batch_size",
@@ -219,8 +238,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.strategies is not None:
         changes["strategies"] = _split(args.strategies)
     rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
+    rollout.update(dict(args.rollout_arg))
     if rollout:
-        changes["rollout"] = base.rollout.replace(**rollout)
+        from april_bench.config import config_from
+        from april_bench.rollout.loop import RolloutConfig
+
+        current = {f: getattr(base.rollout, f) for f in RolloutConfig.field_help()}
+        changes["rollout"] = config_from(RolloutConfig, {**current, **rollout}, where="--rollout-arg")
     for flag, key in _MAPPINGS.items():
         if getattr(args, flag):
             changes[key] = {**getattr(base, key), **dict(getattr(args, flag))}
@@ -237,3 +261,16 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.eval_datasets is not None:
         changes["eval_datasets"] = _split(args.eval_datasets)
     return base.replace(**changes)
+
+
+def flags_set(args: argparse.Namespace) -> list[str]:
+    """The run flags the user gave (those whose value differs from the parser's default)."""
+    defaults = {"hw": "cpu", "no_progress": False, "overwrite": False}
+    given = []
+    for name, value in vars(args).items():
+        if name in ("command", "handler"):
+            continue
+        if value in (None, [], False) or defaults.get(name) == value:
+            continue
+        given.append("--" + name.replace("_", "-"))
+    return given

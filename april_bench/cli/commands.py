@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +23,100 @@ def _echo(line: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from april_bench.backends import build_components
     from april_bench.cli.args import config_from_args
-    from april_bench.experiment import run
-    from april_bench.results.provenance import collect_provenance
-    from april_bench.results.records import RunRecorder
+    from april_bench.results.resume import RunStatus
     from april_bench.results.rundir import claim_run_dir, default_run_name
-    from april_bench.results.store import RunWriter, render_tables, write_json_atomic
 
+    if args.resume is not None:
+        return _resume(args)
     config = config_from_args(args)
     components = build_components(config, progress=not args.no_progress)
     components.check()
-    out = claim_run_dir(
-        args.out, default_name=default_run_name(config.hardware, config.algorithm, config.dataset)
-    )
-    engine_kind = components.engine_spec
-    simulated = not engine_kind.produces_tokens or components.engine_name == "fake"
-    provenance = collect_provenance(
-        simulated=simulated, engine=components.engine_name, notes=components.notes
-    )
-    write_json_atomic(out / "config.json", config.to_dict())
-    write_json_atomic(out / "provenance.json", provenance)
+    name = default_run_name(config.hardware, config.algorithm, config.dataset)
+    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
+    status = RunStatus(path=out / "status.json")
+    status.save()
+    return _execute(config, components, out, status, progress=not args.no_progress)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """Continue an interrupted run from its checkpoints, with the run's own configuration."""
+    from april_bench.backends import build_components
+    from april_bench.cli.args import flags_set
+    from april_bench.config import ConfigError
+    from april_bench.experiment_config import load_config
+    from april_bench.results.resume import RunStatus, read_rows_for_resume
+
+    out = Path(args.resume).expanduser()
+    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
+    if extra:
+        raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
+    status = RunStatus.load(out)
+    if status.state == "complete":
+        raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
+    try:
+        config = load_config(json.loads((out / "config.json").read_text()))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
+    components = build_components(config, progress=not args.no_progress)
+    components.check()
+    kept = read_rows_for_resume(out, status, config.steps)
+    done = sum(status.completed.values())
+    _echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
+    status.state = "running"
+    status.save()
+    return _execute(config, components, out, status, progress=not args.no_progress, kept=kept)
+
+
+def _execute(
+    config: Any,
+    components: Any,
+    out: Path,
+    status: Any,
+    *,
+    progress: bool,
+    kept: dict[str, list[dict[str, Any]]] | None = None,
+) -> int:
+    """Run (or continue) the experiment into ``out``, streaming rows; stop cleanly on SIGINT/SIGTERM."""
+    from april_bench.experiment import run
+    from april_bench.results.provenance import collect_provenance
+    from april_bench.results.records import RunRecorder
+    from april_bench.results.store import RunWriter, render_tables, write_json_atomic
+
+    simulated = not components.engine_spec.produces_tokens or components.engine_name == "fake"
+    provenance_path = out / "provenance.json"
+    if kept is None or not provenance_path.exists():
+        provenance = collect_provenance(
+            simulated=simulated, engine=components.engine_name, notes=components.notes
+        )
+        write_json_atomic(out / "config.json", config.to_dict())
+        write_json_atomic(provenance_path, provenance)
+    else:
+        provenance = json.loads(provenance_path.read_text())
+        provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
     writer = RunWriter(out)
     recorder = RunRecorder(sink=writer)
+    if kept:
+        recorder.preload(kept)
     try:
-        result = run(
-            config, progress=not args.no_progress, echo=_echo, recorder=recorder, components=components
-        )
-    finally:
+        with _signals_as_interrupts() as received:
+            result = run(
+                config, progress=progress, echo=_echo, recorder=recorder, components=components, status=status
+            )
+    except KeyboardInterrupt:
         writer.close()
+        status.state, status.message = "interrupted", f"stopped by {received[0] if received else 'SIGINT'}"
+        status.save()
+        done = sum(status.completed.values())
+        _echo(
+            f"interrupted: {done} step(s) are saved in {out}; continue with "
+            f"`python -m april_bench run --resume {out}`"
+        )
+        return 130 if not received or received[0] == "SIGINT" else 143
+    except BaseException as exc:
+        writer.close()
+        status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
+        status.save()
+        raise
     provenance = collect_provenance(
         simulated=result.simulated,
         engine=result.engine,
@@ -54,8 +124,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes=result.notes,
         started=provenance,
     )
-    write_json_atomic(out / "provenance.json", provenance)
+    write_json_atomic(provenance_path, provenance)
     stored = writer.finish(config.to_dict(), provenance, recorder.tables)
+    status.state = "complete"
+    status.save()
     summary = stored.summary()
     print(render_tables(stored.config, summary, stored.simulated))
     print(f"\nrun directory: {out}")
@@ -67,6 +139,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(final))
     return 0
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[list[str]]:
+    """SIGTERM behaves like Ctrl-C (a clean stop); the name of the signal received is recorded."""
+    received: list[str] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal must not break the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -105,6 +196,7 @@ def add_inspect_parsers(sub: Any) -> None:
     ls.set_defaults(handler=cmd_ls)
     report = sub.add_parser("report", help="re-render a run directory's tables from its rows")
     report.add_argument("run_dir", type=Path)
+    report.add_argument("--no-check", action="store_true", help="render even if the rows do not add up")
     report.set_defaults(handler=cmd_report)
 
 
@@ -166,8 +258,24 @@ def _ls_hardware(*, verbose: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from april_bench.results.store import load_run, render_tables
+    from april_bench.config import ConfigError
+    from april_bench.results.store import check_run, load_run, render_tables
 
     run = load_run(args.run_dir)
+    problems = check_run(run)
+    if problems and not args.no_check:
+        raise ConfigError(
+            f"{args.run_dir}: the rows do not add up, so its numbers would be wrong: {'; '.join(problems)}"
+        )
+    state = _state(args.run_dir)
+    if state not in (None, "complete"):
+        print(f"note: this run is {state}; the tables cover its completed steps", file=sys.stderr)
     print(render_tables(run.config, run.summary(), run.simulated))
     return 0
+
+
+def _state(run_dir: Path) -> str | None:
+    try:
+        return str(json.loads((run_dir / "status.json").read_text()).get("state"))
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -77,6 +77,14 @@ def _add_data_parser(sub: Any) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from april_bench.config import ConfigError
+
+    if not Path(args.model).expanduser().is_dir():
+        raise ConfigError(
+            f"--model {args.model}: no such checkpoint directory; eval reads a local checkpoint "
+            "(weights + tokenizer) and never downloads one"
+        )
+    args.model = str(Path(args.model).expanduser())
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import as_row
     from april_bench.results.table import render_markdown

@@ -4,7 +4,14 @@
 inside the functions that need them.
 """
 
-from april_bench.data.loaders import DATASETS, DatasetSpec, MissingDependencyError, load, repair_latex
+from april_bench.data.loaders import (
+    DATASETS,
+    DataError,
+    DatasetSpec,
+    MissingDependencyError,
+    load,
+    repair_latex,
+)
 from april_bench.data.records import LoadedDataset, LoadReport, MathProblem
 from april_bench.data.stats import DatasetStats, answer_type, format_stats, prompt_lengths, stats
 from april_bench.data.templates import TEMPLATES, Template, messages, render
@@ -12,6 +19,7 @@ from april_bench.data.templates import TEMPLATES, Template, messages, render
 __all__ = [
     "DATASETS",
     "TEMPLATES",
+    "DataError",
     "DatasetSpec",
     "DatasetStats",
     "LoadReport",

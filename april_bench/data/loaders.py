@@ -24,14 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from april_bench.config import ConfigError
 from april_bench.data.records import LoadedDataset, LoadReport, MathProblem
 from april_bench.data.specs import DATASETS, DatasetSpec
 from april_bench.data.templates import TEMPLATES
 
-__all__ = ["DATASETS", "DatasetSpec", "MissingDependencyError", "load", "repair_latex"]
+__all__ = ["DATASETS", "DataError", "DatasetSpec", "MissingDependencyError", "load", "repair_latex"]
 
 
-class MissingDependencyError(ImportError, ValueError):
+class DataError(ConfigError):
+    """A data file or data set cannot be used as given; the message names the file and the fix."""
+
+
+class MissingDependencyError(ImportError, ConfigError):
     """An optional package is missing; the message names how to install it or how to do without."""
 
 
@@ -272,7 +277,7 @@ def _detect(dataset: str, columns: set[str], source: str) -> _Schema:
         if schema.matches(columns):
             return schema
     expected = "; ".join(s.describe() for s in _SCHEMAS[dataset])
-    raise ValueError(
+    raise DataError(
         f"{source}: columns {sorted(columns)} match no known {dataset} schema; expected one of: {expected}. "
         f"Rename the columns, or load the file under the data set it belongs to."
     )
@@ -312,7 +317,7 @@ def _json_rows(path: Path) -> Iterator[Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         if exc.msg != "Extra data":  # not a single document: read it as JSON lines
-            raise ValueError(
+            raise DataError(
                 f"{path}: not valid JSON ({exc}); expected an array, columns or JSON lines"
             ) from exc
         yield from _json_lines(iter(text.splitlines()))
@@ -322,14 +327,14 @@ def _json_rows(path: Path) -> Iterator[Any]:
     elif isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         lengths = {len(v) for v in data.values()}
         if len(lengths) != 1:
-            raise ValueError(
+            raise DataError(
                 f"{path}: a JSON object of columns needs equal-length columns, got lengths {lengths}"
             )
         keys = list(data)
         for values in zip(*data.values(), strict=True):
             yield dict(zip(keys, values, strict=True))
     else:
-        raise ValueError(
+        raise DataError(
             f"{path}: expected a JSON array of objects, a JSON object of equal-length column lists, or JSON "
             f"lines; got a JSON {type(data).__name__}"
         )
@@ -347,7 +352,7 @@ def _files(path: Path) -> list[Path]:
         raise FileNotFoundError(f"{path}: no such file or directory")
     if path.is_file():
         if path.suffix not in _SUFFIXES:
-            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .parquet, .json or .jsonl")
+            raise DataError(f"{path}: unsupported file type {path.suffix!r}; use .parquet, .json or .jsonl")
         return [path]
     found = sorted(
         p
@@ -364,8 +369,19 @@ def _files(path: Path) -> list[Path]:
 def _local_rows(path: Path) -> Iterator[tuple[str, Any]]:
     for file in _files(path):
         rows = _parquet_rows(file) if file.suffix == ".parquet" else _json_rows(file)
-        for row in rows:
-            yield str(file), row
+        try:
+            for row in rows:
+                yield str(file), row
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{file}: not UTF-8 text (byte {exc.start}); is it a {file.suffix} file?"
+            ) from None
+        except Exception as exc:
+            if type(exc).__module__.startswith("pyarrow"):  # ArrowInvalid and friends: a bad parquet file
+                raise DataError(f"{file}: not a readable parquet file ({exc})") from None
+            if isinstance(exc, OSError):
+                raise DataError(f"{file}: cannot be read ({exc})") from None
+            raise
 
 
 def _hub_rows(dataset: str, hub_id: str, split: str) -> Iterator[tuple[str, Any]]:
@@ -393,7 +409,7 @@ def _spec(name: str) -> DatasetSpec:
     try:
         return DATASETS[name]
     except KeyError:
-        raise ValueError(f"unknown data set {name!r}; known data sets: {', '.join(DATASETS)}") from None
+        raise DataError(f"unknown data set {name!r}; known data sets: {', '.join(DATASETS)}") from None
 
 
 def _as_text(value: Any) -> str | None:
@@ -429,9 +445,9 @@ def load(
     """
     spec = _spec(name)
     if limit is not None and limit < 1:
-        raise ValueError(f"limit must be a positive number of problems, got {limit}")
+        raise DataError(f"limit must be a positive number of problems, got {limit}")
     if path is not None and hub_id is not None:
-        raise ValueError("pass either a local `path` or a `hub_id`, not both")
+        raise DataError("pass either a local `path` or a `hub_id`, not both")
     if path is not None:
         local = Path(path)
         rows = _local_rows(local)

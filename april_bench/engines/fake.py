@@ -180,6 +180,13 @@ class FakeEngine(Configurable):
     async def load(self) -> EngineLoad:
         return EngineLoad(running=len(self._running), waiting=len(self._queued))
 
+    def export_state(self) -> dict[str, Any]:
+        return {"version": self.version, "submitted": self._submitted}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.version = state["version"]
+        self._submitted = state["submitted"]
+
     async def update_weights(self, update: WeightUpdate) -> None:
         if self._running or self._queued:
             raise EngineError("update_weights while requests are in flight: abort and drain first")

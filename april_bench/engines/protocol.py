@@ -16,7 +16,7 @@ april-bench, on the simulator and on real engines alike:
 * ``load()`` reports running and queued requests;
 * ``start()`` / ``close()``.
 
-Two optional capabilities, checked with ``isinstance``:
+Optional capabilities, checked with ``isinstance``:
 
 * :class:`SaturationModel` - ``saturated_tokens_per_s(concurrency, context)``,
   the rate a rollout would reach with no tail (the simulator knows it from its
@@ -24,7 +24,9 @@ Two optional capabilities, checked with ``isinstance``:
   server engine cannot know it and does not implement it);
 * :class:`EngineMetrics` - ``metrics()``, a snapshot of the engine's own
   counters and gauges (KV usage, running and waiting requests, preemptions,
-  prefix-cache hits, decode steps), recorded as rows at step boundaries.
+  prefix-cache hits, decode steps), recorded as rows at step boundaries;
+* :class:`EngineState` - ``export_state()`` / ``restore_state()``, so a resumed
+  run continues an engine exactly where the interrupted one stood.
 
 Weights reach an engine as a :class:`WeightUpdate`: an in-process state dict
 (``weights``), or a checkpoint directory (``path``) for an engine in another
@@ -50,6 +52,7 @@ __all__ = [
     "EngineLoad",
     "EngineMetrics",
     "EngineSettings",
+    "EngineState",
     "GenerateRequest",
     "SamplingParams",
     "SaturationModel",
@@ -243,4 +246,18 @@ class EngineMetrics(Protocol):
         """A snapshot: gauges (``kv_usage``, ``running``, ``waiting``) and monotonic counters
         (``preemptions``, ``prefix_cache_hits``, ``prefix_cache_queries``, ``prompt_tokens``,
         ``generation_tokens``, ``decode_steps`` ...).  Names are the engine's; cheap to call."""
+        ...
+
+
+@runtime_checkable
+class EngineState(Protocol):
+    """Optional: an engine whose between-step state a resumed run restores (its policy version, and
+    for the simulator its scheduler's adaptive state), so a resumed run continues exactly."""
+
+    def export_state(self) -> dict[str, Any]:
+        """JSON-ready state of an idle engine (called between steps)."""
+        ...
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`export_state` (called after ``start()``)."""
         ...

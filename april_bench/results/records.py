@@ -24,6 +24,7 @@ __all__ = [
     "TABLES",
     "EngineMetricRecord",
     "EvalRecord",
+    "EventRecord",
     "Fate",
     "RequestRecord",
     "RowSink",
@@ -63,6 +64,8 @@ class RequestRecord:
     t_done: float
     replica: int
     num_retractions: int
+    #: Which repetition of the arm (``--repeats``); 0 for a single run.
+    repeat: int = 0
 
 
 @dataclass(slots=True)
@@ -88,6 +91,7 @@ class SampleRecord:
     off_policy_tokens: int
     #: Tokens this sample generated and threw away when a cap restarted it.
     discarded_tokens: int
+    repeat: int = 0
 
 
 @dataclass(slots=True)
@@ -132,6 +136,9 @@ class StepRecord:
     accuracy: float | None = None
     #: The trainer's metrics for this step (loss, entropy, grad norm, ...; empty in simulation).
     train_metrics: dict[str, float] = field(default_factory=dict)
+    repeat: int = 0
+    #: A warm-up step (``--warmup-steps``): run and recorded, left out of the paired gain statistics.
+    warmup: bool = False
 
 
 @dataclass(slots=True)
@@ -149,8 +156,9 @@ class EvalRecord:
     n: int
     mean_response_len: float
     eval_time_s: float
-    #: Per evaluation set (math runs): ``{name: {"accuracy", "stderr", "problems"}}``; empty otherwise.
+    #: Per evaluation set: ``{name: {"accuracy", "stderr", "problems"}}``.
     by_dataset: dict[str, dict[str, float]] = field(default_factory=dict)
+    repeat: int = 0
 
 
 @dataclass(slots=True)
@@ -163,6 +171,22 @@ class EngineMetricRecord:
     phase: str
     t: float
     metrics: dict[str, float]
+    repeat: int = 0
+
+
+@dataclass(slots=True)
+class EventRecord:
+    """A moment in an arm's life on the run's wall clock (``t``: seconds since the run started,
+    ``time.monotonic`` based; virtual seconds for a simulated run), the clock telemetry samples use.
+    ``kind``: ``arm_start``, ``rollout_start``, ``rollout_stop`` (N groups in: the abort begins),
+    ``rollout_end``, ``train_start``, ``train_end``, ``weight_sync_start``, ``weight_sync_end``,
+    ``eval_start``, ``eval_end``, ``arm_end``."""
+
+    arm: str
+    step: int
+    kind: str
+    t: float
+    repeat: int = 0
 
 
 #: Every table of a run, in the order they are written, with its record type.
@@ -172,12 +196,15 @@ TABLES: Mapping[str, type] = {
     "steps": StepRecord,
     "evals": EvalRecord,
     "engine_metrics": EngineMetricRecord,
+    "events": EventRecord,
 }
 _TABLE_OF = {cls: name for name, cls in TABLES.items()}
 
 
 def as_row(record: Any) -> dict[str, Any]:
-    """A record as a plain dict (enums to values)."""
+    """A record as a plain dict (enums to values); a dict row is returned as a copy."""
+    if isinstance(record, dict):
+        return dict(record)
     row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
     for key, value in row.items():
         if isinstance(value, enum.Enum):
@@ -210,6 +237,11 @@ class RunRecorder:
         for record in records:
             self.add(record)
 
+    def preload(self, rows: Mapping[str, Iterable[dict[str, Any]]]) -> None:
+        """Rows recorded before (a resumed run's): kept as dict rows, not sent to the sink again."""
+        for table, table_rows in rows.items():
+            self.tables[table].extend(table_rows)
+
     def __getitem__(self, table: str) -> list[Any]:
         return self.tables[table]
 
@@ -232,6 +264,7 @@ class RunRecorder:
         fate: Fate,
         reason: str,
         train_version: int | None = None,
+        repeat: int = 0,
     ) -> None:
         """Record one fate row per sample of ``groups``."""
         for group in groups:
@@ -256,5 +289,6 @@ class RunRecorder:
                         train_version=train_version,
                         off_policy_tokens=off,
                         discarded_tokens=s.discarded_tokens,
+                        repeat=repeat,
                     )
                 )

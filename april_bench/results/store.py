@@ -22,11 +22,13 @@ import gzip
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from april_bench.config import ConfigError
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
@@ -40,6 +42,7 @@ from april_bench.results.table import (
 __all__ = [
     "RunDirectory",
     "RunWriter",
+    "check_run",
     "load_run",
     "render_tables",
     "write_json_atomic",
@@ -178,14 +181,62 @@ def _rows_file(run: Path, name: str) -> Path | None:
     return None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, table: str) -> list[dict[str, Any]]:
+    """The rows of one table file; a damaged file is a ``ConfigError`` naming the file and line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    required = _required_fields(table)
+    rows: list[dict[str, Any]] = []
+    number = 0
+    try:
+        with opener(path, "rt") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ConfigError(f"{path}, line {number}: a row must be a JSON object")
+                missing = required - set(row)
+                if missing:
+                    raise ConfigError(
+                        f"{path}, line {number}: not a {table} row (missing {', '.join(sorted(missing))})"
+                    )
+                rows.append(row)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}, line {number}: not JSON ({exc.msg}); the file is damaged") from None
+    except (EOFError, gzip.BadGzipFile, UnicodeDecodeError, zlib.error) as exc:
+        raise ConfigError(
+            f"{path}: damaged after line {number} ({exc}); the file is truncated or not a row file"
+        ) from None
+    return rows
+
+
+def _required_fields(table: str) -> set[str]:
+    """Fields a row of ``table`` must have (fields added later with defaults may be absent)."""
+    import dataclasses
+
+    return {
+        f.name
+        for f in dataclasses.fields(TABLES[table])
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); the file is damaged"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
 
 
 def load_run(path: Path) -> RunDirectory:
     """Read a run directory: its config, provenance and every table present."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a run directory (no such directory)")
     files = {name: _rows_file(path, name) for name in TABLES}
     missing = [n for n in ("config.json", "provenance.json") if not (path / n).exists()]
     missing += [f"{name}.jsonl" for name in REQUIRED_TABLES if files[name] is None]
@@ -193,10 +244,40 @@ def load_run(path: Path) -> RunDirectory:
         raise FileNotFoundError(f"{path} is not a run directory (missing {', '.join(missing)})")
     return RunDirectory(
         path=path,
-        config=json.loads((path / "config.json").read_text()),
-        provenance=json.loads((path / "provenance.json").read_text()),
-        tables={name: _read_jsonl(file) for name, file in files.items() if file is not None},
+        config=_read_json(path / "config.json"),
+        provenance=_read_json(path / "provenance.json"),
+        tables={name: _read_jsonl(file, name) for name, file in files.items() if file is not None},
     )
+
+
+def check_run(run: RunDirectory) -> list[str]:
+    """What is wrong with a run's rows, as lines (empty: consistent).
+
+    Every launched prompt must end trained, dropped or buffered, exactly one of them; and for a
+    complete run, every generated token is trained, wasted or still buffered at the end.
+    """
+    problems = []
+    steps, samples = run.rows("steps"), run.rows("samples")
+    if steps and not samples:
+        problems.append(f"{run.path}: {len(steps)} step rows but no sample rows (samples.jsonl empty)")
+    complete = _status(run.path) in (None, "complete")
+    for arm, m in run.summary().items():
+        if m["prompts"]["inconsistent"]:
+            problems.append(f"arm {arm}: {m['prompts']['inconsistent']} prompts have more than one fate")
+        balance = m["trained_tokens"] + m["wasted_tokens"] + m["buffered_tokens_at_end"]
+        if complete and samples and m["generated_tokens"] != balance:
+            problems.append(
+                f"arm {arm}: {m['generated_tokens']:,} tokens generated but {balance:,} trained, wasted or "
+                "buffered: rows are missing"
+            )
+    return problems
+
+
+def _status(path: Path) -> str | None:
+    try:
+        return str(json.loads((path / "status.json").read_text()).get("state"))
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def render_tables(

@@ -28,6 +28,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from april_bench.algorithms.filters import keep_group
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
@@ -41,6 +42,7 @@ from april_bench.engines.protocol import (
 )
 from april_bench.results.records import Fate, RequestRecord, RunRecorder, StepRecord
 from april_bench.rollout.buffer import GroupBuffer
+from april_bench.rollout.state import group_from_dict, group_to_dict
 from april_bench.rollout.step import CarryOver, InFlight, Meter, Pending, ProgressView, StepState, step_record
 from april_bench.rollout.strategy import (
     Candidate,
@@ -55,7 +57,16 @@ from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason, Group, Prompt, Sample, SampleStatus, Segment, concat_ids
 from april_bench.workload import PromptStream, Workload
 
-__all__ = ["RolloutConfig", "RolloutLoop", "StepOutcome"]
+__all__ = ["RolloutConfig", "RolloutLoop", "RolloutStalled", "StepOutcome"]
+
+
+#: Requests one launch wave may hold: past this, memory for the bookkeeping alone runs to gigabytes
+#: and no engine's queue holds it (SGLang's max_running_requests tops out at 4,096 per replica).
+MAX_REQUESTS_PER_WAVE = 1 << 20
+
+
+class RolloutStalled(ConfigError):
+    """A step cannot gather N groups (every group keeps failing the filter); the message says why."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -71,6 +82,9 @@ class RolloutConfig(BaseConfig):
     reabort_interval_s: float = param(1.0, help="re-abort if requests are still out after this long")
     abort_timeout_s: float = param(180.0, help="give up if the engine is not idle this long after abort")
     replay_lengths: bool = param(False, help="replay the workload's response lengths on a real engine")
+    max_groups_per_step: int | None = param(
+        None, help="stop a step that launched this many groups without N passing (default: 16 x N')"
+    )
     seed: int = param(0, help="sampling seed: sample i of prompt u gets the same seed in every arm")
 
     def __post_init__(self) -> None:
@@ -86,6 +100,17 @@ class RolloutConfig(BaseConfig):
                 f"--over-sampling-batch-size ({self.over_sampling_batch_size}) must be >= "
                 f"--rollout-batch-size ({self.rollout_batch_size}); set it to at least "
                 f"{self.rollout_batch_size} (APRIL recommends about twice)"
+            )
+        wave = self.over_sampling_batch_size * self.n_samples_per_prompt
+        if wave > MAX_REQUESTS_PER_WAVE:
+            raise ConfigError(
+                f"--over-sampling-batch-size x --n-samples-per-prompt = {wave:,} requests per launch wave, "
+                f"more than any engine holds ({MAX_REQUESTS_PER_WAVE:,}); lower them"
+            )
+        if self.max_groups_per_step is not None and self.max_groups_per_step < self.over_sampling_batch_size:
+            raise ConfigError(
+                f"rollout max_groups_per_step ({self.max_groups_per_step}) must be >= "
+                f"--over-sampling-batch-size ({self.over_sampling_batch_size})"
             )
         for name in ("reabort_interval_s", "abort_timeout_s"):
             if getattr(self, name) <= 0:
@@ -119,9 +144,11 @@ class RolloutLoop(Configurable):
         prompts: PromptStream,
         recorder: RunRecorder,
         t0: float = 0.0,
+        repeat: int = 0,
     ) -> None:
         self.config = config
         self.arm = arm
+        self.repeat = repeat
         self.engine = engine
         self.strategy = strategy
         self.workload = workload
@@ -138,6 +165,25 @@ class RolloutLoop(Configurable):
     def shift_clock(self, seconds: float) -> None:
         """Move the records' time origin forward (the harness excludes evaluation time)."""
         self._t0 += seconds
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs to continue this loop exactly: the carry-over buffer (every
+        partial token with its policy version), the prompt stream's position and the id counters."""
+        return {
+            "buffer": [group_to_dict(g) for g in self.buffer],
+            "prompt_position": self.prompts.position,
+            "prompts_returned": self.prompts.returned_uids(),
+            "next_request": self._next_request,
+            "next_order": self._next_order,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` (prompts are rebuilt by the workload from their uids)."""
+        self.prompts.restore(state["prompt_position"], state["prompts_returned"])
+        for data in state["buffer"]:
+            self.buffer.put(group_from_dict(data, self.prompts.make))
+        self._next_request = state["next_request"]
+        self._next_order = state["next_order"]
 
     # ------------------------------------------------------------------ step
     async def run_step(self, step: int, policy_version: int) -> StepOutcome:
@@ -163,6 +209,7 @@ class RolloutLoop(Configurable):
             abort_rounds=abort_rounds,
             carried=carried,
             saturated_tokens_per_s=self._saturated(st),
+            repeat=self.repeat,
         )
         self.strategy.on_step_end(
             StepSummary(
@@ -203,6 +250,17 @@ class RolloutLoop(Configurable):
             return
         view = self._view(st)
         count = self.strategy.launch_count(view)
+        cap = self.config.max_groups_per_step or 16 * max(self.config.over_sampling_batch_size, 1)
+        if count > 0 and st.launched + count > cap:
+            if st.in_flight:
+                return  # wait for what is out; the check repeats when it comes back
+            raise RolloutStalled(
+                f"step {st.step} launched {st.launched} groups and only {len(st.accepted)} of "
+                f"{self.config.rollout_batch_size} passed; {st.rejected} were rejected by dynamic sampling "
+                "(all rewards equal: does the grader score every response the same?). Check the grader "
+                "(--task-arg grader=), turn the filter off (--no-dynamic-sampling), or raise "
+                "--rollout-arg max_groups_per_step"
+            )
         chosen = self._select(count, view) if count > 0 else []
         if not chosen:
             if not st.in_flight and len(st.accepted) < self.config.rollout_batch_size:
@@ -374,6 +432,7 @@ class RolloutLoop(Configurable):
                 t_done=c.t_done - self._t0,
                 replica=c.replica,
                 num_retractions=c.num_retractions,
+                repeat=self.repeat,
             )
         )
         flight = pending.flight
@@ -402,7 +461,12 @@ class RolloutLoop(Configurable):
             st.rejected += 1
             st.rejected_tokens += group.response_tokens
             self.recorder.sample_fates(
-                self.arm, [group], step=st.step, fate=Fate.DROPPED, reason="filter_rejected"
+                self.arm,
+                [group],
+                step=st.step,
+                fate=Fate.DROPPED,
+                reason="filter_rejected",
+                repeat=self.repeat,
             )
         else:
             st.accepted.append(group)
@@ -488,7 +552,9 @@ class RolloutLoop(Configurable):
                 out.dropped += 1
                 out.dropped_tokens += group.response_tokens
                 reason = "surplus_discarded" if group.is_finished else "unfinished_discarded"
-                self.recorder.sample_fates(self.arm, [group], step=st.step, fate=Fate.DROPPED, reason=reason)
+                self.recorder.sample_fates(
+                    self.arm, [group], step=st.step, fate=Fate.DROPPED, reason=reason, repeat=self.repeat
+                )
         return out
 
     def _raise_if_failed(self, st: StepState) -> None:

@@ -123,6 +123,7 @@ def step_record(
     abort_rounds: int,
     carried: CarryOver,
     saturated_tokens_per_s: float | None,
+    repeat: int = 0,
 ) -> StepRecord:
     mean_context = st.context_token_sum / st.generated if st.generated else 0.0
     return StepRecord(
@@ -158,4 +159,5 @@ def step_record(
         mean_context=mean_context,
         saturated_tokens_per_s=saturated_tokens_per_s,
         bookkeeping_s=st.bookkeeping_s,
+        repeat=repeat,
     )

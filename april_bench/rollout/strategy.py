@@ -246,6 +246,13 @@ class BaseStrategy(abc.ABC):
     def on_step_end(self, summary: StepSummary) -> None:
         return None
 
+    def state(self) -> dict[str, object]:
+        """What an adaptive strategy learned so far (a resumed run restores it); stateless: empty."""
+        return {}
+
+    def restore(self, state: dict[str, object]) -> None:
+        return None
+
 
 def wave_refill(view: RolloutView, wave: int) -> int:
     """The reference launch rule: launch when accepted + in flight < N.

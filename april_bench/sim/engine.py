@@ -197,6 +197,28 @@ class SimEngine(Configurable):
         self._affinity.clear()  # the update flushes every prefix cache
         self._version[0] = update.version
 
+    #: Replica attributes that carry over from one step to the next (SGLang's adaptive new-token
+    #: ratio, the decode-iteration counter, the heap's tie-break sequence).
+    _REPLICA_STATE = ("ratio", "D", "_seq", "kv_used", "ctx_base")
+
+    def export_state(self) -> dict[str, Any]:
+        if any(r.outstanding for r in self._replicas):
+            raise EngineError("export_state while requests are in flight: it is taken between steps")
+        return {
+            "version": self._version[0],
+            "rr": self._rr,
+            "affinity": dict(self._affinity),
+            "replicas": [{k: getattr(r, k) for k in self._REPLICA_STATE} for r in self._replicas],
+        }
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self._version[0] = state["version"]
+        self._rr = state["rr"]
+        self._affinity = dict(state["affinity"])
+        for replica, saved in zip(self._replicas, state["replicas"], strict=True):
+            for key, value in saved.items():
+                setattr(replica, key, value)
+
     def weight_sync_time(self) -> float:
         return self.config.sync_s_per_billion_params * self.model.total_params / 1e9
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -139,7 +140,9 @@ class SimWorkload(Configurable):
         tokenizer: str | None = param(
             None, help="with data_path: a tokenizer directory, so prompt lengths are exact tokens"
         )
-        max_prompt_len: int = param(4096, help="longest prompt drawn from the profile (sizes a real engine)")
+        max_prompt_len: int | None = param(
+            None, help="longest prompt drawn from the profile (default: its median x exp(5 sigma))"
+        )
 
         def __post_init__(self) -> None:
             if self.dataset not in DATASETS:
@@ -160,6 +163,8 @@ class SimWorkload(Configurable):
         #: Measured prompt lengths (data_path given) and their unit; empty: the profile's log-normal.
         self.prompt_lengths: list[int] = []
         self.prompt_length_unit = "tokens (profile log-normal)"
+        #: The data file's load report, when prompt lengths come from one.
+        self.load_report: Any = None
         if config.data_path is not None:
             self.prompt_lengths, self.prompt_length_unit = self._measured_prompt_lengths()
             self.name = f"sim:{config.dataset}@{Path(config.data_path).name}"
@@ -179,7 +184,9 @@ class SimWorkload(Configurable):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
-        lengths, unit = prompt_lengths(load(cfg.dataset, cfg.data_path), tokenizer)
+        loaded = load(cfg.dataset, cfg.data_path)
+        self.load_report = loaded.report
+        lengths, unit = prompt_lengths(loaded, tokenizer)
         if not lengths:
             raise ConfigError(f"{cfg.data_path}: no {cfg.dataset} problems to take prompt lengths from")
         return lengths, unit
@@ -218,15 +225,21 @@ class SimWorkload(Configurable):
         else:
             p = self.profile
             draw = round(p.prompt_median * math.exp(p.prompt_sigma * rng.standard_normal()))
-            length = min(self.config.max_prompt_len, max(4, draw))
+            length = min(self._max_prompt, max(4, draw))
         ids = None
         if self._vocab is not None:  # dummy-weight runs on a real engine need ids: random ones
             ids = tuple(int(i) for i in rng.integers(0, self._vocab, length))
         return Prompt(uid=uid, source_id=f"{self.config.dataset}#{uid}", length=length, token_ids=ids)
 
+    @property
+    def _max_prompt(self) -> int:
+        if self.config.max_prompt_len is not None:
+            return self.config.max_prompt_len
+        return round(self.profile.prompt_median * math.exp(5 * self.profile.prompt_sigma))
+
     def longest_prompt(self) -> int:
         """The longest prompt this workload can produce (sizes a real engine's context)."""
-        return max(self.prompt_lengths) if self.prompt_lengths else self.config.max_prompt_len
+        return max(self.prompt_lengths) if self.prompt_lengths else self._max_prompt
 
     def prompt_stream(self) -> PromptStream:
         return PromptStream(self._prompt)

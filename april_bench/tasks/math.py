@@ -39,6 +39,9 @@ class MathTaskSettings(BaseConfig):
     )
     template: str | None = param(None, help="training prompt template (default: the recipe's)")
     limit: int | None = param(None, help="train on the first N problems only")
+    min_kept_share: float = param(
+        0.5, help="fail when a data file loses more of its rows than this lets through"
+    )
     eval_grader: str | None = param(None, help="grader of every evaluation set (default: math-verify)")
     eval_template: str | None = param(None, help="evaluation prompt template (default: boxed)")
     eval_samples: int = param(4, help="k of avg@k (APRIL reports avg@16 on AIME 2024)")

@@ -72,7 +72,13 @@ class WarmStart(Configurable):
     def weights(self, *, progress: bool = True) -> dict[str, torch.Tensor]:
         """The warm-started state dict: from the cache, or trained now and cached."""
         if self.path.exists():
-            return torch.load(self.path, map_location="cpu", weights_only=True)
+            try:
+                return torch.load(self.path, map_location="cpu", weights_only=True)
+            except Exception as exc:  # a torn or foreign file: any unpickling error
+                raise ConfigError(
+                    f"the cached warm start {self.path} is damaged ({type(exc).__name__}); delete it and "
+                    "run again (it is retrained in about a minute)"
+                ) from None
         state = self.train(progress=progress)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=self.path.parent, suffix=".tmp", delete=False) as tmp:

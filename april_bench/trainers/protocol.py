@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from april_bench.types import Group
 
-__all__ = ["CheckpointWriter", "TrainResult", "Trainer"]
+__all__ = ["CheckpointWriter", "TrainResult", "Trainer", "TrainerState"]
 
 
 @dataclass(slots=True)
@@ -34,4 +34,18 @@ class CheckpointWriter(Protocol):
 
     def save(self, path: str) -> str:
         """Write the policy to ``path`` atomically and return the directory."""
+        ...
+
+
+@runtime_checkable
+class TrainerState(Protocol):
+    """Optional: a trainer whose state (weights, optimizer moments) a resumed run restores.
+    Trainers without it are stateless (the simulated trainer)."""
+
+    def save_state(self, path: str) -> None:
+        """Write everything the next step depends on to ``path`` (one file)."""
+        ...
+
+    def load_state(self, path: str) -> None:
+        """Continue from :meth:`save_state`."""
         ...

@@ -93,6 +93,19 @@ class TorchTrainer(Configurable):
     def weights(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
 
+    def save_state(self, path: str) -> None:
+        """Weights and AdamW moments, written atomically (what a resumed run continues from)."""
+        import os
+
+        tmp = f"{path}.tmp"
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, tmp)
+        os.replace(tmp, path)
+
+    def load_state(self, path: str) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
         rows = self._rows(batch)
         cfg = self.config

@@ -219,6 +219,13 @@ class HFEngine(Configurable):
             torch.cuda.synchronize(self.device)
         self.version = update.version
 
+    def export_state(self) -> dict[str, Any]:
+        """The policy version (weights come back from the trainer on resume)."""
+        return {"version": self.version}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.version = state["version"]
+
     @property
     def step_times(self) -> dict[int, list[float]]:
         """Recent decode-step seconds by batch size (the last 64 of each), measured by the scheduler."""
