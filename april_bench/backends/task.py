@@ -63,9 +63,8 @@ _TASK_OPTIONS = {
 _FLAG = {"task_args": "--task-arg", "warmstart_args": "--warmstart-arg", "workload_args": "--workload-arg"}
 
 
-def check_loaded(loaded: Any, *, min_share: float = 0.5, notes: list[str]) -> None:
+def check_loaded(name: str, report: Any, *, min_share: float = 0.5, notes: list[str]) -> None:
     """Say what a data file lost (count and the first reasons); fail when too little is left."""
-    report = loaded.report
     if not report.skipped_total:
         return
     reasons = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items(), key=lambda kv: -kv[1])[:3])
@@ -73,7 +72,7 @@ def check_loaded(loaded: Any, *, min_share: float = 0.5, notes: list[str]) -> No
     notes.append(line)
     if report.kept == 0 or report.kept < min_share * report.rows_read:
         raise ConfigError(
-            f"{line}: too few usable rows (under {min_share:.0%}); check the file is a {loaded.name} copy "
+            f"{line}: too few usable rows (under {min_share:.0%}); check the file is a {name} copy "
             "(`python -m april_bench data stats` shows its schema) or lower --task-arg min_kept_share"
         )
 
@@ -140,7 +139,7 @@ def _lengths_task(config: ExperimentConfig, *, produces_tokens: bool) -> Task:
     workload = sim_workload(config, token_ids=produces_tokens)
     notes: list[str] = []
     if workload.load_report is not None:
-        check_loaded(_Loaded(config.dataset, workload.load_report), notes=notes)
+        check_loaded(config.dataset, workload.load_report, notes=notes)
     if config.dynamic_sampling_on and not workload.has_rewards:
         raise ConfigError("dynamic sampling needs rewards: add a 'reward' column to the length trace")
     checkpoint = None
@@ -232,7 +231,7 @@ def _math_task(config: ExperimentConfig) -> Task:
     tokenizer = AutoTokenizer.from_pretrained(model)
     loaded = load(config.dataset, config.data_paths.get(config.dataset), limit=settings.limit)
     notes: list[str] = []
-    check_loaded(loaded, min_share=settings.min_kept_share, notes=notes)
+    check_loaded(config.dataset, loaded.report, min_share=settings.min_kept_share, notes=notes)
     problems = loaded.problems
     workload = MathWorkload(
         problems,
@@ -272,12 +271,6 @@ def _math_task(config: ExperimentConfig) -> Task:
         checkpoint=lambda: model,
         notes=notes,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _Loaded:
-    name: str
-    report: Any
 
 
 def _random_checkpoint(model: str, *, seed: int) -> str:

@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import EngineError
@@ -26,11 +27,18 @@ from april_bench.engines.protocol import EngineError
 __all__ = ["build_parser", "main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags get one line naming the fix, not a page of usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from april_bench.cli import commands, evaldata
     from april_bench.cli.args import add_run_arguments
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m april_bench",
         description="APRIL (Active Partial Rollouts) against synchronous baselines, on real or simulated "
         "engines. Every number is labelled simulated or measured.",
@@ -59,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a flag argparse rejected (its one line is printed)
+        return int(exc.code or 0)
     try:
         return int(args.handler(args))
     except (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:

@@ -88,6 +88,21 @@ class SimEngine(Configurable):
                 raise ConfigError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}")
             if self.replan_iterations < 1:
                 raise ConfigError("replan_iterations must be >= 1")
+            for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs"):
+                value = getattr(self, name)
+                if value is not None and value < 1:
+                    raise ConfigError(
+                        f"--engine-arg {name} must be >= 1 (or unset for SGLang's default), got {value}"
+                    )
+            if (
+                self.context_length < 2
+                or self.sync_s_per_billion_params < 0
+                or self.schedule_conservativeness <= 0
+            ):
+                raise ConfigError(
+                    "--engine-arg context_length must be >= 2, sync_s_per_billion_params >= 0 and "
+                    "schedule_conservativeness > 0"
+                )
 
     def __init__(self, config: Config) -> None:
         self.config = config
