@@ -35,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from april_bench.cli import commands, evaldata
+    from april_bench.cli import commands, evaldata, gate
     from april_bench.cli.args import add_run_arguments
 
     parser = _Parser(
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(handler=commands.cmd_validate)
     commands.add_inspect_parsers(sub)
     evaldata.add_parsers(sub)
+    gate.add_parsers(sub)
     return parser
 
 

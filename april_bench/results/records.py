@@ -249,11 +249,13 @@ class RunRecorder:
         """Every table as plain dict rows."""
         return {name: [as_row(r) for r in records] for name, records in self.tables.items()}
 
-    def summary(self, *, baseline: str = "sync") -> dict[str, dict[str, Any]]:
+    def summary(
+        self, *, baseline: str | None = None, block_steps: int | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Per-arm metrics of the rows recorded so far (:func:`april_bench.results.summary.summarize`)."""
         from april_bench.results.summary import summarize
 
-        return summarize(self.rows(), baseline=baseline)
+        return summarize(self.rows(), baseline=baseline, block_steps=block_steps)
 
     def sample_fates(
         self,

@@ -33,10 +33,12 @@ from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
     DETAIL_COLUMNS,
+    GAIN_TOLERANCE,
     PAPER_COLUMNS,
     detail_table,
     paper_table,
     render_markdown,
+    wide_intervals,
 )
 
 __all__ = [
@@ -68,7 +70,9 @@ class RunDirectory:
         return self.tables.get(table, [])
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        return summarize(self.tables, baseline=self.config.get("baseline"))
+        return summarize(
+            self.tables, baseline=self.config.get("baseline"), block_steps=self.config.get("block_steps")
+        )
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -296,5 +300,12 @@ def render_tables(
     baseline = next(iter(summary.values()), {}).get("baseline")
     if baseline is not None and baseline != "sync":
         setup += f"; gains are against {baseline} (the run has no sync arm)"
+    wide = wide_intervals(summary)
+    if wide and not simulated:
+        setup += (
+            f"\n\nNote: the paired 95% interval of {', '.join(wide)} is wider than "
+            f"+-{GAIN_TOLERANCE * 100:.0f} points: the machine was noisy; rerun with more --repeats or "
+            "smaller --block-steps"
+        )
     label = kind.split()[0].lower()
     return f"## Results: {kind}\n\n{setup}\n\n{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"

@@ -32,6 +32,13 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     previous segment's tokens, and divides by (new tokens + those).
 ``max_version_span``
     over trained samples, newest minus oldest version among its tokens.
+``paired_gains``
+    ``{throughput|useful|end_to_end: {median, ci, half_width, pairs}}``: the
+    same gains from interleaved (repetition, block) pairs, with a bootstrap
+    interval (:mod:`april_bench.results.stats`).
+``latency``
+    percentiles of time to first token, time per output token and end-to-end
+    latency of the arm's finished requests.
 ``accuracy_improvement``, ``accuracy_improvement_equal_time``
     accuracy minus the baseline's, in absolute terms (points / 100).
 ``accuracy``, ``accuracy_equal_time``
@@ -51,18 +58,21 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from april_bench.results.stats import latency_percentiles, paired_gains
+
 __all__ = ["default_baseline", "summarize"]
 
 Row = Mapping[str, Any]
 
 
 def summarize(
-    tables: Mapping[str, Iterable[Row]], *, baseline: str | None = None
+    tables: Mapping[str, Iterable[Row]], *, baseline: str | None = None, block_steps: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """Metrics per arm, keyed by arm name (in the order arms appear in the ``steps`` table).
 
     ``tables`` maps table names (``requests``, ``samples``, ``steps``, ``evals``) to rows; missing
-    tables are empty.  ``baseline`` defaults to :func:`default_baseline`.
+    tables are empty.  ``baseline`` defaults to :func:`default_baseline`.  ``block_steps`` sets the
+    blocks of the paired gain statistics (:mod:`april_bench.results.stats`; default: one block).
     """
     by_arm = {name: _by_arm(tables.get(name, ())) for name in ("requests", "samples", "steps")}
     summary = {
@@ -72,6 +82,10 @@ def summarize(
     _accuracy(summary, list(tables.get("evals", ())))
     baseline = baseline or default_baseline(list(summary))
     base = summary.get(baseline)
+    steps = list(tables.get("steps", ()))
+    block = block_steps or max((s["step"] for s in steps), default=0) + 1
+    paired = paired_gains(steps, baseline=baseline, block_steps=block) if baseline else {}
+    latency = latency_percentiles(tables.get("requests", ()))
     for metrics in summary.values():
         metrics["baseline"] = baseline
         metrics["throughput_gain"] = _gain(metrics, base, "generated_tokens_per_s")
@@ -79,6 +93,10 @@ def summarize(
         metrics["end_to_end_gain"] = _gain(metrics, base, "trained_tokens_per_step_s")
         metrics["accuracy_improvement"] = _accuracy_gain(metrics, base, "accuracy")
         metrics["accuracy_improvement_equal_time"] = _accuracy_gain(metrics, base, "accuracy_equal_time")
+    for arm, metrics in summary.items():
+        metrics["paired_gains"] = paired.get(arm, {})
+        metrics["latency"] = latency.get(arm, {})
+        metrics["repeats"] = len({s.get("repeat", 0) for s in steps if s["arm"] == arm})
     return summary
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["detail_table", "paper_table", "render_markdown"]
+__all__ = ["GAIN_TOLERANCE", "detail_table", "paper_table", "render_markdown", "wide_intervals"]
+
+#: A paired interval wider than this (half-width, in gain units) is flagged in the table.
+GAIN_TOLERANCE = 0.10
 
 PAPER_COLUMNS = (
     "Dataset",
@@ -14,6 +17,8 @@ PAPER_COLUMNS = (
     "Hardware",
     "Strategy",
     "Throughput gain",
+    "Paired median [95% CI]",
+    "Useful-token gain",
     "Accuracy improvement (equal steps)",
     "Accuracy improvement (equal time)",
     "Source",
@@ -43,11 +48,33 @@ def paper_table(
                 config["hardware"].upper() if config["hardware"] != "cpu" else "CPU",
                 arm,
                 _pct(m.get("throughput_gain"), baseline=is_base),
+                "" if is_base else _paired(m.get("paired_gains", {}).get("throughput", {})),
+                _pct(m.get("useful_gain"), baseline=is_base),
                 *accuracy,
                 source,
             ]
         )
     return rows
+
+
+def _paired(stats: Mapping[str, Any]) -> str:
+    """'+41.2% [+33.0, +50.1] (12 pairs)', or the median alone when there is one pair."""
+    median, ci, pairs = stats.get("median"), stats.get("ci"), stats.get("pairs", 0)
+    if median is None:
+        return "n/a"
+    if pairs < 2 or ci is None:
+        return f"{median * 100:+.1f}% (1 pair)"
+    return f"{median * 100:+.1f}% [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}] ({pairs} pairs)"
+
+
+def wide_intervals(summary: Mapping[str, Mapping[str, Any]], tolerance: float = GAIN_TOLERANCE) -> list[str]:
+    """Arms whose paired throughput-gain interval is wider than +-``tolerance``."""
+    wide = []
+    for arm, m in summary.items():
+        half = m.get("paired_gains", {}).get("throughput", {}).get("half_width")
+        if arm != m.get("baseline") and half is not None and half > tolerance:
+            wide.append(f"{arm} (+-{half * 100:.1f} pts)")
+    return wide
 
 
 def _accuracy(m: Mapping[str, Any], key: str, simulated: bool, is_base: bool) -> str:

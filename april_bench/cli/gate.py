@@ -1,0 +1,82 @@
+"""``compare BASE NEW``: the regression gate (exit 1 when a gain regressed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parsers", "cmd_compare"]
+
+#: Config fields that must match for two runs to measure the same thing.
+_SAME = ("hardware", "algorithm", "dataset", "model", "steps", "seed", "rollout")
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare the gains of two runs; exit 1 if NEW regressed (the CI gate)",
+        description="Compare every arm's gains in NEW against BASE. Default rule: total:0 for simulated runs "
+        "(deterministic), median:ci for measured ones (NEW's paired interval wholly below BASE's).",
+    )
+    p.add_argument("base", type=Path, help="the reference run directory")
+    p.add_argument("new", type=Path, help="the run to check")
+    p.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="VIEW:TOL",
+        help="fail when a gain drops by more than TOL: total:5%%, median:5%%, total:0, median:ci",
+    )
+    p.add_argument(
+        "--gains", default="throughput,useful,end_to_end", help="which gains to compare (comma-separated)"
+    )
+    p.add_argument("--json", action="store_true", help="print the verdicts as one JSON document too")
+    p.set_defaults(handler=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from april_bench.config import ConfigError
+    from april_bench.results.compare import GAINS, compare_runs, default_rules, parse_rule, render_comparison
+    from april_bench.results.store import load_run
+
+    base, new = load_run(args.base), load_run(args.new)
+    if base.simulated != new.simulated:
+        raise ConfigError("one run is simulated and the other measured: compare like with like")
+    gains = [g.strip() for g in args.gains.split(",") if g.strip()]
+    unknown = sorted(set(gains) - set(GAINS))
+    if unknown:
+        raise ConfigError(f"--gains {', '.join(unknown)}: choose from {', '.join(GAINS)}")
+    differ = [k for k in _SAME if base.config.get(k) != new.config.get(k)]
+    if differ:
+        print(
+            f"note: the runs differ in {', '.join(differ)}; their gains may not be comparable",
+            file=sys.stderr,
+        )
+    rules = [parse_rule(r) for r in args.fail] or default_rules(base.simulated)
+    rows = compare_runs(base.summary(), new.summary(), rules, gains)
+    print(render_comparison(rows))
+    regressed = [r for r in rows if r.regressed]
+    print(f"\n{len(regressed)} regression(s) in {len(rows)} comparison(s)")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "regressions": len(regressed),
+                    "rows": [
+                        {
+                            "arm": r.arm,
+                            "gain": r.gain,
+                            "rule": str(r.rule),
+                            "base": r.base,
+                            "new": r.new,
+                            "regressed": r.regressed,
+                        }
+                        for r in rows
+                    ],
+                }
+            )
+        )
+    return 1 if regressed else 0

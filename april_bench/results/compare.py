@@ -1,0 +1,147 @@
+"""``compare BASE NEW``: did a change move the gains?  The regression gate for CI.
+
+Each arm present in both runs (the baseline arm excepted) is compared on each
+gain: ``throughput`` (generated tokens per rollout second), ``useful`` (trained
+tokens per rollout second) and ``end_to_end`` (trained tokens per step second).
+Two views of a gain are compared:
+
+``total``
+    the ratio-of-totals gain of the summary (``throughput_gain`` ...);
+``median``
+    the median of the paired block gains (:mod:`april_bench.results.stats`).
+
+A rule ``VIEW:TOLERANCE`` (``--fail median:5%``, ``--fail total:0``) fails the
+comparison when NEW's gain is more than TOLERANCE below BASE's.  The default
+rule depends on what was compared: for simulated runs, ``total:0`` (the
+simulator is deterministic: any change is a change); for measured runs,
+``median:ci`` - a regression only when NEW's paired interval lies wholly below
+BASE's (the tolerance is the measured spread of both runs).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from april_bench.config import ConfigError
+
+__all__ = ["GAINS", "Comparison", "Rule", "compare_runs", "default_rules", "parse_rule", "render_comparison"]
+
+GAINS = ("throughput", "useful", "end_to_end")
+_TOTAL_KEY = {"throughput": "throughput_gain", "useful": "useful_gain", "end_to_end": "end_to_end_gain"}
+_RULE = re.compile(r"^(total|median):(ci|[0-9.]+%?)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    view: str  # "total" or "median"
+    #: Allowed drop in gain units (0.05 = 5 points); ``None`` means "the intervals must overlap".
+    tolerance: float | None
+
+    def __str__(self) -> str:
+        amount = "ci" if self.tolerance is None else f"{self.tolerance * 100:g}%"
+        return f"{self.view}:{amount}"
+
+
+def parse_rule(text: str) -> Rule:
+    match = _RULE.match(text.strip())
+    if match is None:
+        raise ConfigError(f"--fail {text!r}: write VIEW:TOLERANCE, e.g. median:5%, total:0 or median:ci")
+    view, amount = match.groups()
+    if amount == "ci":
+        if view != "median":
+            raise ConfigError("--fail total:ci: only the paired median has an interval; use median:ci")
+        return Rule(view, None)
+    value = float(amount.rstrip("%"))
+    return Rule(view, value / 100 if amount.endswith("%") else value)
+
+
+def default_rules(simulated: bool) -> list[Rule]:
+    return [Rule("total", 0.0)] if simulated else [Rule("median", None)]
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    arm: str
+    gain: str
+    rule: Rule
+    base: float | None
+    new: float | None
+    base_ci: Sequence[float] | None
+    new_ci: Sequence[float] | None
+    regressed: bool
+    why: str
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.base is None or self.new is None else self.new - self.base
+
+
+def compare_runs(
+    base: Mapping[str, Mapping[str, Any]],
+    new: Mapping[str, Mapping[str, Any]],
+    rules: Sequence[Rule],
+    gains: Sequence[str] = GAINS,
+) -> list[Comparison]:
+    """Every (arm, gain, rule) of two run summaries, with its verdict."""
+    arms = [a for a in base if a in new and a != base[a].get("baseline")]
+    if not arms:
+        raise ConfigError("the two runs have no non-baseline arm in common: nothing to compare")
+    out = []
+    for arm in arms:
+        for gain in gains:
+            for rule in rules:
+                out.append(_compare(arm, gain, rule, base[arm], new[arm]))
+    return out
+
+
+def _compare(arm: str, gain: str, rule: Rule, base: Mapping[str, Any], new: Mapping[str, Any]) -> Comparison:
+    if rule.view == "total":
+        b, n = base.get(_TOTAL_KEY[gain]), new.get(_TOTAL_KEY[gain])
+        b_ci = n_ci = None
+    else:
+        b_stats, n_stats = (
+            base.get("paired_gains", {}).get(gain, {}),
+            new.get("paired_gains", {}).get(gain, {}),
+        )
+        b, n = b_stats.get("median"), n_stats.get("median")
+        b_ci, n_ci = b_stats.get("ci"), n_stats.get("ci")
+    if b is None or n is None:
+        return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "not measured in both runs")
+    if rule.tolerance is not None:
+        regressed = n < b - rule.tolerance - 1e-12
+        why = (
+            f"dropped {(b - n) * 100:.2f} pts > {rule.tolerance * 100:g}" if regressed else "within tolerance"
+        )
+        return Comparison(arm, gain, rule, b, n, b_ci, n_ci, regressed, why)
+    if not b_ci or not n_ci:
+        return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "no interval to compare (one pair)")
+    regressed = n_ci[1] < b_ci[0]
+    why = "NEW's interval lies below BASE's" if regressed else "intervals overlap or NEW is higher"
+    return Comparison(arm, gain, rule, b, n, b_ci, n_ci, regressed, why)
+
+
+def render_comparison(rows: Sequence[Comparison]) -> str:
+    from april_bench.results.table import render_markdown
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value * 100:+.1f}%"
+
+    def ci(values: Sequence[float] | None) -> str:
+        return "" if not values else f" [{values[0] * 100:+.1f}, {values[1] * 100:+.1f}]"
+
+    table = [
+        [
+            r.arm,
+            r.gain,
+            str(r.rule),
+            pct(r.base) + ci(r.base_ci),
+            pct(r.new) + ci(r.new_ci),
+            "n/a" if r.delta is None else f"{r.delta * 100:+.2f} pts",
+            ("REGRESSED: " if r.regressed else "ok: ") + r.why,
+        ]
+        for r in rows
+    ]
+    return render_markdown(("Arm", "Gain", "Rule", "Base", "New", "Change", "Verdict"), table)
