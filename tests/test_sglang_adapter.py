@@ -168,12 +168,12 @@ def test_an_abort_in_the_final_step_is_reported_as_the_finish_it_was() -> None:
     # id).  SGLang says "abort"; resuming would run past the end, so the adapter reports the finish.
     async def body(engine: SGLangEngine) -> None:
         stop = tokens(5, 0, 3, 1)[0]
-        stream = engine.generate(
-            [request("last", 7, 1), request("stop", 5, 9, seed=0, stop_token_ids=(stop,))]
-        )
-        await until_load(engine, 2)
-        await engine.abort(None)
-        out = {c.request_id: c async for c in stream}
+        out = {}
+        for req in (request("last", 7, 1), request("stop", 5, 9, seed=0, stop_token_ids=(stop,))):
+            stream = engine.generate([req])
+            await until_load(engine, 1)
+            await engine.abort(None)
+            out[req.request_id] = await anext(aiter(stream))
         assert (out["last"].num_tokens, out["last"].finish_reason) == (1, FinishReason.LENGTH)
         assert (out["stop"].output_ids, out["stop"].finish_reason) == ((stop,), FinishReason.STOP)
 

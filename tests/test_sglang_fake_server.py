@@ -148,7 +148,8 @@ def test_a_request_arriving_after_abort_all_runs_until_aborted_again() -> None:
     # Aborting it again by rid does nothing either (SGLang sends one abort per rid); abort-all does.
     async def test(client, server) -> None:
         task = generate(client, "late", [1, 2], 1000)
-        await asyncio.sleep(0.05)
+        while "late" not in server.scheduler.states:  # received, not yet in the scheduler
+            await asyncio.sleep(0.001)
         await client.post("/abort_request", json={"abort_all": True})
         await client.post("/abort_request", json={"rid": "late"})  # arrives in transit: marks it sent
         await until(client, 1)

@@ -6,8 +6,9 @@
   token rule, in-process or as ``python -m april_bench.engines.sglang.fake_server``.
 
 Both are imported on first use (the fake server module must not be imported by
-its own package when it runs as ``__main__``).  The adapter needs ``httpx2``
-(the ``sglang`` extra), never the ``sglang`` package itself.
+its own package when it runs as ``__main__``).  Neither needs a third-party
+package: the adapter speaks HTTP with :mod:`.http`, the fake serves it with
+:mod:`.fake_http`, and ``sglang`` itself is only ever a separate server process.
 """
 
 from __future__ import annotations

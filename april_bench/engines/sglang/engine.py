@@ -37,8 +37,6 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx2
-
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     Completion,
@@ -48,6 +46,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
+from april_bench.engines.sglang.http import HTTPClient, HTTPError
 from april_bench.engines.sglang.launcher import ServerHandle, ServerProcess, free_port, launch_command
 from april_bench.engines.sglang.metrics import parse_prometheus
 from april_bench.engines.sglang.wire import VersionMap, error_message, generate_payload, parse_generate_output
@@ -126,7 +125,7 @@ class SGLangEngine(Configurable):
             raise ConfigError("the sglang engine needs model_path (to launch a server) or url (to attach)")
         self.config = config
         self.server = server
-        self._client: httpx2.AsyncClient | None = None
+        self._client: HTTPClient | None = None
         self._inflight: dict[str, _InFlight] = {}
         self._versions = VersionMap("default")
         self._info = EngineInfo(
@@ -158,15 +157,7 @@ class SGLangEngine(Configurable):
         if self.server is not None:
             await self.server.start()
         c = self.config
-        self._client = httpx2.AsyncClient(
-            base_url=self.url,
-            trust_env=False,  # loopback: never through a proxy
-            headers=_headers(c),
-            timeout=httpx2.Timeout(c.control_timeout_s),
-            limits=httpx2.Limits(
-                max_connections=c.max_connections, max_keepalive_connections=c.max_connections
-            ),
-        )
+        self._client = HTTPClient(self.url, headers=_headers(c), max_connections=c.max_connections)
         try:
             await self._describe()
         except BaseException:
@@ -197,8 +188,8 @@ class SGLangEngine(Configurable):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.launch_timeout_s
         while True:
-            with contextlib.suppress(httpx2.TransportError):
-                if (await self._http.get("/health")).status_code == 200:
+            with contextlib.suppress(HTTPError):
+                if (await self._http.get("/health", timeout=self.config.control_timeout_s)).status == 200:
                     return
             if loop.time() > deadline:
                 raise EngineError(f"the sglang server at {self.url} is not healthy (GET /health)")
@@ -235,11 +226,9 @@ class SGLangEngine(Configurable):
         t_sent = loop.time()
         try:
             payload = generate_payload(request, rid, self.config.eos_token_ids)
-            response = await self._http.post(
-                "/generate", json=payload, timeout=httpx2.Timeout(None, connect=30.0)
-            )
-            if response.status_code != 200:
-                message = error_message(response.content, response.status_code)
+            response = await self._http.post("/generate", payload)  # no timeout: requests run long
+            if response.status != 200:
+                message = error_message(response.body, response.status)
                 raise EngineError(f"sglang rejected {request.request_id}: {message}")
             out = parse_generate_output(
                 response.json(), request, versions=self._versions, eos_token_ids=self.config.eos_token_ids
@@ -247,8 +236,8 @@ class SGLangEngine(Configurable):
         except asyncio.CancelledError:
             stream.fail(EngineError(f"the sglang engine was closed with {request.request_id} in flight"))
             raise
-        except httpx2.HTTPError as exc:
-            stream.fail(EngineError(f"sglang /generate for {request.request_id} failed: {exc!r}"))
+        except HTTPError as exc:
+            stream.fail(EngineError(f"sglang /generate for {request.request_id} failed: {exc}"))
             return
         except (EngineError, ValueError) as exc:
             stream.fail(exc if isinstance(exc, EngineError) else EngineError(f"{request.request_id}: {exc}"))
@@ -318,13 +307,11 @@ class SGLangEngine(Configurable):
         else:
             body, path = {"new_version": version, "abort_all_requests": False}, "/update_weight_version"
         try:
-            response = await self._http.post(path, json=body, timeout=self.config.weight_update_timeout_s)
-        except httpx2.HTTPError as exc:
-            raise EngineError(f"sglang POST {path} at {self.url} failed: {exc!r}") from None
-        if response.status_code != 200:
-            raise EngineError(
-                f"sglang {path} failed: {error_message(response.content, response.status_code)}"
-            )
+            response = await self._http.post(path, body, timeout=self.config.weight_update_timeout_s)
+        except HTTPError as exc:
+            raise EngineError(f"sglang POST {path} at {self.url} failed: {exc}") from None
+        if response.status != 200:
+            raise EngineError(f"sglang {path} failed: {error_message(response.body, response.status)}")
 
     # ------------------------------------------------------- SGLang extras
     def metrics(self) -> dict[str, float]:
@@ -334,8 +321,8 @@ class SGLangEngine(Configurable):
     async def refresh_metrics(self) -> dict[str, float]:
         """Fetch ``/v1/loads`` and, if the server serves it, ``/metrics``; then :meth:`metrics`."""
         await self.load()
-        response = await self._http.get("/metrics")
-        if response.status_code == 200:
+        response = await self._http.get("/metrics", timeout=self.config.control_timeout_s)
+        if response.status == 200:
             self._snapshot |= parse_prometheus(response.text, prefix="sglang:")
         return self.metrics()
 
@@ -348,38 +335,41 @@ class SGLangEngine(Configurable):
 
     async def flush_cache(self) -> bool:
         """``/flush_cache``: False when SGLang refuses because requests are running or queued."""
-        return (await self._http.post("/flush_cache")).status_code == 200
+        response = await self._http.post("/flush_cache", timeout=self.config.control_timeout_s)
+        return response.status == 200
 
     # ---------------------------------------------------------------- HTTP
     @property
-    def _http(self) -> httpx2.AsyncClient:
+    def _http(self) -> HTTPClient:
         if self._client is None:
             raise EngineError("the sglang engine is not started: await engine.start() first")
         return self._client
 
     async def _get_json(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         try:
-            response = await self._http.get(path, params=params)
-        except httpx2.HTTPError as exc:
-            raise EngineError(f"sglang GET {path} at {self.url} failed: {exc!r}") from None
-        if response.status_code == 404:
+            response = await self._http.get(path, params, timeout=self.config.control_timeout_s)
+            data = response.json() if response.status == 200 else None
+        except HTTPError as exc:
+            raise EngineError(f"sglang GET {path} at {self.url} failed: {exc}") from None
+        except ValueError:
+            raise EngineError(f"sglang GET {path} returned a body that is not JSON") from None
+        if response.status == 404:
             raise EngineError(
                 f"the server at {self.url} has no {path}: april-bench needs sglang>={MIN_SGLANG}"
             )
-        if response.status_code != 200:
-            raise EngineError(f"sglang GET {path}: {error_message(response.content, response.status_code)}")
-        data = response.json()
+        if response.status != 200:
+            raise EngineError(f"sglang GET {path}: {error_message(response.body, response.status)}")
         if not isinstance(data, dict):
             raise EngineError(f"sglang GET {path} returned {type(data).__name__}, not an object")
         return data
 
     async def _post_ok(self, path: str, body: dict[str, Any]) -> None:
         try:
-            response = await self._http.post(path, json=body)
-        except httpx2.HTTPError as exc:
-            raise EngineError(f"sglang POST {path} at {self.url} failed: {exc!r}") from None
-        if response.status_code != 200:
-            raise EngineError(f"sglang POST {path}: {error_message(response.content, response.status_code)}")
+            response = await self._http.post(path, body, timeout=self.config.control_timeout_s)
+        except HTTPError as exc:
+            raise EngineError(f"sglang POST {path} at {self.url} failed: {exc}") from None
+        if response.status != 200:
+            raise EngineError(f"sglang POST {path}: {error_message(response.body, response.status)}")
 
 
 def _headers(config: SGLangEngine.Config) -> dict[str, str]:

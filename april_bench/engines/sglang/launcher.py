@@ -22,9 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import httpx2
-
 from april_bench.engines.protocol import EngineError
+from april_bench.engines.sglang.http import HTTPClient, HTTPError
 
 if TYPE_CHECKING:
     from april_bench.engines.sglang.engine import SGLangEngine
@@ -163,7 +162,8 @@ class ServerProcess:
         assert self.process is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.health_timeout_s
-        async with httpx2.AsyncClient(base_url=self.url, trust_env=False, headers=self.headers) as client:
+        client = HTTPClient(self.url, headers=self.headers, max_connections=1)
+        try:
             while True:
                 code = self.process.poll()
                 if code is not None:
@@ -171,8 +171,8 @@ class ServerProcess:
                         f"the sglang server exited with code {code} while starting: {self._last_log_line()} "
                         f"(log: {self.log_path})"
                     )
-                with contextlib.suppress(httpx2.TransportError):
-                    if (await client.get("/health", timeout=30.0)).status_code == 200:
+                with contextlib.suppress(HTTPError):
+                    if (await client.get("/health", timeout=30.0)).status == 200:
                         return
                 if loop.time() > deadline:
                     raise EngineError(
@@ -180,6 +180,8 @@ class ServerProcess:
                         f"raise launch_timeout_s or read its log: {self.log_path}"
                     )
                 await asyncio.sleep(0.25)
+        finally:
+            await client.aclose()
 
     async def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL it if still there after ``stop_timeout_s``."""

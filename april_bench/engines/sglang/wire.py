@@ -24,6 +24,7 @@ The things that matter for partial rollouts:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -173,8 +174,6 @@ def classify_finish(
 
 def error_message(body: bytes, status: int) -> str:
     """The message of an SGLang error response (``{"error": {"message"}}``, ``{"message"}``, text)."""
-    import json
-
     try:
         data = json.loads(body)
     except ValueError:
