@@ -1,0 +1,175 @@
+"""A small asyncio HTTP/1.1 client for one server on loopback: JSON in, bytes out, keep-alive pool.
+
+Why not httpx: its connection pool checks every pooled connection on every
+request (``httpcore`` ``_assign_requests_to_connections`` -> ``has_expired``),
+which is quadratic in the number of open connections.  The adapter holds one
+connection per running request (hundreds), and
+``benchmarks/sglang_fake_bench.py`` measured ~10 ms of client time per request
+at 64 concurrent ones - more than the decode steps it was timing.  This client
+does what the adapter needs and nothing else: ``Content-Length`` and chunked
+responses, a LIFO pool of idle connections that expire after
+``keepalive_s`` (uvicorn closes idle ones after 5 s), one retry when a reused
+connection turns out to be closed before any response byte arrived, and a
+connection closed on cancellation (the server then aborts the request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+__all__ = ["HTTPClient", "HTTPError", "HTTPResponse"]
+
+
+class HTTPError(OSError):
+    """The server could not be reached, or broke the connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPResponse:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+@dataclass(slots=True)
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float = 0.0
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class HTTPClient:
+    """Requests to ``base_url`` (``http://host:port``) over at most ``max_connections`` connections."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 4096,
+        keepalive_s: float = 2.0,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"only http://host:port URLs are supported, got {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self._headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        self._keepalive_s = keepalive_s
+        self._closed = False
+
+    async def get(
+        self, path: str, params: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> HTTPResponse:
+        target = f"{path}?{urlencode(params)}" if params else path
+        return await self.request("GET", target, None, timeout)
+
+    async def post(self, path: str, body: Any = None, timeout: float | None = None) -> HTTPResponse:
+        return await self.request("POST", path, b"" if body is None else json.dumps(body).encode(), timeout)
+
+    async def request(
+        self, method: str, target: str, body: bytes | None, timeout: float | None
+    ) -> HTTPResponse:
+        if self._closed:
+            raise HTTPError("the HTTP client is closed")
+        async with self._slots:
+            if timeout is None:
+                return await self._request(method, target, body)
+            try:
+                return await asyncio.wait_for(self._request(method, target, body), timeout)
+            except TimeoutError:
+                raise HTTPError(f"{method} {target} timed out after {timeout:g} s") from None
+
+    async def _request(self, method: str, target: str, body: bytes | None) -> HTTPResponse:
+        head = f"{method} {target} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{self._headers}"
+        if body is not None:
+            head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        payload = (head + "\r\n").encode("latin-1") + (body or b"")
+        for attempt in range(2):
+            conn, reused = await self._connection()
+            try:
+                conn.writer.write(payload)
+                await conn.writer.drain()
+                status, keep, data = await _read_response(conn.reader)
+            except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
+                conn.close()
+                if reused and attempt == 0 and not getattr(exc, "partial", b""):
+                    continue  # the server had closed this idle connection: nothing was processed
+                raise HTTPError(f"{method} {target} at {self.host}:{self.port}: {exc!r}") from None
+            except BaseException:  # cancelled mid-request: the server sees the disconnect
+                conn.close()
+                raise
+            if keep and not self._closed:
+                conn.idle_since = asyncio.get_running_loop().time()
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return HTTPResponse(status, data)
+        raise AssertionError("unreachable")
+
+    async def _connection(self) -> tuple[_Connection, bool]:
+        now = asyncio.get_running_loop().time()
+        while self._idle:
+            conn = self._idle.pop()
+            if now - conn.idle_since < self._keepalive_s and not conn.reader.at_eof():
+                return conn, True
+            conn.close()
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 26)
+        except OSError as exc:
+            raise HTTPError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        return _Connection(reader, writer), False
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+            with contextlib.suppress(OSError):
+                await conn.writer.wait_closed()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    status = int(head[0].split(" ", 2)[1])
+    headers = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader)
+    elif "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    else:  # no length: the body runs to the end of the connection
+        return status, False, await reader.read()
+    keep = headers.get("connection", "").lower() != "close"
+    return status, keep, body
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts = []
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+        if size == 0:
+            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                pass
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
