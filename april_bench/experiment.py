@@ -81,7 +81,7 @@ def run(
     ]
     bars = _Bars(sessions, config.steps, progress)
     try:
-        if not components.engine_spec.produces_tokens or components.engine_name == "fake":
+        if components.virtual_time:
             for session in sessions:  # virtual time: each session alone, on its own clock
                 run_virtual(session.run_alone(bars))
         else:
@@ -194,8 +194,8 @@ class ArmSession:
             loop.set_time(saved["clock_now"])  # a simulated run continues on the same virtual clock
         self._run_origin = loop.time() if saved is None else loop.time() - saved["run_elapsed"]
         engine = self._engine = self.components.engine()
-        self.simulated, self.engine_version = engine.info.simulated, engine.info.version
         await engine.start()
+        self.simulated, self.engine_version = engine.info.simulated, engine.info.version  # known once started
         self._trainer = self.components.trainer()
         self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))

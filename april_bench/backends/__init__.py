@@ -53,6 +53,11 @@ class Components:
     trainer_settings: TrainerSettings
     engine_args: Mapping[str, Any]
     trainer_args: Mapping[str, Any]
+
+    @property
+    def virtual_time(self) -> bool:
+        return self.engine_spec.virtual_time
+
     #: One line per choice made for the user (``--engine auto`` fell back to the simulator ...).
     notes: list[str]
 
@@ -72,8 +77,11 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
     missing = spec.missing()
     if missing:
         raise ConfigError(missing)
-    trainer_spec = resolve_trainer(config.trainer, engine=engine_name, produces_tokens=spec.produces_tokens)
-    task = build_task(config, produces_tokens=spec.produces_tokens, progress=progress)
+    trains = spec.produces_tokens and not spec.simulated  # a model's tokens: something to train on
+    trainer_spec = resolve_trainer(config.trainer, engine=engine_name, produces_tokens=trains)
+    task = build_task(
+        config, produces_tokens=spec.produces_tokens, simulated=spec.simulated, progress=progress
+    )
     engine_settings = EngineSettings(
         model=config.model,
         hardware=config.hardware,

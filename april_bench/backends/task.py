@@ -82,16 +82,20 @@ def looks_like_path(model: str) -> bool:
     return model.startswith((".", "/", "~")) or "/" in model or Path(model).is_dir()
 
 
-def build_task(config: ExperimentConfig, *, produces_tokens: bool, progress: bool = False) -> Task:
+def build_task(
+    config: ExperimentConfig, *, produces_tokens: bool, simulated: bool = False, progress: bool = False
+) -> Task:
+    """The task of ``config`` on an engine that produces tokens (or lengths only), from a model or not
+    (``simulated``: a fake engine's tokens are not a model's, so they replay lengths)."""
     model = config.model
     if looks_like_path(model) and not Path(model).expanduser().is_dir():
         raise ConfigError(
             f"--model {model}: no such checkpoint directory (a named architecture is one of "
             "`python -m april_bench ls models`)"
         )
-    if config.dataset == "synthetic" and produces_tokens:
+    if config.dataset == "synthetic" and produces_tokens and not simulated:
         task = _synthetic_task(config, progress=progress)
-    elif produces_tokens and Path(model).expanduser().is_dir():
+    elif produces_tokens and not simulated and Path(model).expanduser().is_dir():
         task = _math_task(config)
     else:
         task = _lengths_task(config, produces_tokens=produces_tokens)

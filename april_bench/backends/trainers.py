@@ -89,8 +89,8 @@ def resolve_trainer(requested: str, *, engine: str, produces_tokens: bool) -> Tr
     spec = TRAINERS.get(name)
     if spec.needs_tokens and not produces_tokens:
         raise ConfigError(
-            f"--trainer {name} trains on token ids, but engine {engine!r} produces lengths only; "
-            "use --trainer sim, or a real engine (--engine hf)"
+            f"--trainer {name} trains a model on its own tokens, but engine {engine!r} has no model behind "
+            "its output (lengths or fake tokens); use --trainer sim, or a real engine (--engine hf)"
         )
     return spec
 

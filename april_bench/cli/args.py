@@ -232,6 +232,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from april_bench.recipes import recipe_for
 
     base = recipe_for(args.hw)
+    if args.engine not in (None, "auto"):
+        from april_bench.engines import ENGINES
+
+        if args.engine in ENGINES and ENGINES.get(args.engine).simulated:
+            # the recipe's trainer settings are for a real trainer; a fake engine pairs with the sim's
+            base = base.replace(trainer_args={})
     changes: dict[str, Any] = {
         k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
     }

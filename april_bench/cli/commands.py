@@ -82,7 +82,7 @@ def _execute(
     from april_bench.results.records import RunRecorder
     from april_bench.results.store import RunWriter, render_tables, write_json_atomic
 
-    simulated = not components.engine_spec.produces_tokens or components.engine_name == "fake"
+    simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
     if kept is None or not provenance_path.exists():
         provenance = collect_provenance(

@@ -58,6 +58,11 @@ class EngineSpec:
     factory: str
     #: False for engines that produce lengths, not tokens (the simulator).
     produces_tokens: bool
+    #: True when no model stands behind the tokens (a fake): the run replays lengths, trains
+    #: nothing real, and is labelled simulated.
+    simulated: bool = False
+    #: True when it runs on a virtual clock (the simulator, the fake): sessions then run one by one.
+    virtual_time: bool = False
     #: Packages it needs (checked with ``find_spec``, never imported here).
     requires: tuple[str, ...] = ()
     #: The ``pip install`` that provides them.
@@ -93,7 +98,14 @@ def _load(target: str) -> Any:
 ENGINES: Registry[EngineSpec] = Registry("engine")
 ENGINES.register(
     "sim",
-    EngineSpec("sim", "april_bench.sim.engine:from_settings", produces_tokens=False, requires=("numpy",)),
+    EngineSpec(
+        "sim",
+        "april_bench.sim.engine:from_settings",
+        produces_tokens=False,
+        simulated=True,
+        virtual_time=True,
+        requires=("numpy",),
+    ),
     "discrete-event model of an SGLang deployment (simulated)",
 )
 ENGINES.register(
@@ -110,6 +122,32 @@ ENGINES.register(
 )
 ENGINES.register(
     "fake",
-    EngineSpec("fake", "april_bench.engines.fake:from_settings", produces_tokens=True),
+    EngineSpec(
+        "fake",
+        "april_bench.engines.fake:from_settings",
+        produces_tokens=True,
+        simulated=True,
+        virtual_time=True,
+    ),
     "deterministic fake: one token per tick per request (virtual time)",
+)
+ENGINES.register(
+    "sglang",
+    EngineSpec(
+        "sglang",
+        "april_bench.engines.sglang.engine:from_settings",
+        produces_tokens=True,
+        checker="april_bench.engines.sglang.engine:check_settings",
+    ),
+    "SGLang over its HTTP API: launched on loopback (needs CUDA), or attached with --engine-url",
+)
+ENGINES.register(
+    "sglang-fake",
+    EngineSpec(
+        "sglang-fake",
+        "april_bench.engines.sglang.engine:fake_from_settings",
+        produces_tokens=True,
+        simulated=True,
+    ),
+    "the sglang adapter over april-bench's fake SGLang server (HTTP, real time, modelled decode)",
 )

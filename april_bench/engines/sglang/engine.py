@@ -32,17 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
     Completion,
     EngineError,
     EngineInfo,
     EngineLoad,
+    EngineSettings,
     GenerateRequest,
     WeightUpdate,
 )
@@ -377,3 +379,55 @@ def _headers(config: SGLangEngine.Config) -> dict[str, str]:
 
 
 _LOAD_KEYS = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens")
+
+
+def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "eos_token_ids": settings.eos_token_ids,
+        "context_length": settings.max_context_len,
+        "seed": settings.seed,
+        **args,
+    }
+    return options
+
+
+def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGLangEngine.Config:
+    """The adapter's Config for ``settings`` (a launched server, or ``url=`` to attach), checked
+    without launching anything: SGLang must be installed here or in ``python=``, or ``url`` given."""
+    options = _options(settings, args)
+    config = config_from(SGLangEngine.Config, options, where="--engine-arg", owner="the sglang engine")
+    if config.url is None and not config.python and importlib.util.find_spec("sglang") is None:
+        raise ConfigError(
+            "engine sglang: SGLang is not installed here (it needs CUDA: pip install 'sglang[all]'); point "
+            "--engine-arg python=/path/to/env/bin/python at an environment that has it, or attach to a "
+            "running server with --engine-url http://host:port"
+        )
+    return config
+
+
+def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGLangEngine:
+    """SGLang serving the experiment's starting checkpoint (launched on loopback), or a server at ``url``."""
+    config = check_settings(settings, args)
+    if config.url is None and config.model_path is None:
+        if settings.checkpoint is None:
+            raise ConfigError("engine sglang needs a checkpoint directory to serve; this task has none")
+        config = config.replace(model_path=settings.checkpoint())
+    return config.build()
+
+
+def fake_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGLangEngine:
+    """The adapter over april-bench's fake SGLang server, in this process: SGLang's HTTP behaviour
+    (abort, retraction, weight versions) on a CPU, with modelled decode time.  ``args`` may set the
+    fake server's fields (``decode_step_s``, ``max_running_requests`` ...) and the adapter's."""
+    from april_bench.engines.sglang.fake_server import FakeSGLangServer
+
+    server_fields = set(FakeSGLangServer.Config.field_help())
+    server_args = {k: v for k, v in args.items() if k in server_fields}
+    engine_args = {k: v for k, v in args.items() if k not in server_fields}
+    server = config_from(
+        FakeSGLangServer.Config, server_args, where="--engine-arg", owner="the fake SGLang server"
+    )
+    options = _options(settings, engine_args)
+    options.pop("context_length", None)
+    config = config_from(SGLangEngine.Config, options, where="--engine-arg", owner="the sglang adapter")
+    return config.build(server=server.build())
