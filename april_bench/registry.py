@@ -54,7 +54,7 @@ class Registry(Generic[T]):
                 raise TypeError(f"{self.kind} {name!r} -> {target} is not a {self._base_cls.__name__}")
             self._entries[name] = obj
             target = obj
-        return target  # type: ignore[return-value]
+        return target
 
     def describe(self, name: str) -> str:
         return self._descriptions.get(name, "")

@@ -79,6 +79,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--dataset", choices=["synthetic", *training_sets()], help=exp["dataset"])
     what.add_argument("--model", help=exp["model"])
     what.add_argument("--engine", choices=["auto", *ENGINES.names()], help=exp["engine"])
+    what.add_argument(
+        "--engine-url",
+        metavar="URL",
+        help="attach to a running server (vllm, sglang) instead of launching one",
+    )
     what.add_argument("--trainer", choices=["auto", *TRAINERS.names()], help=exp["trainer"])
     what.add_argument(
         "--strategies",
@@ -215,7 +220,9 @@ def _split(text: str) -> tuple[str, ...]:
 
 def _split_arms(text: str) -> list[str]:
     """Split on commas outside brackets: ``sync,april[a=1,b=2]`` is two arms."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         depth += (ch == "[") - (ch == "]")
         if ch == "," and depth == 0:
@@ -249,11 +256,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
         from april_bench.config import config_from
         from april_bench.rollout.loop import RolloutConfig
 
-        current = {f: getattr(base.rollout, f) for f in RolloutConfig.field_help()}
+        current: dict[str, Any] = {f: getattr(base.rollout, f) for f in RolloutConfig.field_help()}
         changes["rollout"] = config_from(RolloutConfig, {**current, **rollout}, where="--rollout-arg")
     for flag, key in _MAPPINGS.items():
         if getattr(args, flag):
             changes[key] = {**getattr(base, key), **dict(getattr(args, flag))}
+    if args.engine_url is not None:
+        changes["engine_args"] = {**changes.get("engine_args", base.engine_args), "url": args.engine_url}
     strategy_args = {name: dict(options) for name, options in base.strategy_args.items()}
     for cap in _APRIL_CAPS:
         if getattr(args, cap) is not None:

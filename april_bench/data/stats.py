@@ -224,8 +224,13 @@ def format_stats(s: DatasetStats) -> str:
     )
     if s.skipped:
         lines += ["", "Skipped rows", ""]
-        lines += _table(("reason", "rows"), sorted(s.skipped.items(), key=lambda kv: -kv[1]))
+        lines += _table(("reason", "rows"), _by_count(s.skipped))
     if s.notes:
         lines += ["", "Notes (kept rows)", ""]
-        lines += _table(("note", "rows"), sorted(s.notes.items(), key=lambda kv: -kv[1]))
+        lines += _table(("note", "rows"), _by_count(s.notes))
     return "\n".join(lines)
+
+
+def _by_count(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Most frequent first (ties keep their order)."""
+    return sorted(counts.items(), key=lambda kv: -kv[1])

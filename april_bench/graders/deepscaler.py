@@ -344,8 +344,11 @@ def grade_sympy(pred: str | None, gt: str | None) -> bool:
 
 
 def _is_correct(response: str, reference: str, require_think: bool) -> bool:
-    if require_think and (response := after_think(response)) is None:
-        return False
+    if require_think:
+        thought = after_think(response)
+        if thought is None:
+            return False
+        response = thought
     pred = last_boxed(response, fbox=False)
     gt = last_boxed(reference, fbox=False) if "\\boxed" in reference else reference
     if pred is None or not gt:

@@ -118,18 +118,21 @@ def _tame(expr: Any) -> bool:
 
 
 def _is_correct(response: str, reference: str, require_think: bool) -> bool:
-    if require_think and (response := after_think(response)) is None:
-        return False
+    if require_think:
+        thought = after_think(response)
+        if thought is None:
+            return False
+        response = thought
     if len(reference) > MAX_REFERENCE_CHARS:
         return False
     from math_verify import parse, verify
 
     gold_config, pred_config = _configs()
     with quiet_loggers():
-        gold = parse("\\boxed{" + reference + "}", gold_config, parsing_timeout=None)  # type: ignore[arg-type]
+        gold = parse("\\boxed{" + reference + "}", gold_config, parsing_timeout=None)
         if not gold or not all(_tame(g) for g in gold):
             return False
-        pred = parse(response[-MAX_RESPONSE_CHARS:], pred_config, parsing_timeout=None)  # type: ignore[arg-type]
+        pred = parse(response[-MAX_RESPONSE_CHARS:], pred_config, parsing_timeout=None)
         pred = [p for p in pred if _tame(p)]
         return bool(pred) and verify(gold, pred, float_rounding=6, timeout_seconds=None)
 

@@ -81,7 +81,7 @@ def summarize(
     }
     _accuracy(summary, list(tables.get("evals", ())))
     baseline = baseline or default_baseline(list(summary))
-    base = summary.get(baseline)
+    base = summary.get(baseline) if baseline is not None else None
     steps = list(tables.get("steps", ()))
     block = block_steps or max((s["step"] for s in steps), default=0) + 1
     paired = paired_gains(steps, baseline=baseline, block_steps=block) if baseline else {}

@@ -68,7 +68,8 @@ class ArmSpec:
 
 def strategy_options(name: str) -> dict[str, str]:
     """Option name -> help text of a strategy (imports the strategy's module)."""
-    return STRATEGIES.get(name).Config.field_help()
+    cls: Any = STRATEGIES.get(name)
+    return dict(cls.Config.field_help())
 
 
 def build_strategy(
@@ -77,7 +78,7 @@ def build_strategy(
     """Build an arm's strategy from ``defaults[strategy]`` (the run's ``strategy_args``) and the arm's
     own options; an option the strategy does not have is an error naming the ones it has."""
     spec = ArmSpec.parse(arm) if isinstance(arm, str) else arm
-    cls = STRATEGIES.get(spec.strategy)
+    cls: Any = STRATEGIES.get(spec.strategy)
     options = {**dict((defaults or {}).get(spec.strategy, {})), **dict(spec.options)}
     return config_from(
         cls.Config, options, where=f"option of strategy {spec.strategy!r} (arm {spec.label!r})"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from april_bench.profiles.hardware import HardwareProfile
 from april_bench.profiles.models import ModelProfile
@@ -40,6 +40,14 @@ class CostModel:
     model: ModelProfile
     tp: int = 1
     graph_max_batch: int | None = None
+    # Derived in __post_init__ (not arguments): the roofline constants.
+    _bw: float = field(init=False, repr=False)
+    _flops: float = field(init=False, repr=False)
+    _ceiling: int = field(init=False, repr=False)
+    _mem_a: float = field(init=False, repr=False)
+    _mem_b: float = field(init=False, repr=False)
+    _comp_per_seq: float = field(init=False, repr=False)
+    _comp_b: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Constants of the roofline terms, computed once: decode_run_time is on the simulator's hot path.

@@ -48,8 +48,11 @@ class LengthDraw:
 
 
 class LengthModel(Protocol):
-    name: str
-    drift_per_step: float
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def drift_per_step(self) -> float: ...
 
     def draw(self, uid: int, n: int) -> LengthDraw: ...
 
@@ -123,7 +126,7 @@ class TraceLengths:
                 groups.setdefault(str(row[key]), []).append(row)
             self._groups = list(groups.values())
         else:
-            self._groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
+            self._groups = [list(rows[i : i + group_size]) for i in range(0, len(rows), group_size)]
         self._by_uid = {int(k): g for k, g in groups.items()} if key == "uid" else {}
         for g in self._groups:
             for row in g:

@@ -112,7 +112,8 @@ class HFEngine(Configurable):
             torch.set_num_threads(config.threads)
         self.device = _device(config.device)
         self.dtype = _dtype(config.dtype, self.device)
-        self.model = (
+        # a transformers PreTrainedModel (typed Any: nn.Module's attribute typing does not know it)
+        self.model: Any = (
             module
             if module is not None
             else build_model(
@@ -278,7 +279,7 @@ class HFEngine(Configurable):
 
     def _return_aborted(self, now: float) -> None:
         if any(s.aborted for s in self._waiting):
-            keep = deque()
+            keep: deque[_Seq] = deque()
             for seq in self._waiting:
                 if seq.aborted:
                     self._deliver(seq, FinishReason.ABORT, now)

@@ -22,7 +22,7 @@ from april_bench.profiles.models import MODELS
 __all__ = ["NAMED_MODELS", "TINY", "build_model", "model_config"]
 
 #: The embedded default: small enough to train on 2 CPU cores in minutes.
-TINY = {
+TINY: dict[str, Any] = {
     "hidden_size": 96,
     "intermediate_size": 288,
     "num_hidden_layers": 3,
@@ -50,7 +50,7 @@ def model_config(name: str, *, vocab_size: int | None = None) -> PretrainedConfi
             f"unknown model {name!r}.{hint} Use one of {', '.join(NAMED_MODELS)} or a checkpoint directory"
         )
     p = MODELS.get(name)
-    arch = Qwen2Config if name.startswith("r1-distill") else Qwen3Config
+    arch: Any = Qwen2Config if name.startswith("r1-distill") else Qwen3Config
     return arch(
         vocab_size=vocab_size or p.vocab,
         hidden_size=p.hidden,
@@ -72,12 +72,12 @@ def build_model(
     device: torch.device | str = "cpu",
     seed: int = 0,
     model_kwargs: dict[str, Any] | None = None,
-) -> torch.nn.Module:
+) -> Any:
     """A named architecture with seeded random weights, or ``from_pretrained(spec)`` for a directory."""
     kwargs = {"attn_implementation": "sdpa", **(model_kwargs or {})}
     path = Path(spec)
     if path.is_dir():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     else:
         config = model_config(spec, vocab_size=vocab_size)
         with torch.random.fork_rng(devices=[]):

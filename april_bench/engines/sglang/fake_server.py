@@ -232,9 +232,9 @@ class FakeSGLangServer(Configurable):
             raise RequestError("the fake SGLang server takes one request per /generate call")
         request = self._sched.submit(call.data)
         future = request.future
-        gone = asyncio.ensure_future(call.reader.read(1))
+        gone: asyncio.Future[Any] = asyncio.ensure_future(call.reader.read(1))
         try:
-            await asyncio.wait({future, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([future, gone], return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -388,11 +388,11 @@ def parse_args(argv: Sequence[str]) -> FakeSGLangServer.Config:
             parser.add_argument(
                 *flags, dest=field.name, type=_TYPES[kind], default=field_default, help=help_text
             )
-    for flag, kind in _IGNORED_FLAGS.items():
-        if kind is None:
+    for flag, ignored in _IGNORED_FLAGS.items():
+        if ignored is None:
             parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
         else:
-            parser.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+            parser.add_argument(flag, type=ignored, help=argparse.SUPPRESS)
     args = vars(parser.parse_args(list(argv)))
     names = {f.name for f in dataclasses.fields(FakeSGLangServer.Config)}
     return FakeSGLangServer.Config(**{k: v for k, v in args.items() if k in names})

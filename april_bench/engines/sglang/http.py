@@ -164,7 +164,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool, bytes
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
         if size == 0:

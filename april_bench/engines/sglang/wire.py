@@ -57,7 +57,8 @@ def generate_payload(
         )
     sampling = request.sampling
     replaying = request.replay_len is not None
-    max_new = min(request.replay_len, request.max_new_tokens) if replaying else request.max_new_tokens
+    replay = request.replay_len
+    max_new = min(replay, request.max_new_tokens) if replay is not None else request.max_new_tokens
     params: dict[str, Any] = {
         "max_new_tokens": max_new,
         "temperature": sampling.temperature,
