@@ -249,6 +249,7 @@ def test_off_never_imports_a_vendor_module() -> None:
         ({"devices": (0, 0)}, "--telemetry-devices must list distinct indices >= 0, got [0, 0]"),
         ({"devices": (-1,)}, "--telemetry-devices must list distinct indices >= 0, got [-1]"),
     ],
+    ids=["backend", "rate-zero", "rate-high", "devices-repeated", "devices-negative"],
 )
 def test_config_validation_names_the_flag_and_the_allowed_values(
     fields: dict[str, object], message: str
@@ -389,3 +390,16 @@ def test_a_sink_that_fails_on_the_first_row_fails_start_and_releases_the_library
     assert sampler._thread is None
     assert nvml.state.initialised == 0  # type: ignore[attr-defined]
     sampler.stop()  # still idempotent
+
+
+def test_importing_the_telemetry_package_loads_no_vendor_module_or_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, april_bench.telemetry, april_bench.telemetry.metrics, april_bench.telemetry.gpu_facts\n"
+        "heavy = {'torch', 'pynvml', 'amdsmi', 'numpy'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
