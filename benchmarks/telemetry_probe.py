@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     sink: ListSink[TelemetryRecord] = ListSink()
-    sampler = config.build(sink=sink, clock=time.monotonic, arm="probe")
+    sampler = config.build(sink=sink, clock=time.monotonic)
     try:
         sampler.start()
     except ConfigError as exc:

@@ -26,12 +26,10 @@ def sample(
     power: float | None,
     energy: float | None,
     *,
-    arm: str = "sync",
     device: int = 0,
 ) -> dict[str, Any]:
     return {
         "t": t,
-        "arm": arm,
         "device": device,
         "name": "gpu",
         "util_gpu": util,
@@ -44,18 +42,22 @@ def sample(
     }
 
 
-def event(t: float, kind: str, step: int = 0, arm: str = "sync") -> dict[str, Any]:
-    return {"t": t, "arm": arm, "step": step, "kind": kind, "detail": ""}
+def event(t: float, kind: str, step: int = 0, arm: str = "sync", repeat: int = 0) -> dict[str, Any]:
+    return {"arm": arm, "step": step, "kind": kind, "t": t, "repeat": repeat}
 
 
-def one_step(arm: str = "sync") -> list[dict[str, Any]]:
+def one_step(arm: str = "sync", *, at: float = 0.0, repeat: int = 0) -> list[dict[str, Any]]:
+    """The events the driver emits for one step (no train_start/train_end: train is rollout_end ..
+    weight_sync_start), shifted by ``at``."""
     return [
-        event(0.5, "rollout_start", arm=arm),
-        event(3.5, "rollout_end", arm=arm),
-        event(3.5, "train_start", arm=arm),
-        event(4.5, "train_end", arm=arm),
-        event(4.5, "weight_sync_start", arm=arm),
-        event(5.0, "weight_sync_end", arm=arm),
+        event(at + t, kind, arm=arm, repeat=repeat)
+        for t, kind in [
+            (0.5, "rollout_start"),
+            (3.0, "rollout_stop"),
+            (3.5, "rollout_end"),
+            (4.5, "weight_sync_start"),
+            (5.0, "weight_sync_end"),
+        ]
     ]
 
 
@@ -71,6 +73,8 @@ TELEMETRY = [
     sample(5, 20, 1500, 100, 60),
     sample(6, 40, 1500, 100, 60),
 ]
+# Then fully busy, 10 W, up to t = 12: (6,7] ... (11,12].
+BUSY_AFTER = [sample(t, 100, 1800, 10, 60 + 10 * (t - 6)) for t in range(7, 13)]
 
 
 def test_every_phase_of_one_step_is_integrated_exactly() -> None:
@@ -81,9 +85,10 @@ def test_every_phase_of_one_step_is_integrated_exactly() -> None:
     assert m["rollout_sm_clock_mhz"] == pytest.approx(5000 / 3)  # (500 + 2000 + 2000 + 500) / 3
     assert m["rollout_energy_j"] == 35.0  # E(3.5) - E(0.5) = 40 - 5
     assert m["rollout_coverage"] == 1.0
-    # tail [3.0, 3.5]: all busy
+    # tail [3.0, 3.5] and abort drain [3.0, 3.5] (rollout_stop .. rollout_end): all busy
     assert (m["tail_busy_share"], m["tail_idle_gpu_s"], m["tail_energy_j"]) == (1.0, 0.0, 10.0)
-    # train [3.5, 4.5]: 0.5*1 + 0.5*0.2 = 0.6
+    assert (m["drain_busy_share"], m["drain_energy_j"]) == (1.0, 10.0)
+    # train = rollout_end .. weight_sync_start [3.5, 4.5]: 0.5*1 + 0.5*0.2 = 0.6
     assert m["train_busy_share"] == pytest.approx(0.6)
     assert m["train_idle_gpu_s"] == pytest.approx(0.4)
     assert m["train_energy_j"] == 15.0
@@ -98,48 +103,75 @@ def test_every_phase_of_one_step_is_integrated_exactly() -> None:
     assert (m["energy_source"], m["gpus"]) == ("counter", 1)
 
 
+def test_train_events_when_present_bound_the_train_phase() -> None:
+    events = [*one_step(), event(3.6, "train_start"), event(4.0, "train_end")]
+    m = gpu_metrics(TELEMETRY, events)["sync"]
+    assert m["train_busy_share"] == 1.0  # [3.6, 4.0] lies in (3, 4]: 100 %
+    assert m["train_energy_j"] == pytest.approx(8.0)  # 0.4 s at 20 W
+
+
 def test_a_window_between_samples_takes_the_covering_sample_and_time_after_the_last_is_uncovered() -> None:
     telemetry = [sample(0, 90, 1000, 300, None), sample(10, 30, 1200, 100, None)]
     events = [
-        event(2, "rollout_start"),
-        event(3, "rollout_end"),  # inside (0, 10]: the t=10 sample covers it
-        event(11, "train_start"),
-        event(12, "train_end"),  # after the last sample
+        event(2, "rollout_start"),  # inside (0, 10]: the t=10 sample covers it
+        event(3, "rollout_end"),
+        event(11, "weight_sync_start"),  # after the last sample
+        event(12, "weight_sync_end"),
     ]
     m = gpu_metrics(telemetry, events)["sync"]
     assert (m["rollout_busy_share"], m["rollout_idle_gpu_s"], m["rollout_sm_clock_mhz"]) == (0.3, 0.7, 1200)
     assert m["rollout_energy_j"] == 100.0  # no counter: 100 W held over 1 s
     assert m["energy_source"] == "power"
-    assert (m["train_busy_share"], m["train_idle_gpu_s"], m["train_coverage"]) == (None, None, 0.0)
+    assert (m["weight_sync_busy_share"], m["weight_sync_idle_gpu_s"], m["weight_sync_coverage"]) == (
+        None,
+        None,
+        0.0,
+    )
 
 
 def test_devices_add_up_and_a_missing_sample_leaves_its_interval_uncovered() -> None:
     telemetry = [
         *(sample(t, u, 1000, 50, e) for t, u, e in [(0, 0, 0), (1, 100, 5), (2, 100, 10)]),
-        *(sample(t, u, 1000, 50, e, device=1) for t, u, e in [(0, 0, 0), (1, None, 2), (2, 0, 4)]),
+        *(sample(t, u, 1000, 50, None, device=1) for t, u in [(0, 0), (1, None), (2, 0)]),
     ]
     m = gpu_metrics(telemetry, [event(0, "rollout_start"), event(2, "rollout_end")])["sync"]
     # device 0: busy 2 of 2 s; device 1: (0,1] unknown, (1,2] idle -> busy 0 of 1 s
     assert m["rollout_busy_share"] == pytest.approx(2 / 3)
     assert m["rollout_idle_gpu_s"] == 1.0
     assert m["rollout_coverage"] == 0.75  # 3 covered device-seconds of 2 s x 2 GPUs
-    assert m["rollout_energy_j"] == 14.0  # 10 J + 4 J from the counters
-    assert m["gpus"] == 2
+    assert m["rollout_energy_j"] == 110.0  # 10 J from device 0's counter + 50 W x 2 s held on device 1
+    assert (m["gpus"], m["energy_source"]) == (2, "mixed")
 
 
-def test_arms_are_kept_apart_and_an_arm_without_telemetry_has_no_values() -> None:
-    telemetry = [*TELEMETRY, *(dict(r, arm="april", util_gpu=100) for r in TELEMETRY)]
-    events = [*one_step("sync"), *one_step("april"), *one_step("oversample-discard")]
-    metrics = gpu_metrics(telemetry, events)
+def test_arms_take_the_samples_inside_their_own_windows() -> None:
+    events = [*one_step("sync"), *one_step("april", at=6.0), *one_step("oversample-discard", at=20.0)]
+    metrics = gpu_metrics([*TELEMETRY, *BUSY_AFTER], events)
     assert list(metrics) == ["sync", "april", "oversample-discard"]
     assert metrics["sync"]["rollout_busy_share"] == 0.5
-    assert metrics["april"]["rollout_busy_share"] == 1.0
-    assert metrics["oversample-discard"]["rollout_busy_share"] is None
-    assert metrics["oversample-discard"]["gpus"] == 0
+    assert metrics["sync"]["step_energy_j"] == 55.0
+    assert metrics["april"]["rollout_busy_share"] == 1.0  # [6.5, 9.5]
+    assert metrics["april"]["step_energy_j"] == 45.0  # [6.5, 11]: 4.5 s at 10 W
+    assert metrics["oversample-discard"]["rollout_busy_share"] is None  # [20.5, 23.5]: after the last sample
+    assert metrics["oversample-discard"]["rollout_coverage"] == 0.0
     assert metrics["sync"]["tail_busy_share"] is None  # no tail windows given
 
 
-def test_phase_windows_pair_start_and_end_of_the_same_step_and_drop_unfinished_steps() -> None:
+def test_repeats_of_an_arm_are_separate_steps_and_both_count() -> None:
+    events = [*one_step("sync", repeat=0), *one_step("sync", at=6.0, repeat=1)]
+    assert phase_windows(events, "rollout") == {"sync": [(0.5, 3.5), (6.5, 9.5)]}
+    m = gpu_metrics([*TELEMETRY, *BUSY_AFTER], events)["sync"]
+    assert m["rollout_busy_share"] == pytest.approx((1.5 + 3.0) / 6.0)
+    assert m["step_energy_j"] == 100.0  # 55 J + 45 J
+
+
+def test_a_counter_that_restarts_counts_nothing_for_that_one_interval() -> None:
+    restarted = [sample(0, 50, 1000, 1, 0), sample(1, 50, 1000, 1, 10), sample(2, 50, 1000, 1, 0)]
+    restarted.append(sample(3, 50, 1000, 1, 5))
+    m = gpu_metrics(restarted, [event(0, "rollout_start"), event(3, "rollout_end")])["sync"]
+    assert m["rollout_energy_j"] == 15.0  # 10 J on (0,1], nothing on (1,2], 5 J on (2,3]
+
+
+def test_phase_windows_pair_boundaries_of_the_same_step_and_drop_unfinished_steps() -> None:
     events = [
         event(0, "rollout_start", 0),
         event(4, "rollout_end", 0),

@@ -12,7 +12,6 @@ from fakes.fake_pynvml import NOT_SUPPORTED, FakeNvidiaGpu
 
 from april_bench.config import ConfigError
 from april_bench.telemetry import (
-    EventRecord,
     ListSink,
     TelemetryConfig,
     TelemetryRecord,
@@ -33,7 +32,6 @@ def nvml_sampler(
     sampler = TelemetryConfig(**config).build(  # type: ignore[arg-type]
         sink=sink,
         clock=lambda: next(clock),
-        arm="april",
         env=env or {},
         loader=loader_for({"pynvml": nvml}),
         wait=lambda _delay: True,  # no ticks: rows come from start() and stop() only
@@ -54,8 +52,8 @@ def test_nvml_rows_carry_exact_values_in_row_units_and_energy_from_the_counter()
         assert sampler.reason == "GPU telemetry via nvml on 0:NVIDIA H100 80GB HBM3"
     name = "NVIDIA H100 80GB HBM3"
     assert list(sink) == [
-        TelemetryRecord(100.0, "april", 0, name, 10, 5, 1410, 1_000, H100_BYTES, 350.5, 0.0),
-        TelemetryRecord(100.5, "april", 0, name, 90, 40, 1980, 2_000, H100_BYTES, 699.0, 0.25),
+        TelemetryRecord(100.0, 0, name, 10, 5, 1410, 1_000, H100_BYTES, 350.5, 0.0),
+        TelemetryRecord(100.5, 0, name, 90, 40, 1980, 2_000, H100_BYTES, 699.0, 0.25),
     ]
     assert nvml.state.shutdowns == 1 and nvml.state.initialised == 0  # type: ignore[attr-defined]
     assert dataclasses.asdict(sink[0])["energy_j"] == 0.0
@@ -363,17 +361,11 @@ def test_a_sink_that_raises_stops_the_thread_and_the_error_surfaces_at_stop() ->
     assert len(calls) == 2
 
 
-def test_event_rows_accept_only_known_kinds() -> None:
-    row = EventRecord(t=1.5, arm="sync", step=3, kind="first_abort", detail="aborted=12")
-    assert dataclasses.asdict(row) == {
-        "t": 1.5,
-        "arm": "sync",
-        "step": 3,
-        "kind": "first_abort",
-        "detail": "aborted=12",
-    }
-    with pytest.raises(ValueError, match="'rollout_begin' is not a valid EventKind"):
-        EventRecord(t=0.0, arm="sync", step=0, kind="rollout_begin")
+def test_list_sink_drain_hands_over_every_row_once() -> None:
+    sink: ListSink[int] = ListSink()
+    for i in range(3):
+        sink.append(i)
+    assert (sink.snapshot(), sink.drain(), sink.drain(), list(sink)) == ([0, 1, 2], [0, 1, 2], [], [])
 
 
 def test_a_sink_that_fails_on_the_first_row_fails_start_and_releases_the_library() -> None:

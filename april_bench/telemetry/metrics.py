@@ -1,7 +1,10 @@
 """Where GPU time and energy go, per arm: pure functions of telemetry rows and event rows.
 
-Rows are mappings (``dataclasses.asdict`` of :class:`TelemetryRecord` /
-:class:`EventRecord`, or rows read back from JSON Lines), all on the shared clock.
+Rows are mappings (``dataclasses.asdict`` of :class:`TelemetryRecord` and of
+:class:`~april_bench.results.records.EventRecord`, or rows read back from JSON
+Lines), on one clock: the run's event clock.  Telemetry rows carry no arm; a
+sample counts for an arm when it falls in one of that arm's windows (sessions take
+turns on the GPUs, so their windows never overlap).
 
 **How samples become functions of time.**  A utilisation sample describes the
 driver's *last* sample period, so each sample's value is held *backwards*: the
@@ -10,15 +13,19 @@ sample covers nothing).  SM clock and power use the same rule, so every field is
 attributed alike.  Energy comes from the cumulative counter: between two samples
 it is interpolated linearly, i.e. constant power ``(E_k - E_{k-1}) / (t_k - t_{k-1})``
 on ``(t_{k-1}, t_k]``, which is exact at sample instants and never integrates
-sampled power.  A window that falls between two samples takes the covering
-sample's value; time after a device's last sample (or where a field is ``None``)
-is *uncovered* and reported through ``{phase}_coverage`` rather than guessed.
+sampled power (a counter that goes down - a new sampler after a resume - starts a
+new series; that one interval counts nothing).  A window that falls between two
+samples takes the covering sample's value; time after a device's last sample (or
+where a field is ``None``) is *uncovered* and reported through ``{phase}_coverage``
+rather than guessed.
 
-**Phases** (windows per arm, merged so overlaps never count twice):
-``rollout`` (rollout_start..rollout_end), ``tail`` (given, or
-:func:`tail_windows`), ``train``, ``weight_sync``, and ``step``
-(rollout_start..weight_sync_end: the time the training clock measures, evaluation
-excluded).  Per phase and arm:
+**Phases**, per (arm, repeat, step) from the event kinds the driver emits, then
+merged per arm so overlaps never count twice: ``rollout`` (rollout_start ..
+rollout_end), ``tail`` (given, or :func:`tail_windows`), ``drain`` (rollout_stop,
+when the N-th group is in and the abort begins, .. rollout_end), ``train``
+(train_start, else rollout_end .. train_end, else weight_sync_start),
+``weight_sync``, and ``step`` (rollout_start .. weight_sync_end: what the training
+clock measures; evaluation excluded).  Per phase and arm:
 
 ``{phase}_busy_share``
     GPU-busy share: utilisation integrated over covered device-seconds.
@@ -27,12 +34,13 @@ excluded).  Per phase and arm:
 ``{phase}_sm_clock_mhz``
     time-weighted mean SM (AMD: GFX) clock over devices.
 ``{phase}_energy_j``
-    energy summed over devices (counter; power integral only where no device has one).
+    energy summed over devices (counter; power integral only where a device has no counter).
 ``{phase}_coverage``
     covered device-seconds of utilisation over (phase seconds x devices).
 
 plus ``energy_per_trained_token_j`` (step energy / trained response tokens),
-``energy_source`` (``counter`` or ``power``) and ``gpus``.
+``energy_source`` (``counter``, ``power``, or ``mixed`` when only some devices have a
+counter) and ``gpus``.
 """
 
 from __future__ import annotations
@@ -60,14 +68,17 @@ Window = tuple[float, float]
 #: (start, end, value): a field held constant on (start, end].
 Segment = tuple[float, float, float]
 
-PHASES = ("rollout", "tail", "train", "weight_sync", "step")
-_PAIRS = {
-    "rollout": ("rollout_start", "rollout_end"),
-    "train": ("train_start", "train_end"),
-    "weight_sync": ("weight_sync_start", "weight_sync_end"),
-    "step": ("rollout_start", "weight_sync_end"),
-    "eval": ("eval_start", "eval_end"),
+PHASES = ("rollout", "tail", "drain", "train", "weight_sync", "step")
+#: phase -> (start kinds, end kinds): the first kind of each tuple that a step has is used.
+_BOUNDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "rollout": (("rollout_start",), ("rollout_end",)),
+    "drain": (("rollout_stop",), ("rollout_end",)),
+    "train": (("train_start", "rollout_end"), ("train_end", "weight_sync_start")),
+    "weight_sync": (("weight_sync_start",), ("weight_sync_end",)),
+    "step": (("rollout_start",), ("weight_sync_end",)),
+    "eval": (("eval_start",), ("eval_end",)),
 }
+_Key = tuple[str, int, int]  # (arm, repeat, step)
 
 
 def merge_windows(windows: Iterable[Window]) -> list[Window]:
@@ -101,21 +112,19 @@ def integrate(segments: Sequence[Segment], windows: Sequence[Window]) -> tuple[f
 
 
 def phase_windows(events: Iterable[Row], phase: str) -> dict[str, list[Window]]:
-    """Windows of ``phase`` per arm, from its start and end events of the same (arm, step).
-    A start without an end (a crashed step) gives no window."""
-    start_kind, end_kind = _PAIRS[phase]
-    starts: dict[tuple[str, int], float] = {}
-    ends: dict[tuple[str, int], float] = {}
+    """Windows of ``phase`` per arm, from the boundary events of each (arm, repeat, step).
+    A step missing either boundary (a crashed step) gives no window."""
+    starts, ends = _BOUNDS[phase]
+    seen: dict[_Key, dict[str, float]] = defaultdict(dict)
     for e in events:
-        key = (e["arm"], e["step"])
-        if e["kind"] == start_kind:
-            starts.setdefault(key, e["t"])
-        elif e["kind"] == end_kind:
-            ends[key] = e["t"]
+        if e["kind"] in starts or e["kind"] in ends:
+            seen[_key(e)].setdefault(e["kind"], e["t"])
     windows: dict[str, list[Window]] = defaultdict(list)
-    for key, t0 in starts.items():
-        if key in ends:
-            windows[key[0]].append((t0, ends[key]))
+    for key, kinds in seen.items():
+        t0 = next((kinds[k] for k in starts if k in kinds), None)
+        t1 = next((kinds[k] for k in ends if k in kinds), None)
+        if t0 is not None and t1 is not None:
+            windows[key[0]].append((t0, t1))
     return {arm: merge_windows(ws) for arm, ws in windows.items()}
 
 
@@ -127,14 +136,14 @@ def tail_windows(
 
     Step and request rows are on the arm's training clock (evaluations cut out), so the tail's
     *length* is taken from them and the window is anchored at the step's ``rollout_end`` event."""
-    done: dict[tuple[str, int], list[float]] = defaultdict(list)
+    done: dict[_Key, list[float]] = defaultdict(list)
     for r in requests:
         if r["finish_reason"] != "abort":
-            done[(r["arm"], r["step"])].append(r["t_done"])
-    rollout_end = {(e["arm"], e["step"]): e["t"] for e in events if e["kind"] == "rollout_end"}
+            done[_key(r)].append(r["t_done"])
+    rollout_end = {_key(e): e["t"] for e in events if e["kind"] == "rollout_end"}
     windows: dict[str, list[Window]] = defaultdict(list)
     for s in steps:
-        key = (s["arm"], s["step"])
+        key = _key(s)
         times = sorted(done.get(key, ()))
         if not times or key not in rollout_end:
             continue
@@ -150,17 +159,15 @@ def gpu_metrics(
     tail: Mapping[str, Sequence[Window]] | None = None,
     trained_tokens: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Per-arm GPU metrics (see the module docstring), for every arm that has events."""
+    """Per-arm GPU metrics (see the module docstring), for every arm that has events, in order."""
     events = list(events)
-    by_arm: dict[str, dict[int, list[Row]]] = defaultdict(lambda: defaultdict(list))
-    for row in telemetry:
-        by_arm[row["arm"]][row["device"]].append(row)
+    series = _series(telemetry)
     windows = {phase: phase_windows(events, phase) for phase in PHASES if phase != "tail"}
     windows["tail"] = {arm: merge_windows(ws) for arm, ws in (tail or {}).items()}
     arms = list(dict.fromkeys(e["arm"] for e in events))
     return {
         arm: _arm_metrics(
-            by_arm.get(arm, {}), {p: windows[p].get(arm, []) for p in PHASES}, trained_tokens, arm
+            series, {p: windows[p].get(arm, []) for p in PHASES}, (trained_tokens or {}).get(arm)
         )
         for arm in arms
     }
@@ -187,53 +194,56 @@ def gpu_summary(
 def window_metrics(telemetry: Iterable[Row], windows: Iterable[Window]) -> dict[str, Any]:
     """Busy share, idle GPU-seconds, mean SM clock, energy and coverage of all devices in ``telemetry``
     over ``windows`` (merged first), plus ``energy_source`` and ``gpus``: one phase of one arm."""
+    return _window_metrics(_series(telemetry), merge_windows(windows))
+
+
+def _key(row: Row) -> _Key:
+    return (row["arm"], row.get("repeat", 0), row["step"])
+
+
+def _series(telemetry: Iterable[Row]) -> dict[int, list[Row]]:
+    """Rows per device, sorted by time."""
     series: dict[int, list[Row]] = defaultdict(list)
     for row in telemetry:
         series[row["device"]].append(row)
-    return _window_metrics(
-        {d: sorted(rows, key=lambda r: r["t"]) for d, rows in series.items()}, merge_windows(windows)
-    )
+    return {d: sorted(rows, key=lambda r: r["t"]) for d, rows in series.items()}
 
 
 def _arm_metrics(
-    devices: Mapping[int, list[Row]],
-    windows: Mapping[str, list[Window]],
-    trained_tokens: Mapping[str, int] | None,
-    arm: str,
+    series: Mapping[int, list[Row]], windows: Mapping[str, list[Window]], trained_tokens: int | None
 ) -> dict[str, Any]:
-    series = {d: sorted(rows, key=lambda r: r["t"]) for d, rows in devices.items()}
     out: dict[str, Any] = {}
     for phase in PHASES:
         metrics = _window_metrics(series, windows[phase])
         out["gpus"], out["energy_source"] = metrics.pop("gpus"), metrics.pop("energy_source")
         out.update({f"{phase}_{key}": value for key, value in metrics.items()})
-    tokens = (trained_tokens or {}).get(arm)
     energy = out["step_energy_j"]
-    out["energy_per_trained_token_j"] = energy / tokens if energy is not None and tokens else None
+    out["energy_per_trained_token_j"] = (
+        energy / trained_tokens if energy is not None and trained_tokens else None
+    )
     return out
 
 
 def _window_metrics(series: Mapping[int, list[Row]], windows: list[Window]) -> dict[str, Any]:
     """``series``: rows per device, sorted by time; ``windows``: merged."""
-    use_counter = bool(series) and all(
-        sum(r["energy_j"] is not None for r in rows) >= 2 for rows in series.values()
-    )
     span = sum(b - a for a, b in windows)
     busy = covered = clock = clock_covered = energy = 0.0
+    sources = set()
     for rows in series.values():
         b, c = integrate(_held(rows, "util_gpu", 0.01), windows)
         busy, covered = busy + b, covered + c
         k, kc = integrate(_held(rows, "sm_clock_mhz"), windows)
         clock, clock_covered = clock + k, clock_covered + kc
-        power = _counter_power(rows) if use_counter else _held(rows, "power_w")
-        energy += integrate(power, windows)[0]
+        has_counter = sum(r.get("energy_j") is not None for r in rows) >= 2
+        sources.add("counter" if has_counter else "power")
+        energy += integrate(_counter_power(rows) if has_counter else _held(rows, "power_w"), windows)[0]
     return {
         "busy_share": busy / covered if covered else None,
         "idle_gpu_s": covered - busy if covered else None,
         "sm_clock_mhz": clock / clock_covered if clock_covered else None,
         "energy_j": energy if series and span else None,
         "coverage": covered / (span * len(series)) if span and series else None,
-        "energy_source": ("counter" if use_counter else "power") if series else None,
+        "energy_source": (sources.pop() if len(sources) == 1 else "mixed") if sources else None,
         "gpus": len(series),
     }
 
@@ -249,9 +259,9 @@ def _held(rows: Sequence[Row], field: str, scale: float = 1.0) -> list[Segment]:
 
 def _counter_power(rows: Sequence[Row]) -> list[Segment]:
     """Constant power between consecutive energy-counter readings (linear cumulative energy)."""
-    readings = [r for r in rows if r["energy_j"] is not None]
+    readings = [r for r in rows if r.get("energy_j") is not None]
     return [
         (a["t"], b["t"], (b["energy_j"] - a["energy_j"]) / (b["t"] - a["t"]))
         for a, b in itertools.pairwise(readings)
-        if b["t"] > a["t"]
+        if b["t"] > a["t"] and b["energy_j"] >= a["energy_j"]
     ]

@@ -3,10 +3,13 @@ per tick into a sink, on the harness's clock.
 
 Contract with the harness:
 
-* **One clock.**  Rows are stamped with ``clock()``; the harness must stamp its
-  events with the same function (``time.monotonic``, the default, which is also
-  what ``asyncio``'s ``loop.time()`` returns on a real loop).  The tick schedule
-  runs on ``timer`` (monotonic), independent of ``clock``.
+* **One clock.**  Rows are stamped with ``clock()``; the harness must pass the
+  function it stamps its event rows with (in the driver: ``loop.time() - run_origin``;
+  ``loop.time()`` of a real asyncio loop is ``time.monotonic()``, so it is safe to
+  call from the sampler's thread).  The tick schedule runs on ``timer``
+  (monotonic), independent of ``clock``.
+* **One sampler per run**, not per arm: sessions interleave on the same GPUs, and
+  rows are attributed to arms by the event windows that contain them.
 * **No drift.**  Tick ``k`` is due at ``origin + k / rate_hz``; a slow read never
   shifts later ticks, and ticks missed while a read overran are skipped, not
   bunched.
@@ -72,7 +75,6 @@ class TelemetrySampler(Configurable):
         *,
         sink: TelemetrySink[TelemetryRecord],
         clock: Callable[[], float] = time.monotonic,
-        arm: str = "",
         env: Mapping[str, str] | None = None,
         loader: ModuleLoader | None = None,
         timer: Callable[[], float] = time.monotonic,
@@ -80,9 +82,8 @@ class TelemetrySampler(Configurable):
     ) -> None:
         """``env`` (default ``os.environ``) and ``loader`` (default ``importlib.import_module``) choose the
         devices and the vendor module; ``timer`` and ``wait`` (default: a stop event's ``wait``) drive the
-        tick schedule.  Tests replace them; the harness passes ``sink``, ``clock`` and ``arm`` only."""
+        tick schedule.  Tests replace them; the harness passes ``sink`` and ``clock`` only."""
         self.config = config
-        self.arm = arm
         self._sink = sink
         self._clock = clock
         self._env = os.environ if env is None else env
@@ -112,7 +113,7 @@ class TelemetrySampler(Configurable):
     def start(self) -> TelemetrySampler:
         """Open the backend, take the first sample now, and start the thread.  Once per sampler."""
         if self._state != "new":
-            raise RuntimeError("a TelemetrySampler starts once; build a new one for each arm")
+            raise RuntimeError("a TelemetrySampler starts once; build a new one to sample again")
         self._reader, self.reason = open_reader(
             self.config.backend, devices=self.config.devices, env=self._env, loader=self._loader
         )
@@ -191,7 +192,6 @@ class TelemetrySampler(Configurable):
             self._sink.append(
                 TelemetryRecord(
                     t=t,
-                    arm=self.arm,
                     device=index,
                     name=name,
                     util_gpu=r.util_gpu,
