@@ -1,0 +1,149 @@
+"""What every telemetry backend shares: the reading of one device, the reader contract,
+loading a vendor module without its side effects, and which devices are visible.
+
+A backend (:mod:`.nvml`, :mod:`.amd_smi`) turns a vendor library into a
+:class:`DeviceReader`: a fixed list of devices and one :meth:`~DeviceReader.read`
+per device per sample, in SI-ish units (bytes, W, J, MHz, %), with ``None`` for
+each query that failed.  The sampler never sees a vendor exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol, TypeVar
+
+__all__ = [
+    "DeviceReader",
+    "DeviceReading",
+    "FieldErrors",
+    "ModuleLoader",
+    "TelemetryUnavailable",
+    "Visible",
+    "as_number",
+    "import_quietly",
+    "parse_visible",
+]
+
+#: Imports a vendor module by name (``importlib.import_module``; tests pass fakes).
+ModuleLoader = Callable[[str], ModuleType]
+
+T = TypeVar("T")
+
+
+class TelemetryUnavailable(RuntimeError):
+    """A backend cannot sample on this machine; the message says why (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    """One device's values at one instant, converted to the telemetry row's units."""
+
+    util_gpu: float | None = None
+    util_mem: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    #: The driver's cumulative energy counter, in J, on the driver's own origin (not reset by us).
+    energy_counter_j: float | None = None
+
+
+class DeviceReader(Protocol):
+    """An open vendor library sampling a fixed set of devices."""
+
+    #: ``"nvml"`` or ``"amdsmi"``.
+    backend: str
+    #: ``(physical index, name)`` of every device sampled, in order.
+    devices: Sequence[tuple[int, str]]
+    #: Failed queries so far (the sampler reports them; they never raise).
+    errors: FieldErrors
+
+    def read(self, device: int) -> DeviceReading:
+        """Query every field of ``device`` (a physical index); a failing field is ``None``.  Never raises."""
+        ...
+
+    def close(self) -> None:
+        """Release the library (``nvmlShutdown`` / ``amdsmi_shut_down``).  Never raises."""
+        ...
+
+
+class FieldErrors:
+    """Runs one query, turning a failure into ``None`` and remembering the first message per field.
+
+    One failing query (``NVML_ERROR_NOT_SUPPORTED`` on a consumer card, a
+    transient ``GPU_IS_LOST``) must cost that field of that row, never the sampler.
+    """
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[int, str], str] = {}
+        self.count: dict[tuple[int, str], int] = {}
+
+    def call(self, device: int, field: str, query: Callable[[], T]) -> T | None:
+        try:
+            return query()
+        except Exception as exc:  # vendor errors, ctypes errors, a function missing from an old binding
+            key = (device, field)
+            self.first.setdefault(key, f"{type(exc).__name__}: {exc}")
+            self.count[key] = self.count.get(key, 0) + 1
+            return None
+
+    def summary(self) -> list[str]:
+        """One line per failing (device, field): how often, and the first error."""
+        return [
+            f"GPU {device} {field}: {self.count[(device, field)]} failed reads ({message})"
+            for (device, field), message in sorted(self.first.items())
+        ]
+
+
+def import_quietly(name: str, loader: ModuleLoader | None = None) -> ModuleType:
+    """Import a vendor module, swallowing what it prints (``amdsmi`` prints to stdout when
+    ``libamd_smi.so`` is missing, then raises ``KeyError``).  Any failure becomes ``ImportError``."""
+    load = loader or importlib.import_module
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return load(name)
+    except Exception as exc:  # KeyError / OSError from amdsmi's library lookup, ImportError
+        raise ImportError(f"{type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Visible:
+    """The devices a process may use, as an environment variable lists them."""
+
+    #: Integer ordinals or UUID strings, in the order listed; ``None`` = the variable is unset (all devices).
+    entries: tuple[int | str, ...] | None
+    #: The variable the entries came from, for messages.
+    source: str
+
+
+def parse_visible(env: Mapping[str, str], names: Sequence[str]) -> Visible:
+    """The first set variable of ``names`` (e.g. ``CUDA_VISIBLE_DEVICES``), parsed as the CUDA runtime does:
+    comma-separated ordinals or ``GPU-``/``MIG-`` UUIDs, read up to the first invalid entry (so ``-1``
+    or ``""`` hides every device)."""
+    for name in names:
+        raw = env.get(name)
+        if raw is None:
+            continue
+        entries: list[int | str] = []
+        for item in raw.split(","):
+            item = item.strip()
+            if item.isdigit():
+                entries.append(int(item))
+            elif item.startswith(("GPU-", "MIG-")):
+                entries.append(item)
+            else:
+                break
+        return Visible(entries=tuple(entries), source=f"{name}={raw!r}")
+    return Visible(entries=None, source="all devices")
+
+
+def as_number(value: Any) -> float | None:
+    """A vendor value as a float: ``"N/A"`` strings and other non-numbers become ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
