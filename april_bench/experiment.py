@@ -40,6 +40,7 @@ from april_bench.results.resume import RunStatus, state_path
 from april_bench.results.store import write_json_atomic
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
+from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.trainers.protocol import Trainer, TrainerState
 from april_bench.vtime import VirtualTimeLoop, run_real, run_virtual
 
@@ -109,9 +110,22 @@ def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range
 
 
 async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bars: _Bars) -> None:
+    """Measured sessions on one loop and one run clock, with one GPU telemetry sampler for the run."""
+    loop = asyncio.get_running_loop()
+    origin = loop.time() - max(s.saved_run_elapsed() for s in sessions)  # a resumed run's clock continues
+    buffer: ListSink[TelemetryRecord] = ListSink()
+    sampler = config.telemetry.build(sink=buffer, clock=lambda: loop.time() - origin)
+    recorder = sessions[0].recorder
+
+    def drain() -> None:  # telemetry rows join the run's tables on the loop's thread
+        recorder.extend(buffer.drain())
+
     opened: list[ArmSession] = []
+    sampler.start()
     try:
         for session in sessions:
+            session.run_origin = origin
+            session.after_step = drain
             await session.open()
             opened.append(session)
         block = config.block_steps or config.steps
@@ -120,6 +134,8 @@ async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bar
         for session in sessions:
             await session.finish()
     finally:
+        sampler.stop()
+        drain()
         for session in opened:
             await session.close()
 
@@ -174,7 +190,10 @@ class ArmSession:
         self._rollout: RolloutLoop | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._origin = 0.0  # the session clock's zero on the loop's clock
-        self._run_origin = 0.0  # the run's zero (events and telemetry share it)
+        #: The run's zero on the loop's clock: events and telemetry samples are stamped from it.
+        self.run_origin: float | None = None
+        #: Called after every completed step, before its checkpoint (the run drains telemetry here).
+        self.after_step: Callable[[], None] | None = None
         self._paused_at: float | None = None
         self._done = 0  # steps completed
 
@@ -192,7 +211,8 @@ class ArmSession:
         saved = self._load_checkpoint()
         if saved is not None and isinstance(loop, VirtualTimeLoop):
             loop.set_time(saved["clock_now"])  # a simulated run continues on the same virtual clock
-        self._run_origin = loop.time() if saved is None else loop.time() - saved["run_elapsed"]
+        if self.run_origin is None:  # alone on its own (virtual) clock
+            self.run_origin = loop.time() if saved is None else loop.time() - saved["run_elapsed"]
         engine = self._engine = self.components.engine()
         await engine.start()
         self.simulated, self.engine_version = engine.info.simulated, engine.info.version  # known once started
@@ -226,6 +246,8 @@ class ArmSession:
                 continue  # completed before an interruption
             await self._step(step)
             self._done = step + 1
+            if self.after_step is not None:
+                self.after_step()
             self._checkpoint()
             bars.advance(self)
         self._pause()
@@ -270,8 +292,10 @@ class ArmSession:
         self._event(step, "rollout_stop", t_train - record.drain_time_s)
         self._event(step, "rollout_end", t_train)
         self._engine_metrics(step, "rollout_end", t_train - self._origin)
+        self._event(step, "train_start", t_train)
         result = await self._trainer.train(outcome.batch, step=step, policy_version=version)
         t_sync = loop.time()
+        self._event(step, "train_end", t_sync)
         self._event(step, "weight_sync_start", t_sync)
         await self._sync.push(self._trainer, self._engine, version + 1)
         t_end = loop.time()
@@ -345,7 +369,9 @@ class ArmSession:
     def _event(self, step: int, kind: str, at: float | None = None) -> None:
         t = asyncio.get_running_loop().time() if at is None else at
         self.recorder.add(
-            EventRecord(arm=self.arm.label, step=step, kind=kind, t=t - self._run_origin, repeat=self.repeat)
+            EventRecord(
+                arm=self.arm.label, step=step, kind=kind, t=t - self._origin_of_run, repeat=self.repeat
+            )
         )
 
     def _engine_metrics(self, step: int, phase: str, t: float) -> None:
@@ -360,6 +386,16 @@ class ArmSession:
                     repeat=self.repeat,
                 )
             )
+
+    @property
+    def _origin_of_run(self) -> float:
+        assert self.run_origin is not None, "the run's clock is set when the session opens"
+        return self.run_origin
+
+    def saved_run_elapsed(self) -> float:
+        """Seconds of run clock this session's checkpoint reached (0 when starting fresh)."""
+        saved = self._load_checkpoint()
+        return 0.0 if saved is None else float(saved["run_elapsed"])
 
     def _flush(self) -> None:
         flush = getattr(self.recorder.sink, "flush", None)
@@ -386,7 +422,7 @@ class ArmSession:
                 "completed_steps": self._done,
                 "clock_now": loop.time(),
                 "session_elapsed": loop.time() - self._origin,
-                "run_elapsed": loop.time() - self._run_origin,
+                "run_elapsed": loop.time() - self._origin_of_run,
                 "rollout": self._rollout.state(),
                 "strategy": self._rollout.strategy.state()
                 if hasattr(self._rollout.strategy, "state")

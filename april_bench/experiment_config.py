@@ -16,6 +16,7 @@ from april_bench.config import BaseConfig, ConfigError, config_from, param
 from april_bench.engines import ENGINES
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.rollout.registry import ArmSpec, build_strategy
+from april_bench.telemetry.sampler import TelemetryConfig
 
 __all__ = ["ExperimentConfig", "load_config"]
 
@@ -71,6 +72,9 @@ class ExperimentConfig(BaseConfig):
         (), help="evaluation sets of a math run (aime-2024, aime-2025, math-500), avg@k every --eval-every"
     )
     warmstart_args: Mapping[str, Any] = param(help="warm-start (SFT) settings", default_factory=dict)
+    telemetry: TelemetryConfig = param(
+        help="GPU telemetry of measured runs (NVML or AMD SMI)", default_factory=TelemetryConfig
+    )
 
     def __post_init__(self) -> None:
         from april_bench.data import DATASETS as DATA_SETS  # light: no pyarrow or datasets on import

@@ -236,7 +236,7 @@ def test_april_over_the_adapter_loses_and_doubles_nothing_across_abort_and_resum
             trained += outcome.batch
             await engine.update_weights(WeightUpdate(step + 1))
         assert (await engine.load()).idle
-        ids = [r.request_id for r in recorder.requests]
+        ids = [r.request_id for r in recorder["requests"]]
         assert len(ids) == len(set(ids))  # every request returned exactly once
         samples = [s for g in [*trained, *loop.buffer] for s in g.samples]
         assert any(len(s.segments) > 1 for s in samples)  # something was resumed

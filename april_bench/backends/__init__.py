@@ -61,10 +61,15 @@ class Components:
     #: One line per choice made for the user (``--engine auto`` fell back to the simulator ...).
     notes: list[str]
 
-    def check(self) -> None:
-        """Raise ``ConfigError`` for any engine or trainer option ``run`` would reject (no heavy work)."""
+    def check(self, telemetry: Any = None) -> None:
+        """Raise ``ConfigError`` for any engine, trainer or telemetry option ``run`` would reject (no
+        heavy work); a note says what telemetry will sample on a measured run."""
         self.engine_spec.check(self.engine_settings, self.engine_args)
         self.trainer_spec.check(self.trainer_settings, self.trainer_args)
+        if telemetry is not None and not self.virtual_time:
+            from april_bench.telemetry.sampler import check_backend
+
+            self.notes.append(check_backend(telemetry))
 
 
 def build_components(config: ExperimentConfig, *, progress: bool = False) -> Components:

@@ -64,6 +64,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from april_bench.rollout.loop import RolloutConfig
     from april_bench.rollout.registry import STRATEGIES
     from april_bench.rollout.strategy import RefillMode
+    from april_bench.telemetry.sampler import BACKENDS, TelemetryConfig
 
     exp, roll = ExperimentConfig.field_help(), RolloutConfig.field_help()
     what = p.add_argument_group(
@@ -166,6 +167,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--eval-datasets", metavar="LIST", help="comma-separated: " + exp["eval_datasets"])
     measure = p.add_argument_group("measurement (measured runs: arms interleaved in blocks, ABBA)")
+    telemetry = TelemetryConfig.field_help()
+    measure.add_argument("--telemetry", choices=BACKENDS, help=telemetry["backend"])
+    measure.add_argument("--telemetry-rate", type=float, metavar="HZ", help=telemetry["rate_hz"])
+    measure.add_argument("--telemetry-devices", metavar="LIST", help=telemetry["devices"] + ", e.g. 0,1")
     measure.add_argument("--repeats", type=_int, help=exp["repeats"])
     measure.add_argument("--block-steps", type=_int, help=exp["block_steps"])
     measure.add_argument("--warmup-steps", type=_int, help=exp["warmup_steps"])
@@ -271,6 +276,17 @@ def config_from_args(args: argparse.Namespace) -> Any:
         strategy_args.setdefault(strategy, {})[option] = value
     if strategy_args != base.strategy_args:
         changes["strategy_args"] = strategy_args
+    telemetry = {
+        k: v
+        for k, v in (
+            ("backend", args.telemetry),
+            ("rate_hz", args.telemetry_rate),
+            ("devices", None if args.telemetry_devices is None else _devices(args.telemetry_devices)),
+        )
+        if v is not None
+    }
+    if telemetry:
+        changes["telemetry"] = base.telemetry.replace(**telemetry)
     if args.data_path:
         changes["data_paths"] = {**base.data_paths, **dict(args.data_path)}
     if args.eval_datasets is not None:
@@ -289,3 +305,12 @@ def flags_set(args: argparse.Namespace) -> list[str]:
             continue
         given.append("--" + name.replace("_", "-"))
     return given
+
+
+def _devices(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        from april_bench.config import ConfigError
+
+        raise ConfigError(f"--telemetry-devices {text!r}: expected GPU indices like 0,1") from None

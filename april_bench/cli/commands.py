@@ -30,7 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _resume(args)
     config = config_from_args(args)
     components = build_components(config, progress=not args.no_progress)
-    components.check()
+    components.check(config.telemetry)
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
     status = RunStatus(path=out / "status.json")
@@ -58,7 +58,7 @@ def _resume(args: argparse.Namespace) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
     components = build_components(config, progress=not args.no_progress)
-    components.check()
+    components.check(config.telemetry)
     kept = read_rows_for_resume(out, status, config.steps)
     done = sum(status.completed.values())
     _echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
@@ -167,9 +167,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     components = build_components(config)
+    components.check(config.telemetry)
     for note in components.notes:
         print(note)
-    components.check()
     where = f"{config.model} on {config.hardware}"
     if components.engine_name == "sim":
         info = components.engine().info

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from april_bench.machine import detect_accelerators, installed_engines
+from april_bench.machine import detect_accelerators, gpu_info, installed_engines
 
 __all__ = ["collect_provenance", "git_info", "source_root"]
 
@@ -151,6 +151,7 @@ def collect_provenance(
             "load_average_start": _load_average(),
             "nvidia_gpus": accel.nvidia,
             "amd_gpus": accel.amd,
+            "gpus": gpu_info(),
             "engines_installed": installed_engines(),
         },
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]],

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from april_bench.telemetry.records import TelemetryRecord
 from april_bench.types import Group
 
 __all__ = [
@@ -197,6 +198,7 @@ TABLES: Mapping[str, type] = {
     "evals": EvalRecord,
     "engine_metrics": EngineMetricRecord,
     "events": EventRecord,
+    "telemetry": TelemetryRecord,
 }
 _TABLE_OF = {cls: name for name, cls in TABLES.items()}
 

@@ -49,7 +49,7 @@ def block_rates(steps: Iterable[Row], block_steps: int) -> dict[tuple[str, int, 
             continue
         key = (s["arm"], s.get("repeat", 0), s["step"] // block_steps)
         for field in ("generated_tokens", "trained_tokens", "rollout_time_s", "step_time_s"):
-            sums[key][field] += s[field]
+            sums[key][field] += s.get(field, 0.0)
     rates: dict[tuple[str, int, int], dict[str, float]] = {}
     for key, total in sums.items():
         rates[key] = {name: total[num] / total[den] for name, (num, den) in _RATES.items() if total[den] > 0}

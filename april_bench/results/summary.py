@@ -36,6 +36,11 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     ``{throughput|useful|end_to_end: {median, ci, half_width, pairs}}``: the
     same gains from interleaved (repetition, block) pairs, with a bootstrap
     interval (:mod:`april_bench.results.stats`).
+``gpu``
+    with telemetry rows (measured runs on a GPU): per phase (rollout, tail,
+    drain, train, weight_sync, step) the GPU-busy share, idle GPU-seconds,
+    mean SM clock and energy, and energy per trained token
+    (:mod:`april_bench.telemetry.metrics`); ``None`` without telemetry.
 ``latency``
     percentiles of time to first token, time per output token and end-to-end
     latency of the arm's finished requests.
@@ -93,7 +98,10 @@ def summarize(
         metrics["end_to_end_gain"] = _gain(metrics, base, "trained_tokens_per_step_s")
         metrics["accuracy_improvement"] = _accuracy_gain(metrics, base, "accuracy")
         metrics["accuracy_improvement_equal_time"] = _accuracy_gain(metrics, base, "accuracy_equal_time")
+    telemetry = list(tables.get("telemetry", ()))
+    gpu = _gpu(tables, telemetry) if telemetry else {}
     for arm, metrics in summary.items():
+        metrics["gpu"] = gpu.get(arm)
         metrics["paired_gains"] = paired.get(arm, {})
         metrics["latency"] = latency.get(arm, {})
         metrics["repeats"] = len({s.get("repeat", 0) for s in steps if s["arm"] == arm})
@@ -203,13 +211,13 @@ def _efficiency(steps: Sequence[Row], generated: int) -> float | None:
 
 
 def _tail_share(steps: Sequence[Row], requests: Sequence[Row]) -> float | None:
-    done_by_step: dict[int, list[float]] = defaultdict(list)
+    done_by_step: dict[tuple[int, int], list[float]] = defaultdict(list)
     for r in requests:
         if r["finish_reason"] != "abort":
-            done_by_step[r["step"]].append(r["t_done"])
+            done_by_step[r.get("repeat", 0), r["step"]].append(r["t_done"])
     tail = total = 0.0
     for s in steps:
-        times = sorted(done_by_step.get(s["step"], ()))
+        times = sorted(done_by_step.get((s.get("repeat", 0), s["step"]), ()))
         end = s["t_start"] + s["rollout_time_s"]
         total += s["rollout_time_s"]
         if times:
@@ -255,3 +263,16 @@ def _prompt_accounting(samples: Sequence[Row]) -> dict[str, int]:
         else:
             counts["inconsistent"] += 1
     return counts
+
+
+def _gpu(tables: Mapping[str, Iterable[Row]], telemetry: list[Row]) -> dict[str, Any]:
+    """Per-arm GPU busy share, idle GPU-seconds and energy (:func:`april_bench.telemetry.gpu_summary`)."""
+    from april_bench.telemetry.metrics import gpu_summary
+
+    return gpu_summary(
+        telemetry,
+        tables.get("events", ()),
+        tables.get("steps", ()),
+        tables.get("requests", ()),
+        tables.get("samples", ()),
+    )

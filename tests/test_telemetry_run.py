@@ -1,0 +1,85 @@
+"""Telemetry in a measured run: one sampler for the run, rows on the event clock, GPU metrics per arm.
+
+The engine is the sglang adapter over the fake SGLang server (real time, on this CPU); NVML is the
+hand-written fake module, so the rows and the busy share are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from fakes import fake_pynvml
+
+from april_bench.cli import main
+
+RUN = [
+    "run",
+    "--engine",
+    "sglang-fake",
+    "--hw",
+    "cpu",
+    "--dataset",
+    "deepscaler",
+    "--model",
+    "qwen3-4b",
+    "--steps",
+    "2",
+    "--rollout-batch-size",
+    "2",
+    "--n-samples-per-prompt",
+    "2",
+    "--over-sampling-batch-size",
+    "4",
+    "--max-response-len",
+    "64",
+    "--no-progress",
+]
+
+
+def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = fake_pynvml.FakeNvidiaGpu(util=(75, 20), power_mw=300_000)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make([gpu]))
+    out = tmp_path / "run"
+    assert main([*RUN, "--telemetry", "nvml", "--telemetry-rate", "50", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "telemetry.jsonl").read_text().splitlines()]
+    assert len(rows) >= 2 and {r["device"] for r in rows} == {0}
+    assert {r["util_gpu"] for r in rows} == {75} and {r["power_w"] for r in rows} == {300.0}
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    t_events = [e["t"] for e in events]
+    assert min(r["t"] for r in rows) <= min(t_events) and max(r["t"] for r in rows) >= max(t_events)
+    arms = json.loads((out / "summary.json").read_text())["arms"]
+    for arm in ("sync", "april"):
+        gpu = arms[arm]["gpu"]
+        assert gpu["gpus"] == 1 and gpu["rollout_coverage"] == 1.0
+        assert gpu["rollout_busy_share"] == pytest.approx(0.75)  # a constant 75% utilisation
+        assert gpu["rollout_energy_j"] == 0.0  # the fake's energy counter never moves
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["machine"]["gpus"] == []  # facts come from the machine, not the fake sampler
+
+
+def test_telemetry_off_records_nothing_and_a_simulated_run_never_samples(tmp_path: Path) -> None:
+    assert main([*RUN, "--telemetry", "off", "--out", str(tmp_path / "off")]) == 0
+    assert (tmp_path / "off" / "telemetry.jsonl").read_text() == ""
+    sim = [
+        "run",
+        "--hw",
+        "h100",
+        "--steps",
+        "1",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--over-sampling-batch-size",
+        "4",
+        "--max-response-len",
+        "512",
+        "--no-progress",
+    ]
+    assert main([*sim, "--out", str(tmp_path / "sim")]) == 0
+    assert (tmp_path / "sim" / "telemetry.jsonl").read_text() == ""
