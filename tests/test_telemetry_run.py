@@ -59,7 +59,8 @@ def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
         assert gpu["rollout_busy_share"] == pytest.approx(0.75)  # a constant 75% utilisation
         assert gpu["rollout_energy_j"] == 0.0  # the fake's energy counter never moves
     provenance = json.loads((out / "provenance.json").read_text())
-    assert provenance["machine"]["gpus"] == []  # facts come from the machine, not the fake sampler
+    facts = provenance["machine"]["gpus"]  # read through the same (fake) NVML
+    assert len(facts) == 1 and "H100" in str(facts[0].get("model", facts[0]))
 
 
 def test_telemetry_off_records_nothing_and_a_simulated_run_never_samples(tmp_path: Path) -> None:
