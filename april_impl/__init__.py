@@ -1,5 +1,8 @@
-"""The reference APRIL strategy (Active Partial Rollouts, arXiv 2509.18521)."""
+"""The reference APRIL strategy (Active Partial Rollouts, arXiv 2509.18521) and its variants."""
 
+from april_impl.adaptive import AdaptiveAprilStrategy
 from april_impl.april import AprilStrategy
+from april_impl.length_aware import LengthAwareStrategy
+from april_impl.segment import SegmentRolloutStrategy
 
-__all__ = ["AprilStrategy"]
+__all__ = ["AdaptiveAprilStrategy", "AprilStrategy", "LengthAwareStrategy", "SegmentRolloutStrategy"]

@@ -2,5 +2,6 @@
 
 from baselines.oversample_discard import OversampleDiscardStrategy
 from baselines.sync import SyncStrategy
+from baselines.tail_batching import TailBatchingStrategy
 
-__all__ = ["OversampleDiscardStrategy", "SyncStrategy"]
+__all__ = ["OversampleDiscardStrategy", "SyncStrategy", "TailBatchingStrategy"]

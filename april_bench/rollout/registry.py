@@ -32,6 +32,26 @@ STRATEGIES.register(
 STRATEGIES.register(
     "april", "april_impl.april:AprilStrategy", "launch N', abort at N, buffer partials and resume them first"
 )
+STRATEGIES.register(
+    "tail-batching",
+    "baselines.tail_batching:TailBatchingStrategy",
+    "RollPacker: short steps race N' fresh groups to N; stragglers re-run together in tail steps",
+)
+STRATEGIES.register(
+    "segment",
+    "april_impl.segment:SegmentRolloutStrategy",
+    "UloRL: APRIL with at most segment_len tokens per response per step; the rest continues next step",
+)
+STRATEGIES.register(
+    "adaptive",
+    "april_impl.adaptive:AdaptiveAprilStrategy",
+    "APRIL whose N' grows or shrinks each step with the spread of the step's completion times",
+)
+STRATEGIES.register(
+    "length-aware",
+    "april_impl.length_aware:LengthAwareStrategy",
+    "APRIL launching the longest buffered groups first; optionally aborts only the longest at N",
+)
 
 _ARM = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*(?:\[(.*)\])?\s*$")
 

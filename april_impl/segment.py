@@ -1,0 +1,44 @@
+"""Segment rollout (UloRL, arXiv 2507.19766; Kimi k1.5's partial rollouts): APRIL with a per-step token budget.
+
+Every request may generate at most ``segment_len`` tokens in one step.  A response
+that reaches its segment without finishing pauses: its group comes back unfinished
+while the step goes on (more groups launch in its place), and it is buffered and
+continued first next step, from its token ids.  A very long response therefore
+spreads over several steps instead of holding one step open; the price is that its
+later segments come from newer policies (off-policy tokens, bounded by APRIL's
+``max_version_span`` if set).  Everything else - waves of N', abort at N, FIFO
+resume - is APRIL's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from april_bench.config import ConfigError, param
+from april_bench.rollout.strategy import RolloutView
+from april_bench.types import Sample
+from april_impl.april import AprilStrategy
+
+__all__ = ["SegmentRolloutStrategy"]
+
+
+class SegmentRolloutStrategy(AprilStrategy):
+    """APRIL whose requests stop at a fixed segment; unfinished responses continue next step."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(AprilStrategy.Config):
+        segment_len: int = param(4096, help="tokens one response may generate per step (UloRL's segment)")
+
+        def __post_init__(self) -> None:
+            AprilStrategy.Config.__post_init__(self)
+            if self.segment_len < 1:
+                raise ConfigError(f"segment_len must be >= 1, got {self.segment_len}")
+
+    name = "segment"
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.segment_len = config.segment_len
+
+    def request_budget(self, sample: Sample, remaining: int, view: RolloutView) -> int:
+        return min(remaining, self.segment_len)
