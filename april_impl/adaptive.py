@@ -38,7 +38,6 @@ def next_over_sampling(
         proposed = math.floor(current / config.factor)
     elif last > config.grow_above * median:
         proposed = math.ceil(current * config.factor)
-        proposed = math.floor(current / config.factor)
     else:
         proposed = current
     low = max(target, math.ceil(config.min_ratio * target))
