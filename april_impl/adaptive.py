@@ -52,14 +52,20 @@ class AdaptiveAprilStrategy(AprilStrategy):
     class Config(AprilStrategy.Config):
         min_ratio: float = param(1.0, help="lowest N'/N")
         max_ratio: float = param(4.0, help="highest N'/N")
-        grow_above: float = param(2.0, help="grow N' when the N-th completion is later than this x the median")
-        shrink_below: float = param(1.25, help="shrink N' when the N-th completion is earlier than this x the median")
+        grow_above: float = param(
+            2.0, help="grow N' when the N-th completion is later than this x the median"
+        )
+        shrink_below: float = param(
+            1.25, help="shrink N' when the N-th completion is earlier than this x the median"
+        )
         factor: float = param(1.25, help="multiply or divide N' by this per step")
 
         def __post_init__(self) -> None:
             AprilStrategy.Config.__post_init__(self)
             if not 1.0 <= self.min_ratio <= self.max_ratio:
-                raise ConfigError(f"need 1 <= min_ratio <= max_ratio, got {self.min_ratio} and {self.max_ratio}")
+                raise ConfigError(
+                    f"need 1 <= min_ratio <= max_ratio, got {self.min_ratio} and {self.max_ratio}"
+                )
             if not 1.0 <= self.shrink_below <= self.grow_above:
                 raise ConfigError(
                     f"need 1 <= shrink_below <= grow_above, got {self.shrink_below} and {self.grow_above}"
@@ -78,7 +84,9 @@ class AdaptiveAprilStrategy(AprilStrategy):
 
     def launch_count(self, view: RolloutView) -> int:
         if self.over_sampling is None:
-            self.over_sampling = max(self.config.over_sampling_batch_size or view.over_sampling, view.target_groups)
+            self.over_sampling = max(
+                self.config.over_sampling_batch_size or view.over_sampling, view.target_groups
+            )
         self._target = view.target_groups
         return wave_refill(view, self.over_sampling)
 

@@ -42,7 +42,8 @@ class LengthAwareStrategy(AprilStrategy):
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(AprilStrategy.Config):
         order: LaunchOrder = param(
-            LaunchOrder.LONGEST_FIRST, help="buffered groups' launch order: longest_first, shortest_first or fifo"
+            LaunchOrder.LONGEST_FIRST,
+            help="buffered groups' launch order: longest_first, shortest_first or fifo",
         )
         engine_priority: bool = param(True, help="pass the launch order to the engine as request priority")
         abort_share: float = param(

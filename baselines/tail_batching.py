@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.rollout.strategy import BaseStrategy, Candidate, Disposition, RolloutView, StepSummary, wave_refill
+from april_bench.rollout.strategy import (
+    BaseStrategy,
+    Candidate,
+    Disposition,
+    RolloutView,
+    StepSummary,
+    wave_refill,
+)
 from april_bench.types import Group, Sample
 
 __all__ = ["TailBatchingStrategy"]
@@ -33,10 +40,12 @@ class TailBatchingStrategy(BaseStrategy, Configurable):
             None, help="N' of a short step (default: the rollout's --over-sampling-batch-size)"
         )
         max_wait_steps: int = param(
-            4, help="run a tail step once deferred groups have waited this many short steps, even if fewer than N"
+            4,
+            help="run a tail step once deferred groups have waited this many short steps, even if fewer than N",
         )
         resume_partial: bool = param(
-            False, help="continue deferred partials in the tail step (default: re-run them in full, on-policy)"
+            False,
+            help="continue deferred partials in the tail step (default: re-run them in full, on-policy)",
         )
 
         def __post_init__(self) -> None:

@@ -54,9 +54,9 @@ def test_april_with_n_prime_equal_to_n_reproduces_sync_exactly() -> None:
     assert [record(o) for o in april] == [record(o) for o in sync]
     assert [[g.uid for g in o.batch] for o in april] == [[g.uid for g in o.batch] for o in sync]
     strip = ("arm", "request_id")
-    assert [{k: v for k, v in dataclasses.asdict(r).items() if k not in strip} for r in april_rec["requests"]] == [
-        {k: v for k, v in dataclasses.asdict(r).items() if k not in strip} for r in sync_rec["requests"]
-    ]
+    assert [
+        {k: v for k, v in dataclasses.asdict(r).items() if k not in strip} for r in april_rec["requests"]
+    ] == [{k: v for k, v in dataclasses.asdict(r).items() if k not in strip} for r in sync_rec["requests"]]
     assert len(loop.buffer) == 0
 
 
@@ -102,7 +102,9 @@ def test_tail_batching_can_resume_partials_in_the_tail_step() -> None:
 
 def test_tail_batching_runs_a_short_queue_after_max_wait_steps() -> None:
     def run(max_wait_steps: int):
-        strategy = TailBatchingStrategy.Config(over_sampling_batch_size=3, max_wait_steps=max_wait_steps).build()
+        strategy = TailBatchingStrategy.Config(
+            over_sampling_batch_size=3, max_wait_steps=max_wait_steps
+        ).build()
         return fake_arm(strategy, long_every_fourth, steps=3)
 
     # N'=3.  Step 0: 0, 1, 2 launch; 1 and 2 accepted at t=10; only 0 is queued (1 < N).
@@ -139,7 +141,10 @@ def test_segment_rollout_pauses_responses_at_the_segment_and_resumes_them_next_s
     # goes on, so 4..7 launch at t=8; 5 ends at t=13 (N reached); 4, 6, 7 aborted with 6 tokens.
     # Step 1: 0, 2, 3, 4 resume for one segment each (pause at t=8); 6..9 (9 ends at t=13) pause at
     # t=16; 10..13 (13 ends at t=21; 10..12 aborted with 6 at t=22).
-    assert [(o.record.rollout_time_s, o.record.generated_tokens) for o in outcomes] == [(14.0, 104), (22.0, 168)]
+    assert [(o.record.rollout_time_s, o.record.generated_tokens) for o in outcomes] == [
+        (14.0, 104),
+        (22.0, 168),
+    ]
     assert [[g.uid for g in o.batch] for o in outcomes] == [[1, 5], [9, 13]]
     segments = {r.output_len for r in recorder["requests"] if r.finish_reason == "length"}
     assert segments == {8}
@@ -254,9 +259,13 @@ def test_length_aware_aborts_only_the_longest_share_and_lets_the_rest_finish() -
 
 
 def test_length_aware_with_abort_all_and_fifo_is_april() -> None:
-    april, _, _ = fake_arm(AprilStrategy.Config(over_sampling_batch_size=4).build(), long_every_fourth, steps=4)
+    april, _, _ = fake_arm(
+        AprilStrategy.Config(over_sampling_batch_size=4).build(), long_every_fourth, steps=4
+    )
     fifo, _, _ = fake_arm(
-        LengthAwareStrategy.Config(over_sampling_batch_size=4, order="fifo").build(), long_every_fourth, steps=4
+        LengthAwareStrategy.Config(over_sampling_batch_size=4, order="fifo").build(),
+        long_every_fourth,
+        steps=4,
     )
     assert _steps(fifo) == _steps(april)
     with pytest.raises(ConfigError, match="order must be one of"):
