@@ -1,4 +1,4 @@
-"""Segment rollout (UloRL, arXiv 2507.19766; Kimi k1.5's partial rollouts): APRIL with a per-step token budget.
+"""Segment rollout (UloRL, arXiv 2507.19766; Kimi k1.5 partial rollouts): APRIL with a per-step budget.
 
 Every request may generate at most ``segment_len`` tokens in one step.  A response
 that reaches its segment without finishing pauses: its group comes back unfinished

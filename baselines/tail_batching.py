@@ -41,7 +41,7 @@ class TailBatchingStrategy(BaseStrategy, Configurable):
         )
         max_wait_steps: int = param(
             4,
-            help="run a tail step once deferred groups have waited this many short steps, even if fewer than N",
+            help="run a tail step once deferred groups waited this many short steps, even if fewer than N",
         )
         resume_partial: bool = param(
             False,
