@@ -1,4 +1,4 @@
-"""``python -m april_bench``: run | validate | ls | report | eval | data.
+"""``python -m april_bench``: run | validate | ablate | ls | report | eval | data.
 
 Examples::
 
@@ -6,6 +6,7 @@ Examples::
     python -m april_bench run --hw mi300x --algo dapo          # APRIL's paper setting, simulated here
     python -m april_bench run --hw h100 --dataset deepmath-103k --strategies sync,april --steps 50
     python -m april_bench run --strategies 'sync,april,april[max_version_span=2]'
+    python -m april_bench ablate --hw h100 --algo dapo              # the strategy zoo x knobs, simulated
     python -m april_bench run --engine-arg max_running_requests=64 --workload-arg response_median=3000
     python -m april_bench ls hardware
     python -m april_bench report runs/<run-id>
@@ -35,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from april_bench.cli import commands, evaldata, gate
+    from april_bench.cli import ablate, commands, evaldata, gate
     from april_bench.cli.args import add_run_arguments
 
     parser = _Parser(
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_arguments(validate)
     validate.set_defaults(handler=commands.cmd_validate)
+    ablate.add_parsers(sub)
     commands.add_inspect_parsers(sub)
     evaldata.add_parsers(sub)
     gate.add_parsers(sub)

@@ -1,0 +1,337 @@
+"""``ablate``: a grid of strategies and knobs on one workload, as one table (and a figure).
+
+Every arm of the grid runs in one ``run`` (per off-policy mode), so all arms see the same prompts,
+seeds and length draws and differ in the strategy alone.  The grid is one factor at a time around
+each strategy's defaults: N'/N ratios for every strategy that over-provisions, the staleness bound
+(``max_version_span``) and the segment length where a strategy has them; each off-policy mode is a
+run of its own (it changes the loss, not the rollout).  Each run is an ordinary run directory under
+``OUT/<mode>/`` (``report`` and ``run --resume`` work on it); ``OUT/ablation.md`` and
+``OUT/ablation.json`` hold the table, ``OUT/ablation.png`` the figure when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AblationArm", "add_parsers", "cmd_ablate", "grid_arms"]
+
+#: The default base strategies: the paper's arms and the zoo.
+ZOO = ("sync", "oversample-discard", "april", "tail-batching", "segment", "adaptive", "length-aware")
+_RATIO, _SPAN, _SEGMENT = "over_sampling_batch_size", "max_version_span", "segment_len"
+
+
+@dataclass(frozen=True, slots=True)
+class AblationArm:
+    """One arm of the grid: its label (``name[key=value,...]``), strategy and knob values."""
+
+    label: str
+    strategy: str
+    over_sampling: int | None = None
+    max_version_span: int | None = None
+    segment_len: int | None = None
+    #: Whether the strategy takes a staleness bound (``max_version_span=None`` then means unbounded).
+    bounded: bool = False
+
+
+def _label(strategy: str, knobs: dict[str, int]) -> str:
+    inner = ",".join(f"{k}={v}" for k, v in knobs.items())
+    return f"{strategy}[{inner}]" if inner else strategy
+
+
+def grid_arms(
+    strategies: Sequence[str],
+    *,
+    target_groups: int,
+    ratios: Sequence[float],
+    spans: Sequence[int | None],
+    segments: Sequence[int],
+) -> list[AblationArm]:
+    """One factor at a time: each strategy at its first value of every knob it has, then each knob's
+    other values alone.  A strategy without a knob (sync has none) is one arm."""
+    from april_bench.rollout.registry import STRATEGIES, strategy_options
+
+    arms: dict[str, AblationArm] = {}
+    for name in strategies:
+        if name not in STRATEGIES:
+            STRATEGIES.get(name)  # one line with the known names
+        options = strategy_options(name)
+        axes: dict[str, list[Any]] = {}
+        if _RATIO in options and ratios:
+            axes[_RATIO] = [max(target_groups, round(r * target_groups)) for r in ratios]
+        if _SPAN in options and spans:
+            axes[_SPAN] = list(spans)
+        if _SEGMENT in options and segments:
+            axes[_SEGMENT] = list(segments)
+        base = {axis: values[0] for axis, values in axes.items()}
+        variants = [base] + [{**base, axis: v} for axis, values in axes.items() for v in values[1:]]
+        for knobs in variants:
+            shown = {k: v for k, v in knobs.items() if v is not None}
+            label = _label(name, shown)
+            arms.setdefault(
+                label,
+                AblationArm(
+                    label=label,
+                    strategy=name,
+                    over_sampling=knobs.get(_RATIO),
+                    max_version_span=knobs.get(_SPAN),
+                    segment_len=knobs.get(_SEGMENT),
+                    bounded=_SPAN in axes,
+                ),
+            )
+    return list(arms.values())
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1.5,2,3, got {text!r}") from None
+    if any(v < 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"N'/N ratios must be >= 1, got {text!r}")
+    return values
+
+
+def _spans(text: str) -> list[int | None]:
+    out: list[int | None] = []
+    for v in (v.strip() for v in text.split(",") if v.strip()):
+        if v.lower() in ("none", "off", "-"):
+            out.append(None)
+            continue
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected whole numbers or none, like none,1,2, got {text!r}"
+            ) from None
+    return out
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers like 2048,4096, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"segment lengths must be >= 1, got {text!r}")
+    return values
+
+
+def add_parsers(sub: Any) -> None:
+    from april_bench.algorithms import OFF_POLICY_MODES
+    from april_bench.cli.args import add_run_arguments
+
+    p = sub.add_parser(
+        "ablate",
+        help="run a grid of strategies and knobs on one workload; one table of gains (and a figure)",
+        description="Every strategy of --strategies (default: the whole zoo) at each N'/N ratio, "
+        "staleness bound and segment length it takes, one knob at a time, all in one run on the same "
+        "prompts and seeds; each --off-policy-modes value is a run of its own. Takes every flag of `run`.",
+    )
+    add_run_arguments(p)
+    grid = p.add_argument_group("the grid (one knob at a time around the first value of each)")
+    grid.add_argument("--ratios", type=_floats, default=[2.0, 1.5, 3.0], metavar="LIST", help="N'/N values")
+    grid.add_argument(
+        "--spans",
+        type=_spans,
+        default=[None, 1],
+        metavar="LIST",
+        help="max_version_span values (none: unbounded)",
+    )
+    grid.add_argument(
+        "--segments",
+        type=_ints,
+        default=None,
+        metavar="LIST",
+        help="segment_len values (default: 1/4, 1/8 and 1/2 of --max-response-len)",
+    )
+    grid.add_argument(
+        "--off-policy-modes",
+        metavar="LIST",
+        help=f"comma-separated ({', '.join(OFF_POLICY_MODES)}); one run each (default: the recipe's)",
+    )
+    p.set_defaults(handler=cmd_ablate)
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from april_bench.algorithms import OFF_POLICY_MODES
+    from april_bench.backends import build_components
+    from april_bench.cli.args import config_from_args
+    from april_bench.cli.commands import _execute
+    from april_bench.config import ConfigError
+    from april_bench.results.resume import RunStatus
+    from april_bench.results.rundir import claim_run_dir, default_run_name
+    from april_bench.results.store import load_run
+
+    if args.resume is not None:
+        raise ConfigError("ablate has no --resume; continue one mode's run with `run --resume OUT/<mode>`")
+    base = config_from_args(args)
+    strategies = ZOO if args.strategies is None else base.strategies
+    max_len = base.rollout.max_response_len
+    segments = args.segments or [max(1, max_len // 4), max(1, max_len // 8), max(1, max_len // 2)]
+    arms = grid_arms(
+        strategies,
+        target_groups=base.rollout.rollout_batch_size,
+        ratios=args.ratios,
+        spans=args.spans,
+        segments=segments,
+    )
+    modes = [m.strip() for m in (args.off_policy_modes or base.off_policy).split(",") if m.strip()]
+    for mode in modes:
+        if mode not in OFF_POLICY_MODES:
+            raise ConfigError(f"--off-policy-modes: {mode!r} is not one of {', '.join(OFF_POLICY_MODES)}")
+    baseline = base.baseline or next((a.label for a in arms if a.strategy == "sync"), arms[0].label)
+    configs = {
+        mode: base.replace(strategies=tuple(a.label for a in arms), off_policy=mode, baseline=baseline)
+        for mode in modes
+    }
+    components = {
+        mode: build_components(config, progress=not args.no_progress) for mode, config in configs.items()
+    }
+    for mode, built in components.items():
+        built.check(configs[mode].telemetry)
+    name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
+    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
+    _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
+    rows: list[dict[str, Any]] = []
+    simulated = True
+    for mode in modes:
+        run_dir = out / mode
+        run_dir.mkdir(parents=True, exist_ok=True)
+        status = RunStatus(path=run_dir / "status.json")
+        status.save()
+        tick = time.monotonic()
+        code = _execute(configs[mode], components[mode], run_dir, status, progress=not args.no_progress)
+        if code != 0:
+            return code
+        _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")
+        run = load_run(run_dir)
+        simulated = simulated and run.simulated
+        summary = run.summary()
+        rows += [_row(arm, mode, summary[arm.label], base.rollout.rollout_batch_size) for arm in arms]
+    result = {
+        "result_kind": "simulated" if simulated else "measured",
+        "hardware": base.hardware,
+        "algorithm": base.algorithm,
+        "dataset": base.dataset,
+        "model": base.model,
+        "steps": base.steps,
+        "baseline": baseline,
+        "rows": rows,
+    }
+    (out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
+    table = render_ablation(result)
+    (out / "ablation.md").write_text(table + "\n")
+    figure = _figure(result, out / "ablation.png")
+    print(table)
+    print(
+        f"\nablation directory: {out}" + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
+    )
+    return 0
+
+
+def _echo(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> dict[str, Any]:
+    return {
+        "arm": arm.label,
+        "strategy": arm.strategy,
+        "off_policy_mode": mode,
+        "n_prime_over_n": None if arm.over_sampling is None else arm.over_sampling / target_groups,
+        "max_version_span_bound": arm.max_version_span if arm.bounded else "-",
+        "segment_len": arm.segment_len,
+        "throughput_gain": m.get("throughput_gain"),
+        "useful_gain": m.get("useful_gain"),
+        "end_to_end_gain": m.get("end_to_end_gain"),
+        "off_policy_token_ratio": m.get("off_policy_token_ratio"),
+        "max_version_span": m.get("max_version_span"),
+        "wasted_tokens": m.get("wasted_tokens"),
+        "rollout_time_per_step_s": m.get("rollout_time_per_step_s"),
+        "accuracy": m.get("accuracy"),
+        "accuracy_improvement": m.get("accuracy_improvement"),
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def render_ablation(result: dict[str, Any]) -> str:
+    """The ablation table, labelled simulated or measured, gains against the baseline arm."""
+    kind = result["result_kind"]
+    lines = [
+        f"## Ablation: {kind.upper()} ({result['model']} on {result['hardware']}, {result['algorithm']}, "
+        f"{result['dataset']}, {result['steps']} steps; gains against {result['baseline']})",
+        "",
+        "| Off-policy | Arm | N'/N | Span bound | Segment | Throughput gain | Useful-token gain "
+        "| End-to-end gain | Off-policy share | Version span | Rollout s/step | Accuracy | Source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        ratio = "-" if r["n_prime_over_n"] is None else f"{r['n_prime_over_n']:.2g}"
+        span = (
+            "-" if r["strategy"] and r["max_version_span_bound"] is None else str(r["max_version_span_bound"])
+        )
+        accuracy = "n/a (simulated)" if kind == "simulated" else _accuracy(r)
+        lines.append(
+            f"| {r['off_policy_mode']} | {r['arm']} | {ratio} | {span} | {r['segment_len'] or '-'} "
+            f"| {_pct(r['throughput_gain'])} | {_pct(r['useful_gain'])} | {_pct(r['end_to_end_gain'])} "
+            f"| {_share(r['off_policy_token_ratio'])} | {r['max_version_span']} "
+            f"| {r['rollout_time_per_step_s']:.1f} | {accuracy} | {kind} |"
+        )
+    return "\n".join(lines)
+
+
+def _accuracy(row: dict[str, Any]) -> str:
+    if row["accuracy"] is None:
+        return "n/a (no eval)"
+    gain = row["accuracy_improvement"]
+    return f"{row['accuracy']:.3f}" + ("" if gain is None else f" ({gain:+.1%})")
+
+
+def _figure(result: dict[str, Any], path: Path) -> Path | None:
+    """Throughput and useful-token gain per arm, if matplotlib is installed (it is not a dependency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = result["rows"]
+    labels = [
+        f"{r['arm']} ({r['off_policy_mode']})" if len({x["off_policy_mode"] for x in rows}) > 1 else r["arm"]
+        for r in rows
+    ]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.5))
+    ys = range(len(rows))
+    ax.barh(
+        [y - 0.2 for y in ys],
+        [100 * (r["throughput_gain"] or 0.0) for r in rows],
+        0.4,
+        label="throughput gain",
+    )
+    ax.barh(
+        [y + 0.2 for y in ys], [100 * (r["useful_gain"] or 0.0) for r in rows], 0.4, label="useful-token gain"
+    )
+    ax.set_yticks(list(ys), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel(f"% against {result['baseline']} ({result['result_kind']})")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
