@@ -62,4 +62,14 @@ class SegmentRolloutStrategy(AprilStrategy):
         self._wave_start = (0, 0)
 
     def request_budget(self, sample: Sample, remaining: int, view: RolloutView) -> int:
+        span = self.config.max_version_span
+        limit = sample.response_len + remaining  # the response limit
+        if span is not None and self.segment_len * (span + 1) < limit:
+            # a response needing more segments than the span allows restarts forever: refuse at once
+            raise ConfigError(
+                f"segment: responses of up to {limit} tokens need {-(-limit // self.segment_len)} segments "
+                f"of {self.segment_len}, but max_version_span={span} restarts any that spans more than "
+                f"{span + 1}; raise segment_len to {-(-limit // (span + 1))} or max_version_span to "
+                f"{-(-limit // self.segment_len) - 1}"
+            )
         return min(remaining, self.segment_len)

@@ -154,14 +154,20 @@ def test_segment_rollout_pauses_responses_at_the_segment_and_resumes_them_next_s
 def test_segment_rollout_keeps_aprils_staleness_cap() -> None:
     with pytest.raises(ConfigError, match="segment_len"):
         SegmentRolloutStrategy.Config(segment_len=0)
-    strategy = build_strategy("segment[segment_len=8,max_version_span=1]")
+    strategy = build_strategy("segment[segment_len=32,max_version_span=1]")
     assert isinstance(strategy, SegmentRolloutStrategy)
-    outcomes, recorder, _ = fake_arm(strategy, lambda uid, i: {1: 5, 2: 10}.get(uid % 4, 30), steps=4)
-    # 5-token responses fit one segment, 10-token ones need two (two versions); 30-token ones need four,
-    # so with a span of one they restart whenever they would resume a segment two versions old.
+    outcomes, recorder, _ = fake_arm(strategy, lambda uid, i: {1: 5, 2: 40}.get(uid % 4, 100), steps=4)
+    # 40- and 64-token responses need two segments (two versions); one aborted mid-segment needs a
+    # third version and restarts instead when it would resume a segment two versions old.
     trained = [s for s in recorder["samples"] if s.fate == "trained"]
     assert trained and all(s.train_version - s.version_runs[0][0] <= 1 for s in trained)
     assert sum(o.record.restarted_samples for o in outcomes) > 0
+
+
+def test_segment_rollout_refuses_a_bound_no_response_can_meet() -> None:
+    # 64 tokens in segments of 8 take 8 versions; a span of 1 would restart them forever
+    with pytest.raises(ConfigError, match="raise segment_len to 32 or max_version_span to 7"):
+        fake_arm(build_strategy("segment[segment_len=8,max_version_span=1]"), long_every_fourth, steps=1)
 
 
 # ---------------------------------------------------------------- adaptive over-provisioning

@@ -52,9 +52,12 @@ def grid_arms(
     ratios: Sequence[float],
     spans: Sequence[int | None],
     segments: Sequence[int],
+    max_response_len: int,
 ) -> list[AblationArm]:
     """One factor at a time: each strategy at its first value of every knob it has, then each knob's
-    other values alone.  A strategy without a knob (sync has none) is one arm."""
+    other values alone.  A strategy without a knob (sync has none) is one arm.  Segment arms whose
+    staleness bound cannot hold a full response (segment_len x (span + 1) < the limit: it would restart
+    forever) are left out."""
     from april_bench.rollout.registry import STRATEGIES, strategy_options
 
     arms: dict[str, AblationArm] = {}
@@ -72,6 +75,9 @@ def grid_arms(
         base = {axis: values[0] for axis, values in axes.items()}
         variants = [base] + [{**base, axis: v} for axis, values in axes.items() for v in values[1:]]
         for knobs in variants:
+            segment, span = knobs.get(_SEGMENT), knobs.get(_SPAN)
+            if segment is not None and span is not None and segment * (span + 1) < max_response_len:
+                continue
             shown = {k: v for k, v in knobs.items() if v is not None}
             label = _label(name, shown)
             arms.setdefault(
@@ -181,6 +187,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         ratios=args.ratios,
         spans=args.spans,
         segments=segments,
+        max_response_len=max_len,
     )
     modes = [m.strip() for m in (args.off_policy_modes or base.off_policy).split(",") if m.strip()]
     for mode in modes:
