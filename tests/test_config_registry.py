@@ -53,7 +53,15 @@ def test_registry_suggests_close_names() -> None:
 
 
 def test_build_strategy_takes_run_options_then_the_arms_own() -> None:
-    assert set(STRATEGIES.names()) == {"sync", "oversample-discard", "april"}
+    assert set(STRATEGIES.names()) == {
+        "sync",
+        "oversample-discard",
+        "april",
+        "tail-batching",
+        "segment",
+        "adaptive",
+        "length-aware",
+    }
     defaults = {"april": {"max_version_span": 2}}
     sync = build_strategy("sync", defaults)
     april = build_strategy("april[over_sampling_batch_size=48]", defaults)
