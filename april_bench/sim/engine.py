@@ -41,6 +41,7 @@ from april_bench.sim.replica import ReplicaSettings, SimReplica
 __all__ = ["SimEngine", "from_settings"]
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load")
+RESUME_KV = ("recompute", "keep")
 
 
 class SimEngine(Configurable):
@@ -69,6 +70,11 @@ class SimEngine(Configurable):
             2.5, help="weight update + colocate switch time per 1e9 parameters (Relax#152: ~11 s, 4B, H200)"
         )
         context_length: int = param(40960, help="model context length (Qwen3: 40,960), for SGLang defaults")
+        resume_kv: str = param(
+            "recompute",
+            help="a resumed request's prompt + partial: recompute (re-prefill; weight updates flush the cache) "
+            "or keep (its KV stays cached on its replica across updates, free between steps: an upper bound)",
+        )
 
         def __post_init__(self) -> None:
             if self.hardware not in hardware_names():
@@ -88,6 +94,8 @@ class SimEngine(Configurable):
                 raise ConfigError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}")
             if self.replan_iterations < 1:
                 raise ConfigError("replan_iterations must be >= 1")
+            if self.resume_kv not in RESUME_KV:
+                raise ConfigError(f"--engine-arg resume_kv must be one of {', '.join(RESUME_KV)}")
             for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs"):
                 value = getattr(self, name)
                 if value is not None and value < 1:
@@ -133,6 +141,8 @@ class SimEngine(Configurable):
         self._replicas: list[SimReplica] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._affinity: dict[str, int] = {}
+        #: Shortest input seen per routing key: the prompt (a longer input resumes a partial).
+        self._prompt_len: dict[str, int] = {}
         self._rr = 0
         self._info = EngineInfo(
             name="sim",
@@ -175,8 +185,18 @@ class SimEngine(Configurable):
             SimReplica.check(req, self.settings)
         stream = CompletionStream(len(requests))
         for req in requests:
-            self._replicas[self._route(req)].submit(req, stream)
+            self._replicas[self._route(req)].submit(req, stream, self._cached(req))
         return stream
+
+    def _cached(self, req: GenerateRequest) -> int:
+        """Input tokens of ``req`` whose KV is kept (``resume_kv=keep`` and a resumed partial)."""
+        if self.config.resume_kv != "keep" or req.routing_key is None:
+            return 0
+        prompt = self._prompt_len.setdefault(req.routing_key, req.input_len)
+        if req.input_len <= prompt:
+            self._prompt_len[req.routing_key] = req.input_len
+            return 0
+        return req.input_len - 1  # prompt + partial are cached; the last token is computed to sample
 
     def _route(self, req: GenerateRequest) -> int:
         policy = self.config.router_policy
@@ -209,7 +229,8 @@ class SimEngine(Configurable):
         if any(r.outstanding for r in self._replicas):
             raise EngineError("update_weights while requests are in flight: abort and drain first")
         await asyncio.sleep(self.weight_sync_time())
-        self._affinity.clear()  # the update flushes every prefix cache
+        if self.config.resume_kv == "recompute":
+            self._affinity.clear()  # the update flushes every prefix cache
         self._version[0] = update.version
 
     #: Replica attributes that carry over from one step to the next (SGLang's adaptive new-token
@@ -223,6 +244,7 @@ class SimEngine(Configurable):
             "version": self._version[0],
             "rr": self._rr,
             "affinity": dict(self._affinity),
+            "prompt_len": dict(self._prompt_len),
             "replicas": [{k: getattr(r, k) for k in self._REPLICA_STATE} for r in self._replicas],
         }
 
@@ -230,6 +252,7 @@ class SimEngine(Configurable):
         self._version[0] = state["version"]
         self._rr = state["rr"]
         self._affinity = dict(state["affinity"])
+        self._prompt_len = dict(state.get("prompt_len", {}))
         for replica, saved in zip(self._replicas, state["replicas"], strict=True):
             for key, value in saved.items():
                 setattr(replica, key, value)

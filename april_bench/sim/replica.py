@@ -71,6 +71,8 @@ class _Req:
     t_first: float | None = None
     retractions: int = 0
     abort: bool = False
+    #: Input tokens whose KV is still cached (``resume_kv=keep``): not prefilled again.
+    cached: int = 0
 
     @property
     def context(self) -> int:
@@ -118,13 +120,13 @@ class SimReplica:
                 f"({settings.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
             )
 
-    def submit(self, request: GenerateRequest, stream: CompletionStream) -> None:
+    def submit(self, request: GenerateRequest, stream: CompletionStream, cached: int = 0) -> None:
         self.check(request, self.s)
         assert request.replay_len is not None
         target, reason = request.max_new_tokens, FinishReason.LENGTH
         if request.replay_len <= target:
             target, reason = request.replay_len, FinishReason.STOP
-        self.waiting.append(_Req(request, stream, target, reason))
+        self.waiting.append(_Req(request, stream, target, reason, cached=min(cached, request.input_len - 1)))
         self.outstanding += 1
         self.kick()
 
@@ -252,14 +254,15 @@ class SimReplica:
                 break
             self.waiting.popleft()
             req.state = _PREFILLING
-            req.prefilled = 0
-            n = min(extend, budget)
-            batch.chunks.append((req, 0, n))
+            req.prefilled = req.cached  # a kept prefix is in the pool already, not computed again
+            self.kv_used += req.cached
+            n = min(extend - req.prefilled, budget)
+            batch.chunks.append((req, req.prefilled, n))
             self.kv_used += n
             free -= need
             budget -= n
             admitted += 1
-            if n < extend:
+            if req.prefilled + n < extend:
                 self.chunked = req
                 break
         return batch
@@ -358,6 +361,7 @@ class SimReplica:
             self.ctx_base -= req.request.input_len + req.g0 - req.d0
             self.kv_used -= req.context
             req.retractions += 1
+            req.cached = 0  # its KV is freed: readmitted, it re-prefills prompt + output
             if req.abort:  # aborted while running: return its output instead of queueing it again
                 self._deliver(req, FinishReason.ABORT, self._now())
                 continue
