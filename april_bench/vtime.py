@@ -121,5 +121,10 @@ def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
     for task in pending:
         task.cancel()
     if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        try:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        except SimulationDeadlock:
+            # After an interrupt a task can be left waiting on a future that its (cancelled)
+            # producer will never complete; nothing is left to run, so the cleanup is over.
+            pass
     loop.run_until_complete(loop.shutdown_asyncgens())
