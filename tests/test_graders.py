@@ -1,4 +1,4 @@
-"""Graders: upstream behaviour tables (shared/data/README.md), real data in place, robustness, threads."""
+"""Graders: upstream behaviour tables (tests/data/math/README.md), real data vendored, robustness, threads."""
 
 from __future__ import annotations
 

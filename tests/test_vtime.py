@@ -52,8 +52,9 @@ def test_an_interrupt_stays_an_interrupt_when_a_leftover_task_cannot_finish() ->
 
     async def main() -> None:
         never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        asyncio.create_task(stubborn(never))
+        leftover = asyncio.create_task(stubborn(never))
         await asyncio.sleep(1)
+        assert not leftover.done()
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
