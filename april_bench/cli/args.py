@@ -182,6 +182,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--resume", type=Path, metavar="DIR", help="continue the interrupted run in DIR (with its own config)"
     )
+    out.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write a reference run (--out under the checkout's results/) from a tree with uncommitted "
+        "changes; refused otherwise, since its provenance could not name the code that produced it",
+    )
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
