@@ -261,6 +261,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     }
     if args.strategies is not None:
         changes["strategies"] = _split(args.strategies)
+    if "steps" in changes and "warmup_steps" not in changes and base.warmup_steps >= changes["steps"]:
+        changes["warmup_steps"] = 0  # the recipe's warm-up is for its own length; a shorter run keeps all
     rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
     rollout.update(dict(args.rollout_arg))
     if rollout:
