@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -85,28 +84,29 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_paper(args: argparse.Namespace) -> int:
-    from april_bench.results.figures import save_figures
+    from april_bench.results.figures import figure_names, save_figures
     from april_bench.results.frames import frames_of, one_run
-    from april_bench.results.paper import marked_sections, paper_tables, replace_sections
+    from april_bench.results.paper import (
+        marked_sections,
+        paper_tables,
+        render_paper_markdown,
+        replace_sections,
+    )
 
     runs = _load_checked(find_runs(args.runs))
-    tables = paper_tables(runs)
-    files = _table_files(tables, args.out)
-    frames = frames_of(runs)
-    with tempfile.TemporaryDirectory() as scratch:
-        figure_root = Path(scratch) if args.check else args.out
-        figures = {
-            run.path.name: [
-                args.out / run.path.name / p.name
-                for p in save_figures(one_run(frames, run.path.name), figure_root / run.path.name)
-            ]
-            for run in runs
-        }
+    paper = paper_tables(runs)
+    files = _table_files(paper, args.out)
+    long_tables = frames_of(runs)
+    per_run = {run.path.name: one_run(long_tables, run.path.name) for run in runs}
+    figures = {
+        name: [args.out / name / f"{figure}.png" for figure in figure_names(tables)]
+        for name, tables in per_run.items()
+    }
     readme_text = args.readme.read_text() if args.readme.is_file() else None
     new_readme = None
     if readme_text is not None and marked_sections(readme_text):
         sections = {
-            "table": _markdown_tables(tables),
+            "table": render_paper_markdown(paper),
             "figures": _figure_links(runs, figures, args.readme.parent),
         }
         new_readme = replace_sections(readme_text, sections)
@@ -121,8 +121,8 @@ def cmd_paper(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(path)
-    for paths in figures.values():
-        for path in paths:
+    for name, tables in per_run.items():
+        for path in save_figures(tables, args.out / name):
             print(path)
     if new_readme is not None and new_readme != readme_text:
         args.readme.write_text(new_readme)
@@ -140,12 +140,6 @@ def _table_files(tables: Sequence[Any], out: Path) -> dict[Path, str]:
         files[stem.with_suffix(".tex")] = render_latex(table) + "\n"
         files[stem.with_suffix(".csv")] = render_csv(table)
     return files
-
-
-def _markdown_tables(tables: Sequence[Any]) -> str:
-    from april_bench.results.paper import render_paper_markdown
-
-    return render_paper_markdown(tables)
 
 
 def _figure_links(runs: Sequence[Any], figures: Mapping[str, Sequence[Path]], base: Path) -> str:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FIGURES",
     "accuracy_figure",
+    "figure_names",
     "kind_label",
     "length_figure",
     "occupancy_figure",
@@ -72,13 +73,37 @@ def _arms(frame: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(frame["arm"]))
 
 
+def _occupancy_requests(tables: Tables, steps: int = OCCUPANCY_STEPS) -> pd.DataFrame:
+    requests = _first_repeat(tables["requests"])
+    return requests[requests["step"] < steps]
+
+
+def _trained(tables: Tables) -> pd.DataFrame:
+    samples = tables["samples"]
+    return samples[(samples["fate"] == "trained") & samples["train_version"].notna()]
+
+
+#: The rows each figure draws: a figure whose rows are empty is not drawn.
+_ROWS: Mapping[str, Callable[[Tables], pd.DataFrame]] = {
+    "occupancy": _occupancy_requests,
+    "throughput": lambda tables: tables["steps"],
+    "lengths": _trained,
+    "accuracy": lambda tables: tables["evals"],
+    "versions": _trained,
+}
+
+
+def figure_names(tables: Tables) -> list[str]:
+    """The figures :func:`save_figures` would write for these tables, without drawing them."""
+    return [name for name in FIGURES if not _ROWS[name](tables).empty]
+
+
 def occupancy_figure(tables: Tables, *, steps: int = OCCUPANCY_STEPS) -> Figure | None:
     """Requests in flight on each arm's engine over the first ``steps`` steps, with the moments the
     abort began (N groups in); GPU utilisation on the run clock below when telemetry was recorded."""
     import numpy as np
 
-    requests = _first_repeat(tables["requests"])
-    requests = requests[requests["step"] < steps]
+    requests = _occupancy_requests(tables, steps)
     if requests.empty:
         return None
     step_rows = _first_repeat(tables["steps"])
@@ -160,8 +185,7 @@ def length_figure(tables: Tables) -> Figure | None:
     """Response lengths of trained samples per arm, with the response-length cap."""
     import seaborn as sns
 
-    samples = tables["samples"]
-    trained = samples[samples["fate"] == "trained"]
+    trained = _trained(tables)
     if trained.empty:
         return None
     fig, axes = _new_figure(1, 1, height=3.0)
@@ -207,8 +231,7 @@ def version_figure(tables: Tables) -> Figure | None:
     import pandas as pd
     import seaborn as sns
 
-    samples = tables["samples"]
-    trained = samples[(samples["fate"] == "trained") & samples["train_version"].notna()]
+    trained = _trained(tables)
     if trained.empty:
         return None
     lags: dict[tuple[str, int], int] = {}

@@ -1,0 +1,357 @@
+"""Paper tables, figures, README markers and the ``plot`` / ``paper`` commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from april_bench.cli import main
+from april_bench.config import ConfigError
+from april_bench.results.paper import (
+    paper_tables,
+    render_csv,
+    render_latex,
+    render_paper_markdown,
+    replace_between_markers,
+    replace_sections,
+)
+from april_bench.results.records import EvalRecord, RequestRecord, SampleRecord, StepRecord, as_row
+from april_bench.results.store import RunDirectory, load_run, write_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _step(arm: str, *, rollout_s: float, generated: int, trained: int) -> dict[str, Any]:
+    zeros: dict[str, Any] = {
+        name: 0
+        for name in [
+            "launched_groups",
+            "new_prompts",
+            "resumed_groups",
+            "accepted_groups",
+            "rejected_groups",
+            "rejected_tokens",
+            "dropped_groups",
+            "dropped_tokens",
+            "buffered_groups",
+            "buffered_tokens",
+            "partial_samples",
+            "restarted_samples",
+            "restart_tokens",
+            "requests",
+            "aborted_requests",
+            "abort_rounds",
+            "off_policy_tokens",
+            "peak_concurrency",
+        ]
+    }
+    return as_row(
+        StepRecord(
+            arm=arm,
+            step=0,
+            policy_version=0,
+            t_start=0.0,
+            rollout_time_s=rollout_s,
+            train_time_s=1.0,
+            weight_sync_time_s=0.0,
+            step_time_s=rollout_s + 1.0,
+            drain_time_s=0.0,
+            generated_tokens=generated,
+            trained_tokens=trained,
+            mean_context=0.0,
+            saturated_tokens_per_s=None,
+            bookkeeping_s=0.0,
+            **zeros,
+        )
+    )
+
+
+def _request(arm: str, output_len: int) -> dict[str, Any]:
+    return as_row(
+        RequestRecord(
+            arm=arm,
+            step=0,
+            request_id=f"{arm}-0",
+            group_uid=0,
+            sample_index=0,
+            prompt_len=4,
+            prefix_len=0,
+            max_new_tokens=256,
+            output_len=output_len,
+            finish_reason="stop",
+            policy_version=0,
+            t_submit=0.0,
+            t_first_token=0.1,
+            t_done=1.0,
+            replica=0,
+            num_retractions=0,
+        )
+    )
+
+
+def _sample(arm: str, fate: str, response_len: int, uid: int) -> dict[str, Any]:
+    return as_row(
+        SampleRecord(
+            arm=arm,
+            step=0,
+            group_uid=uid,
+            sample_index=0,
+            fate=fate,
+            reason="accepted" if fate == "trained" else "end of run",
+            prompt_len=4,
+            response_len=response_len,
+            status="completed",
+            reward=1.0,
+            start_step=0,
+            abort_count=0,
+            version_runs=[[0, response_len]],
+            train_version=0 if fate == "trained" else None,
+            off_policy_tokens=0,
+            discarded_tokens=0,
+        )
+    )
+
+
+def _eval(arm: str, accuracy: float, stderr: float) -> dict[str, Any]:
+    return as_row(EvalRecord(arm, 1, 1, 3.0, accuracy, stderr, 100, 10.0, 0.5))
+
+
+def _tiny_run(name: str, *, simulated: bool) -> RunDirectory:
+    """sync: 100 tokens in 2 s, all trained; april: 150 tokens in 2 s, 120 trained and 30 left buffered.
+    Throughput gain +50.0%, useful-token gain +20.0%; accuracy 50.0% vs 55.0% (measured only)."""
+    config = {
+        "dataset": "tinyset",
+        "model": "tiny",
+        "algorithm": "grpo",
+        "hardware": "h100" if simulated else "cpu",
+        "steps": 1,
+        "rollout": {"max_response_len": 256},
+    }
+    provenance = {"result_kind": "simulated" if simulated else "measured", "git": {"commit": "abc123"}}
+    tables = {
+        "steps": [
+            _step("sync", rollout_s=2.0, generated=100, trained=100),
+            _step("april", rollout_s=2.0, generated=150, trained=120),
+        ],
+        "requests": [_request("sync", 100), _request("april", 150)],
+        "samples": [
+            _sample("sync", "trained", 100, 0),
+            _sample("april", "trained", 120, 0),
+            _sample("april", "buffered", 30, 1),
+        ],
+        "evals": [] if simulated else [_eval("sync", 0.5, 0.01), _eval("april", 0.55, 0.02)],
+    }
+    return RunDirectory(Path(name), config, provenance, tables)
+
+
+def test_paper_tables_from_rows_in_every_format() -> None:
+    tables = paper_tables([_tiny_run("sim-run", simulated=True), _tiny_run("cpu-run", simulated=False)])
+    assert [t.result_kind for t in tables] == ["measured", "simulated"]  # measured first, never mixed
+    assert render_paper_markdown(tables) == (
+        "**MEASURED: gains against each run's baseline arm (runs: cpu-run; generated by "
+        "`python -m april_bench paper`)**\n"
+        "\n"
+        "| Dataset | Model | Algorithm | Hardware | Strategy | Throughput gain | Useful-token gain "
+        "| Accuracy improvement (equal steps) | Accuracy improvement (equal time) |\n"
+        "|---------|-------|-----------|----------|----------|-----------------|-------------------"
+        "|------------------------------------|-----------------------------------|\n"
+        "| tinyset | tiny  | GRPO      | CPU      | sync     | baseline        | baseline          "
+        "| 50.0% ± 1.0 (baseline)             | 50.0% ± 1.0 (baseline)            |\n"
+        "| tinyset | tiny  | GRPO      | CPU      | april    | +50.0%          | +20.0%            "
+        "| 55.0% ± 2.0 (+5.0 pts)             | 55.0% ± 2.0 (+5.0 pts)            |\n"
+        "\n"
+        "**SIMULATED: gains against each run's baseline arm (runs: sim-run; generated by "
+        "`python -m april_bench paper`)**\n"
+        "\n"
+        "| Dataset | Model | Algorithm | Hardware | Strategy | Throughput gain | Useful-token gain "
+        "| Accuracy improvement (equal steps) | Accuracy improvement (equal time) |\n"
+        "|---------|-------|-----------|----------|----------|-----------------|-------------------"
+        "|------------------------------------|-----------------------------------|\n"
+        "| tinyset | tiny  | GRPO      | H100     | sync     | baseline        | baseline          "
+        "| n/a (simulated)                    | n/a (simulated)                   |\n"
+        "| tinyset | tiny  | GRPO      | H100     | april    | +50.0%          | +20.0%            "
+        "| n/a (simulated)                    | n/a (simulated)                   |"
+    )
+    measured = tables[0]
+    assert render_latex(measured) == (
+        "% Generated by `python -m april_bench paper` from the runs' rows; do not edit.\n"
+        "\\begin{table}[t]\n"
+        "\\centering\n"
+        "\\caption{MEASURED: gains against each run's baseline arm (runs: cpu-run; generated by "
+        "python -m april\\_bench paper)}\n"
+        "\\label{tab:april-measured}\n"
+        "\\begin{tabular}{lllllrrrr}\n"
+        "\\toprule\n"
+        "Dataset & Model & Algorithm & Hardware & Strategy & Throughput gain & Useful-token gain & "
+        "Accuracy improvement (equal steps) & Accuracy improvement (equal time) \\\\\n"
+        "\\midrule\n"
+        "tinyset & tiny & GRPO & CPU & sync & baseline & baseline & 50.0\\% $\\pm$ 1.0 (baseline) & "
+        "50.0\\% $\\pm$ 1.0 (baseline) \\\\\n"
+        "tinyset & tiny & GRPO & CPU & april & +50.0\\% & +20.0\\% & 55.0\\% $\\pm$ 2.0 (+5.0 pts) & "
+        "55.0\\% $\\pm$ 2.0 (+5.0 pts) \\\\\n"
+        "\\bottomrule\n"
+        "\\end{tabular}\n"
+        "\\end{table}"
+    )
+    header = (
+        "result_kind,run,dataset,model,algorithm,hardware,strategy,baseline,throughput_gain,useful_gain,"
+        "accuracy_improvement,accuracy_improvement_equal_time,generated_tokens_per_s,useful_tokens_per_s,"
+        "accuracy,accuracy_equal_time\n"
+    )
+    assert render_csv(measured) == (
+        header
+        + "measured,cpu-run,tinyset,tiny,grpo,cpu,sync,sync,0.0,0.0,0.0,0.0,50.0,50.0,0.5,0.5\n"
+        + "measured,cpu-run,tinyset,tiny,grpo,cpu,april,sync,0.5,0.19999999999999996,"
+        + "0.050000000000000044,0.050000000000000044,75.0,60.0,0.55,0.55\n"
+    )
+    assert render_csv(tables[1]).splitlines()[2] == (
+        "simulated,sim-run,tinyset,tiny,grpo,h100,april,sync,0.5,0.19999999999999996,,,75.0,60.0,,"
+    )
+
+
+def test_replace_between_markers_keeps_the_markers_and_the_rest() -> None:
+    text = "intro\n<!-- paper:table:start -->\nold\nlines\n<!-- paper:table:end -->\nafter\n"
+    new = replace_between_markers(text, "table", "| a |\n")
+    assert new == "intro\n<!-- paper:table:start -->\n| a |\n<!-- paper:table:end -->\nafter\n"
+    assert replace_between_markers(new, "table", "| a |") == new  # idempotent
+    for broken in (
+        "<!-- paper:table:start -->\nno end\n",
+        "<!-- paper:table:end -->\n<!-- paper:table:start -->",
+    ):
+        with pytest.raises(ConfigError, match="paper:table:start"):
+            replace_between_markers(broken, "table", "x")
+    with pytest.raises(ConfigError, match="unknown section marker"):
+        replace_sections("<!-- paper:nope:start -->\n<!-- paper:nope:end -->", {"table": "x"})
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "sim-tiny"
+    assert main(["run", "--engine", "sim", "--steps", "2", "--no-progress", "--out", str(out)]) == 0
+    return out
+
+
+def test_frames_carry_run_columns_and_fill_defaults_of_older_rows(sim_run: Path, tmp_path: Path) -> None:
+    from april_bench.results.frames import RUN_COLUMNS, load_runs
+
+    old = _tiny_run("unused", simulated=False)
+    for row in old.tables["steps"]:
+        del row["repeat"]  # a run written before repetitions existed
+    older = tmp_path / "older-run"
+    write_run(older, config=old.config, provenance=old.provenance, tables=old.tables)
+    tables = load_runs([sim_run, older])
+    steps = tables["steps"]
+    assert list(steps.columns[: len(RUN_COLUMNS) + 1]) == [*RUN_COLUMNS, "strategy"]
+    assert set(steps["run"]) == {"sim-tiny", "older-run"}
+    assert set(steps.loc[steps["run"] == "older-run", "repeat"]) == {0}
+    assert set(steps.loc[steps["run"] == "sim-tiny", "result_kind"]) == {"simulated"}
+    assert set(steps.loc[steps["run"] == "older-run", "commit"]) == {"abc123"}
+    assert tables["telemetry"].empty and "util_gpu" in tables["telemetry"].columns
+    assert list(tables["runs"]["run"]) == ["sim-tiny", "older-run"]
+    with pytest.raises(ConfigError, match="share a name"):
+        load_runs([sim_run, sim_run])
+
+
+def test_figures_of_a_sim_run_say_simulated(sim_run: Path) -> None:
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from april_bench.results.figures import FIGURES, accuracy_figure, occupancy_figure
+    from april_bench.results.frames import load_runs
+
+    tables = load_runs([sim_run])
+    assert accuracy_figure(tables) is None  # a simulated run is never evaluated
+    for name, build in FIGURES.items():
+        fig = build(tables)
+        if name == "accuracy":
+            continue
+        assert fig is not None, name
+        assert fig.get_suptitle().startswith("SIMULATED: "), name
+        plt.close(fig)
+    # Telemetry rows add a GPU panel on the run clock.
+    start = tables["events"]["t"].min()
+    telemetry = pd.DataFrame(
+        [{"t": start + i * 0.1, "device": 0, "util_gpu": 50.0 + i} for i in range(20)],
+        columns=tables["telemetry"].columns,
+    )
+    fig = occupancy_figure({**tables, "telemetry": telemetry})
+    assert fig is not None
+    arms = tables["steps"]["arm"].nunique()
+    assert len(fig.axes) == arms + 1 and fig.axes[-1].get_ylabel() == "GPU util (%)"
+    plt.close(fig)
+
+
+def test_accuracy_figure_from_evals_says_measured(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from april_bench.results.figures import accuracy_figure
+    from april_bench.results.frames import frames_of
+
+    fig = accuracy_figure(frames_of([_tiny_run("cpu-run", simulated=False)]))
+    assert fig is not None and fig.get_suptitle().startswith("MEASURED: accuracy")
+    plt.close(fig)
+
+
+def test_plot_command_writes_pngs(sim_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plot", str(sim_run), "--out", str(tmp_path)]) == 0
+    written = capsys.readouterr().out.split()
+    names = sorted(Path(p).name for p in written)
+    assert names == ["lengths.png", "occupancy.png", "throughput.png", "versions.png"]
+    for path in written:
+        assert Path(path).parent == tmp_path / "sim-tiny"
+        assert Path(path).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_paper_command_updates_the_readme_and_check_finds_it_stale(sim_run: Path, tmp_path: Path) -> None:
+    runs = sim_run.parent
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n<!-- paper:table:start -->\n<!-- paper:table:end -->\n"
+        "<!-- paper:figures:start -->\n<!-- paper:figures:end -->\nend\n"
+    )
+    out = tmp_path / "docs" / "figures"
+    paper = ["paper", "--runs", str(runs), "--out", str(out), "--readme", str(readme)]
+    assert main([*paper, "--check"]) == 1  # nothing generated yet
+    assert not out.exists()  # --check writes nothing
+    assert main(paper) == 0
+    assert main([*paper, "--check"]) == 0
+    text = readme.read_text()
+    assert "**SIMULATED: gains against each run's baseline arm (runs: sim-tiny" in text
+    assert "![SIMULATED: occupancy (sim-tiny)](docs/figures/sim-tiny/occupancy.png)" in text
+    assert text.startswith("# x\n") and text.endswith("<!-- paper:figures:end -->\nend\n")
+    assert (out / "paper-simulated.tex").read_text().startswith("% Generated by")
+    assert (out / "paper-simulated.csv").read_text().startswith("result_kind,run,")
+    readme.write_text(text.replace("| sync ", "| SYNC ", 1))  # a hand edit between the markers
+    assert main([*paper, "--check"]) == 1
+    assert main(paper) == 0 and main([*paper, "--check"]) == 0
+    (out / "sim-tiny" / "versions.png").unlink()
+    assert main([*paper, "--check"]) == 1
+
+
+def test_paper_refuses_a_folder_without_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["paper", "--runs", str(tmp_path), "--check"]) == 2
+    assert "no run directories" in capsys.readouterr().err
+
+
+def test_cli_parser_imports_no_plotting_library() -> None:
+    code = (
+        "import sys\nfrom april_bench.cli import build_parser\nbuild_parser()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'pandas', 'matplotlib', 'seaborn'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_summary_numbers_are_the_ones_in_the_csv(sim_run: Path) -> None:
+    """The CSV holds summarize()'s values as they are (nothing recomputed)."""
+    run = load_run(sim_run)
+    summary = json.loads((sim_run / "summary.json").read_text())["arms"]
+    (table,) = paper_tables([run])
+    for row in table.values:
+        assert row["throughput_gain"] == summary[row["strategy"]]["throughput_gain"]
+        assert row["useful_gain"] == summary[row["strategy"]]["useful_gain"]
