@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -27,48 +28,26 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _step(arm: str, *, rollout_s: float, generated: int, trained: int) -> dict[str, Any]:
-    zeros: dict[str, Any] = {
-        name: 0
-        for name in [
-            "launched_groups",
-            "new_prompts",
-            "resumed_groups",
-            "accepted_groups",
-            "rejected_groups",
-            "rejected_tokens",
-            "dropped_groups",
-            "dropped_tokens",
-            "buffered_groups",
-            "buffered_tokens",
-            "partial_samples",
-            "restarted_samples",
-            "restart_tokens",
-            "requests",
-            "aborted_requests",
-            "abort_rounds",
-            "off_policy_tokens",
-            "peak_concurrency",
-        ]
+    given: dict[str, Any] = {
+        "arm": arm,
+        "step": 0,
+        "policy_version": 0,
+        "t_start": 0.0,
+        "rollout_time_s": rollout_s,
+        "train_time_s": 1.0,
+        "weight_sync_time_s": 0.0,
+        "step_time_s": rollout_s + 1.0,
+        "drain_time_s": 0.0,
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        "mean_context": 0.0,
+        "saturated_tokens_per_s": None,
+        "bookkeeping_s": 0.0,
     }
-    return as_row(
-        StepRecord(
-            arm=arm,
-            step=0,
-            policy_version=0,
-            t_start=0.0,
-            rollout_time_s=rollout_s,
-            train_time_s=1.0,
-            weight_sync_time_s=0.0,
-            step_time_s=rollout_s + 1.0,
-            drain_time_s=0.0,
-            generated_tokens=generated,
-            trained_tokens=trained,
-            mean_context=0.0,
-            saturated_tokens_per_s=None,
-            bookkeeping_s=0.0,
-            **zeros,
-        )
-    )
+    counters = {  # every other count (groups, requests, aborts, ...) is 0
+        f.name: 0 for f in dataclasses.fields(StepRecord) if f.type == "int" and f.name not in given
+    }
+    return as_row(StepRecord(**given, **counters))
 
 
 def _request(arm: str, output_len: int) -> dict[str, Any]:
