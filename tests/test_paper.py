@@ -251,6 +251,8 @@ def test_figures_of_a_sim_run_say_simulated(sim_run: Path) -> None:
             continue
         assert fig is not None, name
         assert fig.get_suptitle().startswith("SIMULATED: "), name
+        if name == "occupancy":
+            assert "steps 0-1 (sim-tiny)" in fig.get_suptitle()
         plt.close(fig)
     # Telemetry rows add a GPU panel on the run clock.
     start = tables["events"]["t"].min()

@@ -127,7 +127,8 @@ def occupancy_figure(tables: Tables, *, steps: int = OCCUPANCY_STEPS) -> Figure 
     axes[len(arms) - 1, 0].set_xlabel("arm clock (s)")
     if not telemetry.empty:
         _gpu_panel(axes[-1, 0], tables)
-    fig.suptitle(_title(tables, f"engine occupancy, steps 0-{steps - 1}"), fontsize=9)
+    last = int(requests["step"].max())
+    fig.suptitle(_title(tables, f"engine occupancy, steps 0-{last}"), fontsize=9)
     return fig
 
 
