@@ -336,3 +336,16 @@ def test_summary_numbers_are_the_ones_in_the_csv(sim_run: Path) -> None:
     for row in table.values:
         assert row["throughput_gain"] == summary[row["strategy"]]["throughput_gain"]
         assert row["useful_gain"] == summary[row["strategy"]]["useful_gain"]
+
+
+def test_plot_without_the_plot_extra_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *rest: None if name == "seaborn" else real(name, *rest)
+    )
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "seaborn: install the plot extra (pip install 'april-bench[plot]')" in capsys.readouterr().err

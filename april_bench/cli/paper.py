@@ -55,6 +55,19 @@ def find_runs(folder: Path) -> list[Path]:
     return runs
 
 
+def _require_plotting() -> None:
+    """The figures need the ``plot`` extra; without it, one line naming the install, not a traceback."""
+    import importlib.util
+
+    from april_bench.config import ConfigError
+
+    missing = [name for name in ("pandas", "matplotlib", "seaborn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"figures need {', '.join(missing)}: install the plot extra (pip install 'april-bench[plot]')"
+        )
+
+
 def _load_checked(dirs: Sequence[Path]) -> list[Any]:
     """Load runs, refusing any whose rows do not add up (its numbers would be wrong)."""
     from april_bench.config import ConfigError
@@ -74,6 +87,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from april_bench.results.figures import save_figures
     from april_bench.results.frames import frames_of, one_run
 
+    _require_plotting()
     runs = _load_checked(args.runs)
     tables = frames_of(runs)
     for run in runs:
@@ -93,6 +107,7 @@ def cmd_paper(args: argparse.Namespace) -> int:
         replace_sections,
     )
 
+    _require_plotting()
     runs = _load_checked(find_runs(args.runs))
     paper = paper_tables(runs)
     files = _table_files(paper, args.out)
