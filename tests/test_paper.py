@@ -288,6 +288,7 @@ def test_plot_command_writes_pngs(sim_run: Path, tmp_path: Path, capsys: pytest.
         assert Path(path).read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow  # draws the figures twice (~10 s on 2 cores)
 def test_paper_command_updates_the_readme_and_check_finds_it_stale(sim_run: Path, tmp_path: Path) -> None:
     runs = sim_run.parent
     readme = tmp_path / "README.md"
