@@ -1,4 +1,4 @@
-"""``python -m april_bench``: run | validate | ls | report | eval | data.
+"""``python -m april_bench``: run | validate | ls | report | eval | data | plot | paper.
 
 Examples::
 
@@ -11,6 +11,8 @@ Examples::
     python -m april_bench report runs/<run-id>
     python -m april_bench eval --model ckpt/ --datasets aime-2024,math-500 --samples 16
     python -m april_bench data stats deepscaler --path data/deepscaler.json
+    python -m april_bench plot runs/<run-id> --out figures/
+    python -m april_bench paper --check                        # README tables and figures up to date?
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from april_bench.cli import commands, evaldata, gate
+    from april_bench.cli import commands, evaldata, gate, paper
     from april_bench.cli.args import add_run_arguments
 
     parser = _Parser(
@@ -63,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_inspect_parsers(sub)
     evaldata.add_parsers(sub)
     gate.add_parsers(sub)
+    paper.add_parsers(sub)
     return parser
 
 
