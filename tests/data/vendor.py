@@ -173,7 +173,9 @@ def vendored_md(source: Path, target: Path, kept: dict[str, list[int]]) -> str:
         total = len(read_lines(source / rule.path))
         size = (target / rule.path).stat().st_size
         chosen = kept[rule.path]
-        lines.append(f"| `{rule.path}` | {len(chosen)} / {total} | {size:,} | {ranges(chosen)} | {rule.why} |")
+        lines.append(
+            f"| `{rule.path}` | {len(chosen)} / {total} | {size:,} | {ranges(chosen)} | {rule.why} |"
+        )
     lines.append("")
     return "\n".join(lines)
 
@@ -195,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a change")
     args = parser.parse_args(argv)
     if not (args.source / "README.md").is_file():
-        print(f"error: no math data samples at {args.source}: pass the full copy's directory", file=sys.stderr)
+        print(
+            f"error: no math data samples at {args.source}: pass the full copy's directory", file=sys.stderr
+        )
         return 2
     if not args.check:
         kept = vendor(args.source, TARGET)
