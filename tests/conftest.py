@@ -28,9 +28,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """Real samples of the math data sets, vendored in ``tests/data/math`` with their provenance
-    (``README.md`` there), so a clean clone runs every data test. ``APRIL_BENCH_SHARED_DATA`` points the
-    tests at another copy of the same files (for example a refreshed sample)."""
+    """Real rows of the math data sets, vendored in ``tests/data/math`` (``VENDORED.md`` there: which rows,
+    written by ``tests/data/vendor.py``; ``README.md``: their provenance), so a clean clone runs every data
+    test. ``APRIL_BENCH_SHARED_DATA`` points the tests at another copy of the same files (for example the
+    full sample); the tests derive their expectations from the rows they read."""
     root = Path(os.environ.get("APRIL_BENCH_SHARED_DATA", Path(__file__).parent / "data" / "math"))
     if not (root / "README.md").is_file():
         raise FileNotFoundError(f"math data samples not found at {root}: check APRIL_BENCH_SHARED_DATA")
