@@ -19,6 +19,7 @@ instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -121,5 +122,8 @@ def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
     for task in pending:
         task.cancel()
     if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        # After an interrupt a task can be left waiting on a future that its (cancelled) producer
+        # will never complete; nothing is left to run then, so the cleanup is over.
+        with contextlib.suppress(SimulationDeadlock):
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())

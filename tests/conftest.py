@@ -28,12 +28,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The real data samples beside the project (``../shared/data``), read in place, never copied.
-
-    ``APRIL_BENCH_SHARED_DATA`` points elsewhere; tests that need the samples skip where they are absent.
-    """
-    default = Path(__file__).resolve().parents[2] / "shared" / "data"
-    root = Path(os.environ.get("APRIL_BENCH_SHARED_DATA", default))
+    """Real rows of the math data sets, vendored in ``tests/data/math`` (``VENDORED.md`` there: which rows,
+    written by ``tests/data/vendor.py``; ``README.md``: their provenance), so a clean clone runs every data
+    test. ``APRIL_BENCH_SHARED_DATA`` points the tests at another copy of the same files (for example the
+    full sample); the tests derive their expectations from the rows they read."""
+    root = Path(os.environ.get("APRIL_BENCH_SHARED_DATA", Path(__file__).parent / "data" / "math"))
     if not (root / "README.md").is_file():
-        pytest.skip(f"shared data samples not found at {root} (set APRIL_BENCH_SHARED_DATA)")
+        raise FileNotFoundError(f"math data samples not found at {root}: check APRIL_BENCH_SHARED_DATA")
     return root

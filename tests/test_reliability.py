@@ -433,3 +433,34 @@ def test_provenance_names_the_source_checkout_not_the_callers(tmp_path: Path) ->
         ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
     ).stdout.strip()
     assert info["commit"] == (head or None)
+
+
+# ---------------------------------------------------------------- reference runs
+
+
+def test_a_reference_run_from_a_dirty_tree_is_refused(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    from april_bench.cli import commands
+    from april_bench.results import provenance
+
+    root = provenance.source_root()
+    assert root is not None  # the tests run from the checkout
+    monkeypatch.setattr(provenance, "git_info", lambda path=None: {"commit": "abc", "dirty": True})
+    target = root / "results" / "runs" / "never-written"
+    _fails(capsys, ["run", "--engine", "sim", "--steps", "1", "--out", str(target)], "--allow-dirty")
+    assert not target.exists()
+    commands._check_reference_run(target, allow_dirty=True)  # asked for: allowed
+    commands._check_reference_run(root.parent / "elsewhere", allow_dirty=False)  # not a reference run
+    monkeypatch.setattr(provenance, "git_info", lambda path=None: {"commit": "abc", "dirty": False})
+    commands._check_reference_run(target, allow_dirty=False)  # a clean tree: allowed
+
+
+def test_atomic_json_files_get_the_usual_permissions(tmp_path: Path) -> None:
+    """Temporary files are created 0600; the renamed result must be readable like any other file."""
+    from april_bench.results.store import write_json_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "summary.json", {"ok": True})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644

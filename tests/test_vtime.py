@@ -38,3 +38,24 @@ def test_a_wait_that_can_never_end_is_a_deadlock_not_a_hang() -> None:
 
     with pytest.raises(SimulationDeadlock, match="deadlock"):
         run_virtual(main())
+
+
+def test_an_interrupt_stays_an_interrupt_when_a_leftover_task_cannot_finish() -> None:
+    """Ctrl-C mid-simulation: the cleanup cancels leftovers; one that then waits forever must not turn
+    the KeyboardInterrupt into a SimulationDeadlock (the CLI maps the interrupt to exit 130)."""
+
+    async def stubborn(never: asyncio.Future[None]) -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await never  # its producer was cancelled too: this can never complete
+
+    async def main() -> None:
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        leftover = asyncio.create_task(stubborn(never))
+        await asyncio.sleep(1)
+        assert not leftover.done()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_virtual(main())

@@ -1,4 +1,4 @@
-"""``python -m april_bench``: run | validate | ablate | ls | report | eval | data.
+"""``python -m april_bench``: run | validate | ablate | ls | report | eval | data | plot | paper.
 
 Examples::
 
@@ -12,6 +12,8 @@ Examples::
     python -m april_bench report runs/<run-id>
     python -m april_bench eval --model ckpt/ --datasets aime-2024,math-500 --samples 16
     python -m april_bench data stats deepscaler --path data/deepscaler.json
+    python -m april_bench plot runs/<run-id> --out figures/
+    python -m april_bench paper --check                        # README tables and figures up to date?
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from april_bench.cli import ablate, commands, evaldata, gate
+    from april_bench.cli import ablate, commands, evaldata, gate, paper
     from april_bench.cli.args import add_run_arguments
 
     parser = _Parser(
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_inspect_parsers(sub)
     evaldata.add_parsers(sub)
     gate.add_parsers(sub)
+    paper.add_parsers(sub)
     return parser
 
 

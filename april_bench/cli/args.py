@@ -182,6 +182,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--resume", type=Path, metavar="DIR", help="continue the interrupted run in DIR (with its own config)"
     )
+    out.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write a reference run (--out under the checkout's results/) from a tree with uncommitted "
+        "changes; refused otherwise, since its provenance could not name the code that produced it",
+    )
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -255,6 +261,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     }
     if args.strategies is not None:
         changes["strategies"] = _split(args.strategies)
+    if "steps" in changes and "warmup_steps" not in changes and base.warmup_steps >= changes["steps"]:
+        changes["warmup_steps"] = 0  # the recipe's warm-up is for its own length; a shorter run keeps all
     rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
     rollout.update(dict(args.rollout_arg))
     if rollout:

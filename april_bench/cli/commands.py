@@ -31,11 +31,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     components = build_components(config, progress=not args.no_progress)
     components.check(config.telemetry)
+    _check_reference_run(args.out, allow_dirty=args.allow_dirty)
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
     status = RunStatus(path=out / "status.json")
     status.save()
     return _execute(config, components, out, status, progress=not args.no_progress)
+
+
+def _check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
+    """A run written into the checkout's ``results/`` is a committed reference: its provenance must name
+    a commit that holds exactly the code that produced it."""
+    from april_bench.config import ConfigError
+    from april_bench.results.provenance import git_info, source_root
+
+    root = source_root()
+    if out is None or root is None or allow_dirty:
+        return
+    if not out.expanduser().resolve().is_relative_to((root / "results").resolve()):
+        return
+    if git_info(root).get("dirty"):
+        raise ConfigError(
+            f"{out} is a reference run under results/ but the checkout has uncommitted changes: "
+            "commit them first, or pass --allow-dirty"
+        )
 
 
 def _resume(args: argparse.Namespace) -> int:

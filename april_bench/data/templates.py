@@ -1,7 +1,7 @@
 """The recipes' prompt templates, and rendering a problem into a model prompt.
 
 Each recipe wraps the bare problem text in its own instruction (the strings are
-exactly those documented in ``shared/data/README.md``):
+exactly those documented in ``tests/data/math/README.md``):
 
 ========== ======================================================================
 dapo       DAPO-Math-17k and the DAPO AIME eval parquet: "Solve the following ...

@@ -1,6 +1,6 @@
 """Answer graders for math RL and evaluation: the reward each data set's recipe used.
 
-Three styles, each reproducing an upstream grader (see ``shared/data/README.md``, "Grading and reward
+Three styles, each reproducing an upstream grader (see ``tests/data/math/README.md``, "Grading and reward
 functions"):
 
 - ``"dapo"``: verl ``math_dapo`` (Minerva ``Answer:`` line, exact normalised match), +1 / −1.

@@ -51,7 +51,7 @@ DATASETS.register(
         response_median=2000,
         solve_rate=0.65,
         source=(
-            "prompts: shared/data README, DAPO user message p50 484 / p90 799 chars at 3.5 chars/token, "
+            "prompts: data README, DAPO user message p50 484 / p90 799 chars at 3.5 chars/token, "
             "+10 template tokens; response median: assumption (no public Qwen3-4B RL length data); "
             "solve rate: APRIL eval_dapo_qwen.png starts at AIME24 0.59, training set assumed easier"
         ),
@@ -67,7 +67,7 @@ DATASETS.register(
         response_median=1700,
         solve_rate=0.55,
         source=(
-            "prompts: shared/data README, DeepScaleR problem p50 193 / p90 395 chars + boxed suffix and "
+            "prompts: data README, DeepScaleR problem p50 193 / p90 395 chars + boxed suffix and "
             "template (~27 tokens); response median: DeepScaleR blog, R1-Distill-1.5B mean ~5,500 tokens "
             "with wrong answers ~3x longer gives a correct-answer median of ~1,700; solve rate: assumption"
         ),
@@ -83,7 +83,7 @@ DATASETS.register(
         response_median=2700,
         solve_rate=0.5,
         source=(
-            "prompts: assumption, as DeepScaleR plus DeepMath's system prompt (no rows in shared/data); "
+            "prompts: assumption, as DeepScaleR plus DeepMath's system prompt (no rows in tests/data/math); "
             "response median: DeepMath-103K card, R1 solutions average ~15.9k chars (~4,500 tokens) = "
             "median 2,700 under sigma 1.0; solve rate: assumption (difficulty 5-9 problems)"
         ),

@@ -1,0 +1,193 @@
+"""``plot`` (a run's figures) and ``paper`` (the README's tables and figures from the committed runs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parsers", "cmd_paper", "cmd_plot", "find_runs"]
+
+
+def add_parsers(sub: Any) -> None:
+    plot = sub.add_parser(
+        "plot",
+        help="draw a run's figures (occupancy, throughput, lengths, accuracy, versions) as PNGs",
+        description="Figures are pure functions of the runs' rows; each title says MEASURED or SIMULATED.",
+    )
+    plot.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories")
+    plot.add_argument(
+        "--out", type=Path, default=None, help="write DIR/<run name>/*.png (default: RUN/figures/)"
+    )
+    plot.set_defaults(handler=cmd_plot)
+    paper = sub.add_parser(
+        "paper",
+        help="regenerate the README's tables and figures from committed runs",
+        description="Write paper tables (Markdown, LaTeX, CSV) and figures for every run under --runs, "
+        "and rewrite the README between <!-- paper:table:start/end --> and "
+        "<!-- paper:figures:start/end --> markers.",
+    )
+    paper.add_argument("--runs", type=Path, default=Path("results/runs"), help="folder of run directories")
+    paper.add_argument("--out", type=Path, default=Path("docs/figures"), help="where tables and figures go")
+    paper.add_argument("--readme", type=Path, default=Path("README.md"), help="the file with the markers")
+    paper.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if the README or the tables are stale or a figure is missing (for CI)",
+    )
+    paper.set_defaults(handler=cmd_paper)
+
+
+def find_runs(folder: Path) -> list[Path]:
+    """Run directories directly under ``folder`` (those with a ``config.json``), sorted by name."""
+    from april_bench.config import ConfigError
+
+    if not folder.is_dir():
+        raise ConfigError(f"--runs {folder} is not a directory; point it at a folder of run directories")
+    runs = sorted(p for p in folder.iterdir() if (p / "config.json").is_file())
+    if not runs:
+        raise ConfigError(
+            f"no run directories under {folder}; make one with `python -m april_bench run --out`"
+        )
+    return runs
+
+
+def _require_plotting() -> None:
+    """The figures need the ``plot`` extra; without it, one line naming the install, not a traceback."""
+    import importlib.util
+
+    from april_bench.config import ConfigError
+
+    missing = [name for name in ("pandas", "matplotlib", "seaborn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"figures need {', '.join(missing)}: install the plot extra (pip install 'april-bench[plot]')"
+        )
+
+
+def _load_checked(dirs: Sequence[Path]) -> list[Any]:
+    """Load runs, refusing any whose rows do not add up (its numbers would be wrong)."""
+    from april_bench.config import ConfigError
+    from april_bench.results.store import check_run, load_run
+
+    runs = []
+    for path in dirs:
+        run = load_run(path)
+        problems = check_run(run)
+        if problems:
+            raise ConfigError(f"{path}: the rows do not add up: {'; '.join(problems)}")
+        runs.append(run)
+    return runs
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from april_bench.results.figures import save_figures
+    from april_bench.results.frames import frames_of, one_run
+
+    _require_plotting()
+    runs = _load_checked(args.runs)
+    tables = frames_of(runs)
+    for run in runs:
+        out = run.path / "figures" if args.out is None else args.out / run.path.name
+        for path in save_figures(one_run(tables, run.path.name), out):
+            print(path)
+    return 0
+
+
+def cmd_paper(args: argparse.Namespace) -> int:
+    from april_bench.results.figures import figure_names, save_figures
+    from april_bench.results.frames import frames_of, one_run
+    from april_bench.results.paper import (
+        marked_sections,
+        paper_tables,
+        render_paper_markdown,
+        replace_sections,
+    )
+
+    _require_plotting()
+    runs = _load_checked(find_runs(args.runs))
+    paper = paper_tables(runs)
+    files = _table_files(paper, args.out)
+    long_tables = frames_of(runs)
+    per_run = {run.path.name: one_run(long_tables, run.path.name) for run in runs}
+    figures = {
+        name: [args.out / name / f"{figure}.png" for figure in figure_names(tables)]
+        for name, tables in per_run.items()
+    }
+    readme_text = args.readme.read_text() if args.readme.is_file() else None
+    new_readme = None
+    if readme_text is not None and marked_sections(readme_text):
+        sections = {
+            "table": render_paper_markdown(paper),
+            "figures": _figure_links(runs, figures, args.readme.parent),
+        }
+        new_readme = replace_sections(readme_text, sections)
+    else:
+        print(
+            f"note: {args.readme} has no <!-- paper:table:start --> markers; it is left as it is",
+            file=sys.stderr,
+        )
+    if args.check:
+        return _check(files, figures, args.readme, readme_text, new_readme)
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(path)
+    for name, tables in per_run.items():
+        for path in save_figures(tables, args.out / name):
+            print(path)
+    if new_readme is not None and new_readme != readme_text:
+        args.readme.write_text(new_readme)
+        print(f"{args.readme} updated")
+    return 0
+
+
+def _table_files(tables: Sequence[Any], out: Path) -> dict[Path, str]:
+    from april_bench.results.paper import render_csv, render_latex, render_paper_markdown
+
+    files: dict[Path, str] = {}
+    for table in tables:
+        stem = out / f"paper-{table.result_kind}"
+        files[stem.with_suffix(".md")] = render_paper_markdown([table]) + "\n"
+        files[stem.with_suffix(".tex")] = render_latex(table) + "\n"
+        files[stem.with_suffix(".csv")] = render_csv(table)
+    return files
+
+
+def _figure_links(runs: Sequence[Any], figures: Mapping[str, Sequence[Path]], base: Path) -> str:
+    """Per run, its kind and name, then its figures as images linked relative to the README."""
+    parts = []
+    for run in runs:
+        kind = "SIMULATED" if run.simulated else "MEASURED"
+        images = [
+            f"![{kind}: {p.stem} ({run.path.name})]({Path(os.path.relpath(p, base)).as_posix()})"
+            for p in figures[run.path.name]
+        ]
+        parts.append(f"**{kind}: {run.path.name}**\n\n" + "\n".join(images))
+    return "\n\n".join(parts)
+
+
+def _check(
+    files: Mapping[Path, str],
+    figures: Mapping[str, Sequence[Path]],
+    readme: Path,
+    readme_text: str | None,
+    new_readme: str | None,
+) -> int:
+    """Exit status 1 and one line per stale file; figures are checked for presence only (their pixels
+    depend on the installed fonts and matplotlib)."""
+    stale = [str(path) for path, text in files.items() if not path.is_file() or path.read_text() != text]
+    stale += [f"{path} (missing)" for paths in figures.values() for path in paths if not path.is_file()]
+    if new_readme is not None and new_readme != readme_text:
+        stale.append(str(readme))
+    if stale:
+        print(
+            f"stale: {', '.join(stale)}; regenerate with `python -m april_bench paper` and commit",
+            file=sys.stderr,
+        )
+        return 1
+    print("paper tables, figures and README are up to date")
+    return 0
