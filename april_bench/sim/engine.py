@@ -72,8 +72,9 @@ class SimEngine(Configurable):
         context_length: int = param(40960, help="model context length (Qwen3: 40,960), for SGLang defaults")
         resume_kv: str = param(
             "recompute",
-            help="a resumed request's prompt + partial: recompute (re-prefill; weight updates flush the cache) "
-            "or keep (its KV stays cached on its replica across updates, free between steps: an upper bound)",
+            help="a resumed request's prompt + partial: recompute (re-prefill; weight updates flush the "
+            "cache) or keep (its KV stays cached on its replica across updates, free between steps: an upper "
+            "bound)",
         )
 
         def __post_init__(self) -> None:
