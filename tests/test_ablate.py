@@ -79,3 +79,52 @@ def test_bad_ablation_input_is_one_line(flags: list[str], message: str, tmp_path
     assert main(["ablate", *SIM, *flags, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_measured_table_shows_accuracy_and_says_measured() -> None:
+    from april_bench.cli.ablate import render_ablation
+
+    row = {
+        "arm": "april[over_sampling_batch_size=8]",
+        "strategy": "april",
+        "off_policy_mode": "mask",
+        "n_prime_over_n": 2.0,
+        "max_version_span_bound": None,
+        "segment_len": None,
+        "throughput_gain": 0.25,
+        "useful_gain": 0.5,
+        "end_to_end_gain": 0.125,
+        "off_policy_token_ratio": 0.4,
+        "max_version_span": 2,
+        "wasted_tokens": 0,
+        "rollout_time_per_step_s": 3.25,
+        "accuracy": 0.5,
+        "accuracy_improvement": 0.02,
+    }
+    result = {
+        "result_kind": "measured",
+        "hardware": "cpu",
+        "algorithm": "grpo",
+        "dataset": "synthetic",
+        "model": "tiny",
+        "steps": 2,
+        "baseline": "sync",
+        "rows": [
+            row,
+            {
+                **row,
+                "arm": "sync",
+                "strategy": "sync",
+                "n_prime_over_n": None,
+                "max_version_span_bound": "-",
+                "accuracy": None,
+            },
+        ],
+    }
+    lines = render_ablation(result).splitlines()
+    assert "MEASURED" in lines[0] and "gains against sync" in lines[0]
+    assert lines[4] == (
+        "| mask | april[over_sampling_batch_size=8] | 2 | none | - | +25.0% | +50.0% | +12.5% | 40% | 2 | 3.2 "
+        "| 0.500 (+2.0%) | measured |"
+    )
+    assert "| n/a (no eval) | measured |" in lines[5] and "| sync | - | - | - |" in lines[5]

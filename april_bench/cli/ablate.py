@@ -288,9 +288,7 @@ def render_ablation(result: dict[str, Any]) -> str:
     ]
     for r in result["rows"]:
         ratio = "-" if r["n_prime_over_n"] is None else f"{r['n_prime_over_n']:.2g}"
-        span = (
-            "-" if r["strategy"] and r["max_version_span_bound"] is None else str(r["max_version_span_bound"])
-        )
+        span = "none" if r["max_version_span_bound"] is None else str(r["max_version_span_bound"])
         accuracy = "n/a (simulated)" if kind == "simulated" else _accuracy(r)
         lines.append(
             f"| {r['off_policy_mode']} | {r['arm']} | {ratio} | {span} | {r['segment_len'] or '-'} "
