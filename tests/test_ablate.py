@@ -124,7 +124,7 @@ def test_a_measured_table_shows_accuracy_and_says_measured() -> None:
     lines = render_ablation(result).splitlines()
     assert "MEASURED" in lines[0] and "gains against sync" in lines[0]
     assert lines[4] == (
-        "| mask | april[over_sampling_batch_size=8] | 2 | none | - | +25.0% | +50.0% | +12.5% | 40% | 2 | 3.2 "
-        "| 0.500 (+2.0%) | measured |"
+        "| mask | april[over_sampling_batch_size=8] | 2 | none | - | +25.0% | +50.0% | +12.5% | 40% "
+        "| 2 | 3.2 | 0.500 (+2.0%) | measured |"
     )
     assert "| n/a (no eval) | measured |" in lines[5] and "| sync | - | - | - |" in lines[5]
