@@ -381,11 +381,16 @@ class RolloutLoop(Configurable):
             async for completion in stream:
                 with Meter(st):
                     self._on_completion(st, completion)
-        except BaseException as exc:  # wake the step so it can re-raise
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # wake the step: it re-raises the error where it is awaited
             st.error = st.error or exc
             st.enough.set()
             st.all_returned.set()
-            raise
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit: stop the loop now
+            # An Exception is not re-raised here: the step raises it, and a task holding it too
+            # would be reported as "exception never retrieved" when the run ends on that error.
 
     def _on_completion(self, st: StepState, c: Completion) -> None:
         pending = st.pending.pop(c.request_id, None)
