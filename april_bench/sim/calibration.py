@@ -31,9 +31,13 @@ from april_bench.sim.paper_settings import HARDWARE, STEPS, PaperSetting
 
 __all__ = [
     "PUBLISHED",
+    "PUBLISHED_DRIFT",
+    "DriftFit",
+    "DriftTarget",
     "LengthFit",
     "LengthParams",
     "LengthTarget",
+    "fit_drift",
     "fit_lengths",
     "fit_setting",
     "length_stats",
@@ -96,6 +100,10 @@ class LengthTarget:
     mean: float
     solve_rate: float
     wrong_over_right: float | None = None
+    #: The cap the wrong/right ratio was measured under, when it differs from ``cap``.
+    ratio_cap: int | None = None
+    #: Wrong-answer factor to start from (1.0 for sources that do not separate right and wrong).
+    incorrect_factor: float = 3.0
     truncated: float | None = None
     cv: float | None = None
     p99_over_median: float | None = None
@@ -111,10 +119,12 @@ PUBLISHED: tuple[LengthTarget, ...] = (
         mean=5500,
         solve_rate=0.29,
         wrong_over_right=3.0,
+        ratio_cap=32768,
         sources={
             "mean": "DeepScaleR blog (Agentica, 2025) via long8v.github.io/PTIR/posts/225: mean response "
             "length 5,500 at the start of 8k-context RL, 3,500 after it",
-            "wrong_over_right": "same: on AIME, incorrect responses are three times longer than correct ones",
+            "wrong_over_right": "same: on AIME, incorrect responses are three times longer than correct ones "
+            "(taken as measured at DeepScaleR's 32k evaluation context: ratio_cap)",
             "solve_rate": "DeepScaleR blog: R1-Distill-Qwen-1.5B AIME24 pass@1 28.8%",
             "cap": "DeepScaleR: first stage at 8K max context",
         },
@@ -140,12 +150,13 @@ PUBLISHED: tuple[LengthTarget, ...] = (
         cap=1 << 20,
         mean=1000,
         solve_rate=0.5,
-        wrong_over_right=1.0,
+        incorrect_factor=1.0,
         p99_over_median=10.0,
         sources={
             "p99_over_median": "Laminar via papers.lunadong.com summary: p99 ~ 10x median "
             "[unverified in primary] (landscape.md 5a)",
             "mean": "no level given: 1,000 tokens, only the shape is fitted",
+            "incorrect_factor": "not separated by correctness: wrong answers as long as right ones",
         },
     ),
 )
@@ -210,11 +221,12 @@ def fit_lengths(target: LengthTarget, start: LengthParams | None = None, rounds:
     """Fit the length model to ``target``: the spread to ``cv`` or ``p99_over_median``, the wrong-answer
     factor to ``wrong_over_right``, then the median to ``mean`` (a few rounds: they interact)."""
     p = start or LengthParams(median=target.mean)
-    p = LengthParams(p.median, p.prompt_sigma, p.within_sigma, p.incorrect_factor, target.solve_rate)
+    p = LengthParams(p.median, p.prompt_sigma, p.within_sigma, target.incorrect_factor, target.solve_rate)
     cap = target.cap
+    ratio_cap = target.ratio_cap or cap
 
     def stat(params: LengthParams, key: str) -> float:
-        return length_stats(params, cap, blocks=16)[key]
+        return length_stats(params, ratio_cap if key == "wrong_over_right" else cap, blocks=16)[key]
 
     for _ in range(rounds):
         if target.p99_over_median is not None:
@@ -230,7 +242,9 @@ def fit_lengths(target: LengthTarget, start: LengthParams | None = None, rounds:
             p = _with(p, incorrect_factor=f)
         median = _solve(lambda m: stat(_with(p, median=m), "mean"), target.mean, 10, 1e6)
         p = _with(p, median=median)
-    return LengthFit(target, p, length_stats(p, cap))
+    stats = length_stats(p, cap)
+    stats["wrong_over_right"] = length_stats(p, ratio_cap)["wrong_over_right"]
+    return LengthFit(target, p, stats)
 
 
 def _with(p: LengthParams, **values: float) -> LengthParams:
@@ -244,6 +258,75 @@ def _with(p: LengthParams, **values: float) -> LengthParams:
     }
     fields.update(values)
     return LengthParams(**fields)
+
+
+@dataclass(frozen=True, slots=True)
+class DriftTarget:
+    """A published move of the mean response length over training."""
+
+    name: str
+    cap: int
+    start_mean: float
+    end_mean: float
+    steps: int
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+PUBLISHED_DRIFT: tuple[DriftTarget, ...] = (
+    DriftTarget(
+        name="dapo-qwen2.5-32b",
+        cap=20480,
+        start_mean=750,
+        end_mean=2500,
+        steps=2000,
+        sources={
+            "mean": "DAPO (arXiv 2503.14476) mean response length rising under clip-higher, as quoted in "
+            "docs/simulator.md (750 -> 2,500 tokens over ~2,000 steps; read off the figure, not re-checked)",
+            "cap": "DAPO: 16,384 + 4,096-token overlong buffer",
+        },
+    ),
+    DriftTarget(
+        name="deepscaler-8k-stage",
+        cap=8192,
+        start_mean=5500,
+        end_mean=3500,
+        steps=1000,
+        sources={
+            "mean": "DeepScaleR blog via long8v.github.io/PTIR/posts/225: 5,500 -> 3,500 during the 8k stage",
+            "steps": "assumption: about 1,000 steps for the 8k stage (stage length not verified)",
+        },
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DriftFit:
+    target: DriftTarget
+    params: LengthParams
+    drift_per_step: float
+    start_mean: float
+    end_mean: float
+
+
+def fit_drift(target: DriftTarget, shape: LengthParams | None = None) -> DriftFit:
+    """The per-step log-length drift that moves the capped mean from ``start_mean`` to ``end_mean``
+    (the median is fitted to ``start_mean`` first; the shape is ``shape``'s, default the paper's)."""
+    p = shape or LengthParams(median=target.start_mean, solve_rate=0.5)
+
+    def mean_at(median: float) -> float:
+        return length_stats(_with(p, median=median), target.cap, blocks=16)["mean"]
+
+    start = _solve(mean_at, target.start_mean, 10, 1e6)
+    end = _solve(mean_at, target.end_mean, 10, 1e6)
+    drift = math.log(end / start) / target.steps
+    fitted = _with(p, median=start)
+    return DriftFit(
+        target,
+        fitted,
+        drift,
+        length_stats(fitted, target.cap)["mean"],
+        length_stats(_with(p, median=start * math.exp(drift * target.steps)), target.cap)["mean"],
+    )
 
 
 # -- the paper settings -------------------------------------------------------------------------
@@ -297,7 +380,8 @@ def fit_setting(
     log: Callable[[str], None] | None = None,
 ) -> tuple[PaperSetting, float]:
     """Move the setting's unpublished parameter until the mean simulated headline gain over
-    ``hardware`` equals the paper's; returns the fitted setting and its mean gain."""
+    ``hardware`` equals the paper's (geometric bisection, ``iters`` steps); returns the best
+    setting tried and its distance |mean gain - paper gain|."""
     name, lo, hi = FIT_KNOB.get(setting.algorithm, FIT_KNOB["grpo"])
 
     def mean_gain(value: float) -> float:

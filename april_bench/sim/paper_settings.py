@@ -144,7 +144,7 @@ PAPER_SETTINGS: tuple[PaperSetting, ...] = (
         dataset="dapo-math-17k",
         algorithm="dapo",
         paper_gain=0.17,
-        response_median=7034.0,
+        response_median=11230.0,
         solve_concentration=2.0,
         sources={
             **_COMMON,
@@ -161,7 +161,7 @@ PAPER_SETTINGS: tuple[PaperSetting, ...] = (
         dataset="deepscaler",
         algorithm="grpo",
         paper_gain=0.21,
-        response_median=7034.0,
+        response_median=11230.0,
         sources={
             **_COMMON,
             "paper_gain": _README + ", DeepScaleR +21% (algorithm GRPO per issue 12)",
@@ -174,7 +174,7 @@ PAPER_SETTINGS: tuple[PaperSetting, ...] = (
         dataset="deepmath-103k",
         algorithm="gspo",
         paper_gain=0.35,
-        response_median=4000.0,
+        response_median=5066.0,
         sources={
             **_COMMON,
             "paper_gain": _README + ", DeepMath-103K +35% (algorithm GSPO per issue 12)",
