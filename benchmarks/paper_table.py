@@ -27,11 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.results.table import render_markdown
-from april_bench.sim.calibration import PUBLISHED, fit_lengths, fit_setting, simulate_setting
-from april_bench.sim.paper_settings import HARDWARE, PAPER_SETTINGS, STEPS, paper_setting
-
-#: How close each simulated headline gain must stay to the paper's (absolute, in gain units).
-TOLERANCE = 0.05
+from april_bench.sim.calibration import (
+    PUBLISHED,
+    PUBLISHED_DRIFT,
+    fit_drift,
+    fit_lengths,
+    fit_setting,
+    simulate_setting,
+)
+from april_bench.sim.paper_settings import HARDWARE, PAPER_SETTINGS, STEPS, TOLERANCE, paper_setting
 
 
 def table(steps: int) -> list[dict[str, Any]]:
@@ -39,17 +43,28 @@ def table(steps: int) -> list[dict[str, Any]]:
 
 
 def mechanisms(steps: int) -> list[dict[str, Any]]:
-    """The DAPO setting under the two refill rules, to show where the baseline's semantics matter."""
-    dapo = paper_setting("dapo")
-    rows = []
-    for label, setting in (
-        ("fitted rejection rate (table row)", dapo),
-        ("Beta a+b = 2: U-shaped solve rates", dapo.with_values(solve_concentration=2.0)),
-        ("no rejections (a+b = 400)", dapo.with_values(solve_concentration=400.0)),
-    ):
-        row = simulate_setting(setting, "mi300x", steps=steps)
-        rows.append({"case": label, "solve_concentration": setting.solve_concentration, **row})
-    return rows
+    """Why the DAPO pairing cannot give the paper's figure, and how much of a gain is concurrency alone."""
+    dapo = paper_setting("dapo-math").with_values(algorithm="dapo")
+    cases = (
+        ("DAPO, scripted wave refill, U-shaped solve rates (Beta a+b = 2)", dapo),
+        ("DAPO, wave refill, solve rates near 0.59 (a+b = 400)", dapo.with_values(solve_concentration=400.0)),
+        ("DAPO, wave refill, short responses (median 2,000)", dapo.with_values(response_median=2000.0)),
+        ("DAPO, granular refill (slime PR #2218), a+b = 2", dapo.with_values(refill="granular")),
+        (
+            "GRPO DeepScaleR, equal lengths (no tail: concurrency alone)",
+            paper_setting("deepscaler").with_values(prompt_sigma=0.0, within_sigma=0.0, incorrect_factor=1.0),
+        ),
+    )
+    return [{"case": label, **simulate_setting(setting, "mi300x", steps=steps)} for label, setting in cases]
+
+
+#: Published shares of step time in rollout and of rollout time in its tail (landscape.md 5a).
+PUBLISHED_BREAKDOWN = (
+    ("rollout share of step time", ">90%", "APRIL abstract (arXiv 2509.18521)"),
+    ("rollout share of step time", "~80% (Moonlight 84%, Qwen2-VL-72B 63%)", "Seer (arXiv 2511.14617) Table 1"),
+    ("rollout share of step time", "~70%", "RollPacker, SortedRL at 16k, ROLL Flash, verl DAPO-32B"),
+    ("tail share of rollout time", "up to 50% (last 10% of requests)", "Seer, Moonlight and Qwen2-VL-72B"),
+)
 
 
 def calibration() -> list[dict[str, Any]]:
@@ -69,8 +84,31 @@ def calibration() -> list[dict[str, Any]]:
     return out
 
 
+def drift() -> list[dict[str, Any]]:
+    out = []
+    for target in PUBLISHED_DRIFT:
+        fit = fit_drift(target)
+        out.append(
+            {
+                "target": target.name,
+                "cap": target.cap,
+                "steps": target.steps,
+                "published": [target.start_mean, target.end_mean],
+                "model": [fit.start_mean, fit.end_mean],
+                "drift_per_step": fit.drift_per_step,
+                "sources": target.sources,
+            }
+        )
+    return out
+
+
 def _pct(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{x:+.{digits}%}"
+
+
+def _span(rows: list[dict[str, Any]], key: str) -> str:
+    values = [r[key] for r in rows if r[key] is not None]
+    return f"{min(values):.0%} - {max(values):.0%}" if values else "n/a"
 
 
 def render(result: dict[str, Any]) -> str:
@@ -116,19 +154,45 @@ def render(result: dict[str, Any]) -> str:
             ],
         ),
         "",
-        "## Mechanism: the DAPO baseline refills a whole wave on its first rejection (SIMULATED, MI300X)",
+        "## Mechanisms (SIMULATED, MI300X, DAPO-Math-17k lengths unless named)",
         "",
         render_markdown(
-            ("Per-prompt solve rates", "Beta a+b", "Rejected / step (sync)", "Headline gain", "Useful gain"),
+            (
+                "Case",
+                "Headline gain",
+                "Useful-token gain",
+                "Sync rejected / step",
+                "Sync groups launched / step",
+                "Sync truncated",
+            ),
             [
                 [
                     r["case"],
-                    f"{r['solve_concentration']:g}",
-                    f"{r['sync_rejected_per_step']:.1f}",
                     _pct(r["headline_gain"]),
                     _pct(r["useful_gain"]),
+                    f"{r['sync_rejected_per_step']:.1f}",
+                    "n/a" if r["sync_launched_per_step"] is None else f"{r['sync_launched_per_step']:.1f}",
+                    f"{r['sync_truncated']:.0%}",
                 ]
                 for r in result["mechanisms"]
+            ],
+        ),
+        "",
+        "## Step-time breakdown: published against simulated (sync arm of the table above)",
+        "",
+        render_markdown(
+            ("Share", "Published", "Source", "Simulated (min - max over the 6 cells)"),
+            [
+                [
+                    share,
+                    published,
+                    source,
+                    _span(
+                        rows,
+                        "sync_rollout_share" if share.startswith("rollout") else "sync_tail_share",
+                    ),
+                ]
+                for share, published, source in PUBLISHED_BREAKDOWN
             ],
         ),
         "",
@@ -153,6 +217,24 @@ def render(result: dict[str, Any]) -> str:
                 ]
                 for c in result["calibration"]
                 for i, row in enumerate(c["rows"])
+            ],
+        ),
+        "",
+        "How lengths move over training (model side SIMULATED; the paper settings use +0.0006 per step, "
+        "the clip-higher growth APRIL's eps-clip-high 0.28 shares with DAPO):",
+        "",
+        render_markdown(
+            ("Source", "Cap", "Steps", "Published mean start -> end", "Fitted model", "Drift / step"),
+            [
+                [
+                    d["target"],
+                    f"{d['cap']:,}",
+                    f"{d['steps']:,}",
+                    f"{d['published'][0]:,.0f} -> {d['published'][1]:,.0f}",
+                    f"{d['model'][0]:,.0f} -> {d['model'][1]:,.0f}",
+                    f"{d['drift_per_step']:+.5f}",
+                ]
+                for d in result["drift"]
             ],
         ),
     ]
@@ -184,6 +266,7 @@ def main() -> None:
         "table": table(args.steps),
         "mechanisms": mechanisms(args.steps),
         "calibration": calibration(),
+        "drift": drift(),
     }
     text = render(result)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,50 @@
+"""The committed simulated paper table: within tolerance of the paper, and reproduced exactly.
+
+``results/benchmarks/paper_table.json`` is written by ``benchmarks/paper_table.py``; the simulator
+is deterministic, so re-simulating a cell must give the committed numbers exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from april_bench.sim.calibration import simulate_setting
+from april_bench.sim.paper_settings import HARDWARE, PAPER_SETTINGS, STEPS, TOLERANCE, paper_setting
+
+TABLE = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "paper_table.json"
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads(TABLE.read_text())
+
+
+def test_table_is_labelled_simulated_and_covers_every_setting_and_gpu(committed):
+    assert committed["result_kind"] == "simulated"
+    cells = {(r["setting"], r["hardware"]) for r in committed["table"]}
+    assert cells == {(s.key, hw) for s in PAPER_SETTINGS for hw in HARDWARE}
+
+
+def test_committed_table_was_made_with_the_committed_settings(committed):
+    for saved, setting in zip(committed["settings"], PAPER_SETTINGS, strict=True):
+        current = {k: v for k, v in asdict(setting).items() if k != "sources"}
+        assert {k: saved[k] for k in current} == current, setting.key
+
+
+@pytest.mark.parametrize("hardware", HARDWARE)
+@pytest.mark.parametrize("key", [s.key for s in PAPER_SETTINGS])
+def test_every_headline_gain_is_within_tolerance_of_the_paper(committed, key, hardware):
+    row = next(r for r in committed["table"] if r["setting"] == key and r["hardware"] == hardware)
+    assert abs(row["headline_gain"] - row["paper_gain"]) <= TOLERANCE, row
+    assert row["difference"] == pytest.approx(row["headline_gain"] - row["paper_gain"])
+
+
+def test_a_cell_re_simulates_to_the_committed_numbers(committed):
+    key, hardware = "deepmath", "mi300x"
+    row = next(r for r in committed["table"] if r["setting"] == key and r["hardware"] == hardware)
+    assert simulate_setting(paper_setting(key), hardware, steps=committed["steps"]) == row
+    assert committed["steps"] == STEPS
