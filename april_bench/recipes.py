@@ -12,7 +12,14 @@ from typing import Any
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.rollout.loop import RolloutConfig
 
-__all__ = ["embedded", "paper", "recipe_for"]
+__all__ = ["PAPER_RECIPES", "embedded", "paper", "paper_recipe", "recipe_for"]
+
+#: ``--recipe`` names: one per row of APRIL's published table (``april_bench/sim/paper_settings.py``).
+PAPER_RECIPES = {
+    "paper-dapo-math": "dapo-math",
+    "paper-deepscaler": "deepscaler",
+    "paper-deepmath": "deepmath",
+}
 
 
 def embedded(**overrides: Any) -> ExperimentConfig:
@@ -52,5 +59,21 @@ def paper(hardware: str = "mi300x", **overrides: Any) -> ExperimentConfig:
     return ExperimentConfig(**settings)
 
 
-def recipe_for(hardware: str, **overrides: Any) -> ExperimentConfig:
+def paper_recipe(name: str, hardware: str, **overrides: Any) -> ExperimentConfig:
+    """One calibrated row of the paper table, simulated (``docs/calibration.md``): the scripts'
+    batch, limit and deployment, and the row's fitted response lengths."""
+    from april_bench.config import ConfigError
+    from april_bench.sim.paper_settings import paper_setting
+
+    if name not in PAPER_RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose from {', '.join(PAPER_RECIPES)}")
+    if hardware == "cpu":
+        raise ConfigError(f"--recipe {name} simulates 8 GPUs: add --hw h100 or --hw mi300x")
+    config = paper_setting(PAPER_RECIPES[name]).experiment(hardware)
+    return config.replace(**overrides) if overrides else config
+
+
+def recipe_for(hardware: str, recipe: str | None = None, **overrides: Any) -> ExperimentConfig:
+    if recipe is not None:
+        return paper_recipe(recipe, hardware, **overrides)
     return embedded(**overrides) if hardware == "cpu" else paper(hardware, **overrides)

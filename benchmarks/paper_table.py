@@ -61,7 +61,11 @@ def mechanisms(steps: int) -> list[dict[str, Any]]:
 #: Published shares of step time in rollout and of rollout time in its tail (landscape.md 5a).
 PUBLISHED_BREAKDOWN = (
     ("rollout share of step time", ">90%", "APRIL abstract (arXiv 2509.18521)"),
-    ("rollout share of step time", "~80% (Moonlight 84%, Qwen2-VL-72B 63%)", "Seer (arXiv 2511.14617) Table 1"),
+    (
+        "rollout share of step time",
+        "~80% (Moonlight 84%, Qwen2-VL-72B 63%)",
+        "Seer (arXiv 2511.14617) Table 1",
+    ),
     ("rollout share of step time", "~70%", "RollPacker, SortedRL at 16k, ROLL Flash, verl DAPO-32B"),
     ("tail share of rollout time", "up to 50% (last 10% of requests)", "Seer, Moonlight and Qwen2-VL-72B"),
 )
@@ -106,6 +110,11 @@ def _pct(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{x:+.{digits}%}"
 
 
+def _params(p: dict[str, float]) -> str:
+    sigma = (p["prompt_sigma"] ** 2 + p["within_sigma"] ** 2) ** 0.5
+    return f"median {p['median']:,.0f}, sigma {sigma:.2f}, wrong x{p['incorrect_factor']:.2f}"
+
+
 def _span(rows: list[dict[str, Any]], key: str) -> str:
     values = [r[key] for r in rows if r[key] is not None]
     return f"{min(values):.0%} - {max(values):.0%}" if values else "n/a"
@@ -134,7 +143,6 @@ def render(result: dict[str, Any]) -> str:
                 "Sync truncated",
                 "Rollout share of step",
                 "Tail share of rollout",
-                "DAPO rejected / step",
             ),
             [
                 [
@@ -148,7 +156,6 @@ def render(result: dict[str, Any]) -> str:
                     f"{r['sync_truncated']:.0%}",
                     f"{r['sync_rollout_share']:.0%}",
                     f"{r['sync_tail_share']:.0%}",
-                    f"{r['sync_rejected_per_step']:.1f}",
                 ]
                 for r in rows
             ],
@@ -207,13 +214,7 @@ def render(result: dict[str, Any]) -> str:
                     row["statistic"],
                     f"{row['published']:,.3g}",
                     f"{row['model']:,.3g}",
-                    (
-                        f"median {c['params']['median']:,.0f}, sigma "
-                        f"{(c['params']['prompt_sigma'] ** 2 + c['params']['within_sigma'] ** 2) ** 0.5:.2f}, "
-                        f"wrong x{c['params']['incorrect_factor']:.2f}"
-                    )
-                    if i == 0
-                    else "",
+                    _params(c["params"]) if i == 0 else "",
                 ]
                 for c in result["calibration"]
                 for i, row in enumerate(c["rows"])

@@ -48,3 +48,15 @@ def test_a_cell_re_simulates_to_the_committed_numbers(committed):
     row = next(r for r in committed["table"] if r["setting"] == key and r["hardware"] == hardware)
     assert simulate_setting(paper_setting(key), hardware, steps=committed["steps"]) == row
     assert committed["steps"] == STEPS
+
+
+def test_paper_recipes_build_the_calibrated_settings():
+    from april_bench.config import ConfigError
+    from april_bench.recipes import PAPER_RECIPES, recipe_for
+
+    for name, key in PAPER_RECIPES.items():
+        config = recipe_for("h100", name, steps=4)
+        expected = paper_setting(key).experiment("h100", steps=4)
+        assert config == expected, name
+    with pytest.raises(ConfigError, match="--hw h100 or --hw mi300x"):
+        recipe_for("cpu", "paper-deepmath")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from april_bench.sim.lengths import BLOCK, LognormalLengths
+from april_bench.sim.lengths import LognormalLengths
 from april_bench.sim.paper_settings import HARDWARE, STEPS, PaperSetting
 
 __all__ = [
@@ -162,7 +162,9 @@ PUBLISHED: tuple[LengthTarget, ...] = (
 )
 
 
-def length_stats(params: LengthParams, cap: int, *, blocks: int = 64, n: int = 8, seed: int = 0) -> dict[str, float]:
+def length_stats(
+    params: LengthParams, cap: int, *, blocks: int = 64, n: int = 8, seed: int = 0
+) -> dict[str, float]:
     """Statistics of the length model under a response cap, from ``blocks x 256`` groups of ``n``.
 
     ``mean`` and the right/wrong means are of the capped lengths (what a run logs); ``truncated`` is
@@ -228,20 +230,22 @@ def fit_lengths(target: LengthTarget, start: LengthParams | None = None, rounds:
     def stat(params: LengthParams, key: str) -> float:
         return length_stats(params, ratio_cap if key == "wrong_over_right" else cap, blocks=16)[key]
 
+    def spread(base: LengthParams, key: str, value: float) -> LengthParams:
+        return base.scaled_sigma(_solve(lambda s: stat(base.scaled_sigma(s), key), value, 0.05, 3))
+
+    def solve_field(
+        base: LengthParams, name: str, key: str, value: float, lo: float, hi: float
+    ) -> LengthParams:
+        return _with(base, **{name: _solve(lambda x: stat(_with(base, **{name: x}), key), value, lo, hi)})
+
     for _ in range(rounds):
         if target.p99_over_median is not None:
-            sigma = _solve(lambda s: stat(p.scaled_sigma(s), "p99_over_median"), target.p99_over_median, 0.05, 3)
-            p = p.scaled_sigma(sigma)
+            p = spread(p, "p99_over_median", target.p99_over_median)
         if target.cv is not None:
-            sigma = _solve(lambda s: stat(p.scaled_sigma(s), "cv"), target.cv, 0.05, 3)
-            p = p.scaled_sigma(sigma)
+            p = spread(p, "cv", target.cv)
         if target.wrong_over_right is not None:
-            f = _solve(
-                lambda x: stat(_with(p, incorrect_factor=x), "wrong_over_right"), target.wrong_over_right, 0.2, 20
-            )
-            p = _with(p, incorrect_factor=f)
-        median = _solve(lambda m: stat(_with(p, median=m), "mean"), target.mean, 10, 1e6)
-        p = _with(p, median=median)
+            p = solve_field(p, "incorrect_factor", "wrong_over_right", target.wrong_over_right, 0.2, 20)
+        p = solve_field(p, "median", "mean", target.mean, 10, 1e6)
     stats = length_stats(p, cap)
     stats["wrong_over_right"] = length_stats(p, ratio_cap)["wrong_over_right"]
     return LengthFit(target, p, stats)

@@ -77,7 +77,7 @@ class PaperSetting:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def with_values(self, **values: Any) -> PaperSetting:
-        return replace(self, **values)  # type: ignore[arg-type]
+        return replace(self, **values)
 
     def workload_args(self) -> dict[str, Any]:
         return {
@@ -195,4 +195,5 @@ def paper_setting(key: str) -> PaperSetting:
     for setting in PAPER_SETTINGS:
         if setting.key == key:
             return setting
-    raise ConfigError(f"unknown paper setting {key!r}; choose from {', '.join(s.key for s in PAPER_SETTINGS)}")
+    known = ", ".join(s.key for s in PAPER_SETTINGS)
+    raise ConfigError(f"unknown paper setting {key!r}; choose from {known}")
