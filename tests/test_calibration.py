@@ -7,6 +7,7 @@ import math
 import pytest
 
 from april_bench.config import ConfigError
+from april_bench.recipes import paper_experiment
 from april_bench.sim.calibration import (
     PUBLISHED,
     PUBLISHED_DRIFT,
@@ -97,6 +98,7 @@ def test_paper_settings_cite_every_number_that_is_not_a_default_of_the_code():
         "solve_concentration",
         "paper_gain",
         "algorithm",
+        "refill",
     }
     for setting in PAPER_SETTINGS:
         missing = cited - set(setting.sources)
@@ -106,9 +108,9 @@ def test_paper_settings_cite_every_number_that_is_not_a_default_of_the_code():
 
 
 def test_paper_setting_builds_the_scripted_experiment():
-    setting = paper_setting("dapo")
-    config = setting.experiment("mi300x", steps=3)
-    assert config.engine == "sim" and config.algorithm == "dapo"
+    setting = paper_setting("dapo-math")
+    config = paper_experiment(setting, "mi300x", steps=3)
+    assert config.engine == "sim" and config.algorithm == "grpo" and config.dataset == "dapo-math-17k"
     assert config.rollout.over_sampling_batch_size == 64 and config.rollout.max_response_len == 16384
     assert config.engine_args["mem_fraction_static"] == 0.6
     assert config.workload_args["response_median"] == setting.response_median

@@ -6,16 +6,27 @@ is deterministic, so re-simulating a cell must give the committed numbers exactl
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from april_bench.sim.calibration import simulate_setting
+from april_bench.recipes import paper_experiment
 from april_bench.sim.paper_settings import HARDWARE, PAPER_SETTINGS, STEPS, TOLERANCE, paper_setting
 
-TABLE = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "paper_table.json"
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "results" / "benchmarks" / "paper_table.json"
+
+
+def _benchmark() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("paper_table", ROOT / "benchmarks" / "paper_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +57,7 @@ def test_every_headline_gain_is_within_tolerance_of_the_paper(committed, key, ha
 def test_a_cell_re_simulates_to_the_committed_numbers(committed):
     key, hardware = "deepmath", "mi300x"
     row = next(r for r in committed["table"] if r["setting"] == key and r["hardware"] == hardware)
-    assert simulate_setting(paper_setting(key), hardware, steps=committed["steps"]) == row
+    assert _benchmark().simulate_setting(paper_setting(key), hardware, steps=committed["steps"]) == row
     assert committed["steps"] == STEPS
 
 
@@ -56,7 +67,28 @@ def test_paper_recipes_build_the_calibrated_settings():
 
     for name, key in PAPER_RECIPES.items():
         config = recipe_for("h100", name, steps=4)
-        expected = paper_setting(key).experiment("h100", steps=4)
+        expected = paper_experiment(paper_setting(key), "h100", steps=4)
         assert config == expected, name
     with pytest.raises(ConfigError, match="--hw h100 or --hw mi300x"):
         recipe_for("cpu", "paper-deepmath")
+
+
+def test_cli_recipe_flag_starts_from_the_paper_row_and_applies_flags_on_top():
+    import subprocess
+    import sys
+
+    from april_bench.cli import build_parser
+    from april_bench.cli.args import config_from_args
+
+    args = build_parser().parse_args(["run", "--hw", "mi300x", "--recipe", "paper-deepmath", "--steps", "2"])
+    config = config_from_args(args)
+    assert config == paper_experiment(paper_setting("deepmath"), "mi300x", steps=2)
+    proc = subprocess.run(
+        [sys.executable, "-m", "april_bench", "run", "--recipe", "paper-deepmath", "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --recipe paper-deepmath simulates 8 GPUs")
+    assert "Traceback" not in proc.stderr

@@ -1,4 +1,4 @@
-"""Calibration: the length model against published statistics, and the paper settings against the paper.
+"""Calibration: the response-length model against published length statistics.
 
 Two fits, both deterministic:
 
@@ -7,27 +7,23 @@ Two fits, both deterministic:
   truncation rate, how much longer wrong answers are, spread), by drawing the
   model itself (so censoring, the right/wrong mixture and the group hierarchy
   are all in) and solving one parameter per statistic.  :func:`length_stats`
-  is what both sides of the side-by-side table are computed with.
-* :func:`fit_setting` moves the one parameter of a
-  :class:`~april_bench.sim.paper_settings.PaperSetting` that no public source
-  gives (the length level, or DAPO's rejection rate) until the simulated
-  headline gain, averaged over the paper's two GPU types, equals the paper's.
+  is what the model side of the side-by-side table is computed with;
+* :func:`fit_drift` fits the per-step drift of log-length to a published move
+  of the mean length over training.
 
-:func:`simulate_setting` runs one setting on one GPU type and returns the row
-of the paper table.  Every number it returns is simulated.
+The paper settings themselves are fitted to the paper's gains by
+``benchmarks/paper_table.py --fit`` (it runs the simulator, a layer above this one).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from april_bench.sim.lengths import LognormalLengths
-from april_bench.sim.paper_settings import HARDWARE, STEPS, PaperSetting
 
 __all__ = [
     "PUBLISHED",
@@ -39,9 +35,7 @@ __all__ = [
     "LengthTarget",
     "fit_drift",
     "fit_lengths",
-    "fit_setting",
     "length_stats",
-    "simulate_setting",
 ]
 
 
@@ -331,83 +325,3 @@ def fit_drift(target: DriftTarget, shape: LengthParams | None = None) -> DriftFi
         length_stats(fitted, target.cap)["mean"],
         length_stats(_with(p, median=start * math.exp(drift * target.steps)), target.cap)["mean"],
     )
-
-
-# -- the paper settings -------------------------------------------------------------------------
-
-
-def simulate_setting(setting: PaperSetting, hardware: str, *, steps: int = STEPS) -> dict[str, Any]:
-    """One cell of the paper table: APRIL against the scripted baseline (simulated)."""
-    from april_bench.experiment import run
-
-    summary = run(setting.experiment(hardware, steps=steps), progress=False).recorder.summary()
-    april, sync = summary["april"], summary["sync"]
-    rollout = sync["rollout_time_per_step_s"]
-    return {
-        "setting": setting.key,
-        "hardware": hardware,
-        "dataset": setting.dataset,
-        "algorithm": setting.algorithm,
-        "steps": steps,
-        "paper_gain": setting.paper_gain,
-        "headline_gain": april["throughput_gain"],
-        "useful_gain": april["useful_gain"],
-        "end_to_end_gain": april["end_to_end_gain"],
-        "difference": april["throughput_gain"] - setting.paper_gain,
-        "sync_mean_response": sync["mean_response_len"],
-        "sync_truncated": sync["truncated_share"],
-        "sync_rollout_share": rollout / sync["step_time_per_step_s"],
-        "sync_tail_share": sync["tail_time_share"],
-        "sync_rejected_per_step": sync["rejected_groups"] / sync["steps"],
-        "sync_launched_per_step": _launched(sync),
-        "april_off_policy_reference_def": april["off_policy_ratio_reference_def"],
-        "april_rollout_share": april["rollout_time_per_step_s"] / april["step_time_per_step_s"],
-    }
-
-
-def _launched(metrics: dict[str, Any]) -> float | None:
-    prompts = metrics.get("prompts") or {}
-    launched = prompts.get("launched") if isinstance(prompts, dict) else None
-    return launched / metrics["steps"] if launched is not None else None
-
-
-#: The parameter fitted per setting and its search range (the gain is monotone in it).
-FIT_KNOB = {"dapo": ("solve_concentration", 0.5, 400.0), "grpo": ("response_median", 1500.0, 30000.0)}
-
-
-def fit_setting(
-    setting: PaperSetting,
-    *,
-    hardware: Sequence[str] = HARDWARE,
-    steps: int = STEPS,
-    iters: int = 7,
-    log: Callable[[str], None] | None = None,
-) -> tuple[PaperSetting, float]:
-    """Move the setting's unpublished parameter until the mean simulated headline gain over
-    ``hardware`` equals the paper's (geometric bisection, ``iters`` steps); returns the best
-    setting tried and its distance |mean gain - paper gain|."""
-    name, lo, hi = FIT_KNOB.get(setting.algorithm, FIT_KNOB["grpo"])
-
-    def mean_gain(value: float) -> float:
-        trial = setting.with_values(**{name: value})
-        gains = [simulate_setting(trial, hw, steps=steps)["headline_gain"] for hw in hardware]
-        gain = sum(gains) / len(gains)
-        if log is not None:
-            log(f"{setting.key}: {name}={value:.4g} -> mean gain {gain:+.3f}")
-        return gain
-
-    # The gain rises with the DAPO baseline's concentration of solve rates (fewer rejections, fewer
-    # refill waves) and falls with the length level (more responses piled at the cap).
-    sign = 1.0 if name == "solve_concentration" else -1.0
-    best, best_err = setting, math.inf
-    for _ in range(iters):
-        mid = math.sqrt(lo * hi)
-        gain = mean_gain(mid)
-        err = abs(gain - setting.paper_gain)
-        if err < best_err:
-            best, best_err = setting.with_values(**{name: round(mid, 1)}), err
-        if sign * (gain - setting.paper_gain) < 0:
-            lo = mid
-        else:
-            hi = mid
-    return best, best_err

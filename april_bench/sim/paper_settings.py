@@ -3,7 +3,9 @@
 The APRIL README (``RLsys-Foundation/APRIL`` README, "Results and Comparison")
 reports the rollout-throughput gain of APRIL over the scripted baseline on
 Qwen3-4B for three data sets; issue 12 pairs them with the algorithms DAPO,
-GRPO and GSPO.  Everything a simulated reproduction needs is here:
+GRPO and GSPO (the DAPO-Math-17k row is simulated as GRPO, the README's own
+quick-start: see ``sources["algorithm"]`` and ``docs/calibration.md``).
+Everything a simulated reproduction needs is here:
 
 * the deployment and batch settings come from the APRIL scripts
   (``scripts/partial_rollout/qwen/*/run-qwen3-4B-*.sh`` at ``a72b585``) and are
@@ -12,24 +14,21 @@ GRPO and GSPO.  Everything a simulated reproduction needs is here:
   longer wrong answers are, drift) comes from the published statistics that
   :mod:`april_bench.sim.calibration` fits (``docs/calibration.md``);
 * what no public source gives for Qwen3-4B - the length *level* relative to
-  the 16,384-token limit and, for DAPO, how many groups the filter rejects - is
-  fitted to the paper's own figure and labelled ``fitted`` in ``sources``.
+  the 16,384-token limit - is fitted to the paper's own figure and labelled
+  ``fitted`` in ``sources``.
   ``benchmarks/paper_table.py --fit`` recomputes those values.
 
-Only :func:`experiment` imports the experiment machinery, so reading the
-settings stays cheap.
+The settings are plain data: :func:`april_bench.recipes.paper_experiment`
+turns one into an experiment, ``benchmarks/paper_table.py`` runs and fits them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from april_bench.config import ConfigError
-
-if TYPE_CHECKING:
-    from april_bench.experiment_config import ExperimentConfig
 
 __all__ = ["HARDWARE", "PAPER_SETTINGS", "STEPS", "TOLERANCE", "PaperSetting", "paper_setting"]
 
@@ -90,34 +89,19 @@ class PaperSetting:
             "drift_per_step": self.drift_per_step,
         }
 
-    def experiment(
-        self, hardware: str, *, steps: int = STEPS, strategies: tuple[str, ...] = ("sync", "april")
-    ) -> ExperimentConfig:
-        """The simulated run of this setting on ``hardware`` (sync is the baseline, as in the scripts)."""
-        from april_bench.experiment_config import ExperimentConfig
-        from april_bench.rollout.loop import RolloutConfig
+    def rollout_args(self) -> dict[str, Any]:
+        """``RolloutConfig`` fields of the scripts."""
+        return {
+            "rollout_batch_size": self.rollout_batch_size,
+            "n_samples_per_prompt": self.n_samples_per_prompt,
+            "over_sampling_batch_size": self.over_sampling_batch_size,
+            "max_response_len": self.max_response_len,
+            "temperature": self.temperature,
+            "refill": self.refill,
+        }
 
-        return ExperimentConfig(
-            hardware=hardware,
-            algorithm=self.algorithm,
-            dataset=self.dataset,
-            model=self.model,
-            engine="sim",
-            trainer="sim",
-            strategies=strategies,
-            steps=steps,
-            num_gpus=self.gpus,
-            rollout=RolloutConfig(
-                rollout_batch_size=self.rollout_batch_size,
-                n_samples_per_prompt=self.n_samples_per_prompt,
-                over_sampling_batch_size=self.over_sampling_batch_size,
-                max_response_len=self.max_response_len,
-                temperature=self.temperature,
-                refill=self.refill,  # type: ignore[arg-type]  # RolloutConfig converts the string
-            ),
-            engine_args={"tp_size": self.tp_size, "mem_fraction_static": self.mem_fraction_static},
-            workload_args=self.workload_args(),
-        )
+    def engine_args(self) -> dict[str, Any]:
+        return {"tp_size": self.tp_size, "mem_fraction_static": self.mem_fraction_static}
 
 
 _COMMON = {
@@ -158,7 +142,7 @@ PAPER_SETTINGS: tuple[PaperSetting, ...] = (
             "algorithm": "assumption: GRPO, as in the README's own quick-start command "
             "(scripts/partial_rollout/qwen/grpo/run-qwen3-4B-dapo-partial.sh); the README table names no "
             "algorithm.  Issue 12 pairs this row with DAPO: under DAPO's scripted baseline the simulated "
-            "gain is negative for every rejection rate and length level tried (docs/calibration.md)",
+            "gain stays near zero for every rejection rate and length level tried (docs/calibration.md)",
             "response_median": "fitted: the length level under which the paper's +17% comes out",
         },
     ),
