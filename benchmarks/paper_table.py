@@ -193,7 +193,7 @@ def render(result: dict[str, Any]) -> str:
         f"{result['steps']} steps per arm, 4 SGLang engines at TP2 with mem_fraction_static 0.6.  "
         "All numbers SIMULATED by `python benchmarks/paper_table.py` (deterministic); assumptions and "
         "sources in `docs/calibration.md`.  Tolerance: "
-        f"{result['tolerance']:.0%} (absolute) on the headline gain.",
+        f"{result['tolerance'] * 100:.0f} points on the headline gain, on both GPUs.",
         "",
         render_markdown(
             (

@@ -92,3 +92,19 @@ def test_cli_recipe_flag_starts_from_the_paper_row_and_applies_flags_on_top():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --recipe paper-deepmath simulates 8 GPUs")
     assert "Traceback" not in proc.stderr
+
+
+def test_fit_setting_bisects_the_length_level_to_the_paper_gain(monkeypatch):
+    bench = _benchmark()
+    setting = paper_setting("deepscaler")
+
+    def fake(trial, hardware, *, steps):  # a gain that falls with the length level, as simulated
+        return {
+            "headline_gain": 0.6 - 0.04 * (trial.response_median / 1000) + (0.01 if hardware == "h100" else 0)
+        }
+
+    monkeypatch.setattr(bench, "simulate_setting", fake)
+    fitted, err = bench.fit_setting(setting, iters=20)
+    # mean gain 0.605 - 0.04 m = 0.21  ->  m = 9,875 tokens
+    assert fitted.response_median == pytest.approx(9875, rel=0.01)
+    assert err < 0.002
