@@ -113,6 +113,10 @@ def mechanisms(steps: int) -> list[dict[str, Any]]:
         ("DAPO, scripted wave refill, U-shaped solve rates (Beta a+b = 2)", dapo),
         ("DAPO, wave refill, solve rates near 0.59 (a+b = 400)", dapo.with_values(solve_concentration=400.0)),
         ("DAPO, wave refill, short responses (median 2,000)", dapo.with_values(response_median=2000.0)),
+        (
+            "DAPO, wave refill, hard prompts (solve rate 0.15, a+b = 0.5)",
+            dapo.with_values(solve_rate=0.15, solve_concentration=0.5),
+        ),
         ("DAPO, granular refill (slime PR #2218), a+b = 2", dapo.with_values(refill="granular")),
         (
             "GRPO DeepScaleR, equal lengths (no tail: concurrency alone)",
