@@ -41,6 +41,7 @@ HARDWARE = ("h100", "mi300x")
 TOLERANCE = 0.05
 
 _SCRIPTS = "APRIL@a72b585 scripts/partial_rollout/qwen/{algo}/run-qwen3-4B-{data}[-partial].sh"
+_ALL_SCRIPTS = _SCRIPTS.format(algo="*", data="*")
 _README = "APRIL README (b37fa61) 'Results and Comparison': Qwen3-4B rollout throughput"
 
 
@@ -105,16 +106,18 @@ class PaperSetting:
 
 
 _COMMON = {
-    "model": _SCRIPTS + ": --hf-checkpoint Qwen3-4B",
-    "gpus": _SCRIPTS + ": 1 node x 8 GPUs, --colocate; README: reproduced on 8 x H100 and 8 x MI300",
-    "tp_size": _SCRIPTS + ": --rollout-num-gpus-per-engine 2 (4 SGLang engines)",
-    "mem_fraction_static": _SCRIPTS + ": --sglang-mem-fraction-static 0.6 (ROCm torch_memory_saver limit)",
-    "rollout_batch_size": _SCRIPTS + ": --rollout-batch-size 32",
-    "n_samples_per_prompt": _SCRIPTS + ": --n-samples-per-prompt 8",
-    "over_sampling_batch_size": _SCRIPTS + ": -partial.sh adds --over-sampling-batch-size 64; the baseline "
-    "leaves it unset, so slime refills in waves of rollout_batch_size (arguments.py L929)",
-    "max_response_len": _SCRIPTS + ": --rollout-max-response-len 16384",
-    "temperature": _SCRIPTS + ": --rollout-temperature 0.8",
+    "model": _ALL_SCRIPTS + ": --hf-checkpoint Qwen3-4B",
+    "gpus": _ALL_SCRIPTS + ": 1 node x 8 GPUs, --colocate; README: reproduced on 8 x H100 and 8 x MI300",
+    "tp_size": _ALL_SCRIPTS + ": --rollout-num-gpus-per-engine 2 (4 SGLang engines)",
+    "mem_fraction_static": _ALL_SCRIPTS
+    + ": --sglang-mem-fraction-static 0.6 (ROCm torch_memory_saver limit)",
+    "rollout_batch_size": _ALL_SCRIPTS + ": --rollout-batch-size 32",
+    "n_samples_per_prompt": _ALL_SCRIPTS + ": --n-samples-per-prompt 8",
+    "over_sampling_batch_size": _ALL_SCRIPTS
+    + ": -partial.sh adds --over-sampling-batch-size 64; the baseline leaves it unset, so slime "
+    "refills in waves of rollout_batch_size (arguments.py L929)",
+    "max_response_len": _ALL_SCRIPTS + ": --rollout-max-response-len 16384",
+    "temperature": _ALL_SCRIPTS + ": --rollout-temperature 0.8",
     "refill": "APRIL@a72b585 slime/rollout/sglang_example.py L242: refill a whole over-sampling batch "
     "whenever accepted + in flight < rollout_batch_size",
     "prompt_sigma": "calibration: total log-sd 1.0 (Laminar p99/median ~ 10; landscape.md 5b), split "
