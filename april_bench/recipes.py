@@ -7,12 +7,22 @@ comparison differ only in ``strategies``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.rollout.loop import RolloutConfig
 
-__all__ = ["embedded", "paper", "recipe_for"]
+if TYPE_CHECKING:
+    from april_bench.sim.paper_settings import PaperSetting
+
+__all__ = ["PAPER_RECIPES", "embedded", "paper", "paper_experiment", "paper_recipe", "recipe_for"]
+
+#: ``--recipe`` names: one per row of APRIL's published table (``april_bench/sim/paper_settings.py``).
+PAPER_RECIPES = {
+    "paper-dapo-math": "dapo-math",
+    "paper-deepscaler": "deepscaler",
+    "paper-deepmath": "deepmath",
+}
 
 
 def embedded(**overrides: Any) -> ExperimentConfig:
@@ -57,5 +67,47 @@ def paper(hardware: str = "mi300x", **overrides: Any) -> ExperimentConfig:
     return ExperimentConfig(**settings)
 
 
-def recipe_for(hardware: str, **overrides: Any) -> ExperimentConfig:
+def paper_experiment(
+    setting: PaperSetting,
+    hardware: str,
+    *,
+    steps: int | None = None,
+    strategies: tuple[str, ...] = ("sync", "april"),
+) -> ExperimentConfig:
+    """A simulated run of one paper setting on ``hardware`` (sync is the baseline, as in the scripts)."""
+    from april_bench.sim.paper_settings import STEPS
+
+    return ExperimentConfig(
+        hardware=hardware,
+        algorithm=setting.algorithm,
+        dataset=setting.dataset,
+        model=setting.model,
+        engine="sim",
+        trainer="sim",
+        strategies=strategies,
+        steps=STEPS if steps is None else steps,
+        num_gpus=setting.gpus,
+        rollout=RolloutConfig(**setting.rollout_args()),
+        engine_args=setting.engine_args(),
+        workload_args=setting.workload_args(),
+    )
+
+
+def paper_recipe(name: str, hardware: str, **overrides: Any) -> ExperimentConfig:
+    """One calibrated row of the paper table, simulated (``docs/calibration.md``): the scripts'
+    batch, limit and deployment, and the row's fitted response lengths."""
+    from april_bench.config import ConfigError
+    from april_bench.sim.paper_settings import paper_setting
+
+    if name not in PAPER_RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose from {', '.join(PAPER_RECIPES)}")
+    if hardware == "cpu":
+        raise ConfigError(f"--recipe {name} simulates 8 GPUs: add --hw h100 or --hw mi300x")
+    config = paper_experiment(paper_setting(PAPER_RECIPES[name]), hardware)
+    return config.replace(**overrides) if overrides else config
+
+
+def recipe_for(hardware: str, recipe: str | None = None, **overrides: Any) -> ExperimentConfig:
+    if recipe is not None:
+        return paper_recipe(recipe, hardware, **overrides)
     return embedded(**overrides) if hardware == "cpu" else paper(hardware, **overrides)

@@ -61,6 +61,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from april_bench.engines import ENGINES
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.profiles.hardware import hardware_names
+    from april_bench.recipes import PAPER_RECIPES
     from april_bench.rollout.loop import RolloutConfig
     from april_bench.rollout.registry import STRATEGIES
     from april_bench.rollout.strategy import RefillMode
@@ -75,6 +76,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default="cpu",
         choices=hardware_names(),
         help=exp["hardware"] + "; cpu runs the embedded default",
+    )
+    what.add_argument(
+        "--recipe",
+        choices=list(PAPER_RECIPES),
+        help="start from a calibrated row of APRIL's paper table (simulated; docs/calibration.md)",
     )
     what.add_argument("--algo", choices=ALGORITHMS.names(), help=exp["algorithm"])
     what.add_argument("--dataset", choices=["synthetic", *training_sets()], help=exp["dataset"])
@@ -249,7 +255,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The hardware's recipe, with every flag the user set applied on top."""
     from april_bench.recipes import recipe_for
 
-    base = recipe_for(args.hw)
+    base = recipe_for(args.hw, getattr(args, "recipe", None))
     if args.engine not in (None, "auto"):
         from april_bench.engines import ENGINES
 

@@ -120,6 +120,9 @@ class SimWorkload(Configurable):
         model: str = param("qwen3-4b", help="policy model (scales response lengths)")
         seed: int = param(0, help="seed of every per-prompt draw")
         response_median: float | None = param(None, help="override: median correct-response length")
+        solve_rate: float | None = param(
+            None, help="override: mean per-prompt solve rate at the start of RL (drives DAPO rejections)"
+        )
         prompt_sigma: float = param(
             0.8, help="log-sd of response length between prompts (landscape §5b: total ~1.0)"
         )
@@ -149,6 +152,8 @@ class SimWorkload(Configurable):
                 DATASETS.get(self.dataset)  # raises with did-you-mean
             if self.solve_concentration <= 0:
                 raise ConfigError("solve_concentration must be > 0")
+            if self.solve_rate is not None and not 0 < self.solve_rate < 1:
+                raise ConfigError(f"solve_rate must be in (0, 1), got {self.solve_rate}")
             if self.tokenizer is not None and self.data_path is None:
                 raise ConfigError("workload tokenizer= only counts prompt tokens of data_path=; set both")
 
@@ -196,7 +201,7 @@ class SimWorkload(Configurable):
         if cfg.length_trace is not None:
             return TraceLengths(cfg.length_trace, self._n)
         median = cfg.response_median or self.profile.response_median * MODEL_LENGTH_FACTOR.get(cfg.model, 1.0)
-        mean = self.profile.solve_rate
+        mean = cfg.solve_rate if cfg.solve_rate is not None else self.profile.solve_rate
         return LognormalLengths(
             median=median,
             prompt_sigma=cfg.prompt_sigma,

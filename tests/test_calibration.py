@@ -1,0 +1,118 @@
+"""The length-model fit and the paper settings (all numbers simulated; nothing here needs data files)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from april_bench.config import ConfigError
+from april_bench.recipes import paper_experiment
+from april_bench.sim.calibration import (
+    PUBLISHED,
+    PUBLISHED_DRIFT,
+    DriftTarget,
+    LengthParams,
+    LengthTarget,
+    fit_drift,
+    fit_lengths,
+    length_stats,
+)
+from april_bench.sim.paper_settings import PAPER_SETTINGS, paper_setting
+
+
+def test_length_stats_match_the_lognormal_closed_form_without_a_cap():
+    # One right/wrong class (factor 1): the model is a plain log-normal with sigma = hypot(0.8, 0.6) = 1.
+    params = LengthParams(median=1000, incorrect_factor=1.0)
+    stats = length_stats(params, cap=1 << 30, blocks=32)
+    assert stats["mean"] == pytest.approx(1000 * math.exp(0.5), rel=0.03)
+    assert stats["truncated"] == 0.0
+    assert stats["p99_over_median"] == pytest.approx(math.exp(2.326), rel=0.05)
+
+
+def test_a_cap_censors_the_mean_and_counts_truncations():
+    params = LengthParams(median=4000)
+    free, capped = length_stats(params, cap=1 << 30), length_stats(params, cap=8192)
+    assert capped["mean"] < free["mean"]
+    assert 0.1 < capped["truncated"] < 0.9
+    # Wrong answers are longer, so censoring squeezes the wrong/right ratio.
+    assert capped["wrong_over_right"] < free["wrong_over_right"]
+
+
+def test_fit_reproduces_a_synthetic_target_it_was_drawn_from():
+    truth = LengthParams(median=1800, incorrect_factor=2.5, solve_rate=0.4)
+    stats = length_stats(truth, cap=16384)
+    target = LengthTarget(
+        name="synthetic",
+        model="-",
+        cap=16384,
+        mean=stats["mean"],
+        solve_rate=0.4,
+        wrong_over_right=stats["wrong_over_right"],
+    )
+    fit = fit_lengths(target)
+    assert fit.params.median == pytest.approx(1800, rel=0.05)
+    assert fit.params.incorrect_factor == pytest.approx(2.5, rel=0.05)
+
+
+@pytest.mark.parametrize("target", PUBLISHED, ids=lambda t: t.name)
+def test_fit_matches_every_published_statistic(target):
+    fit = fit_lengths(target)
+    rows = fit.rows()
+    assert rows, "a target must give at least one statistic"
+    for name, published, model in rows:
+        assert model == pytest.approx(published, rel=0.03), name
+    assert all(target.sources.get(k) for k in ("mean",)), "every target cites its mean"
+
+
+@pytest.mark.parametrize("target", PUBLISHED_DRIFT, ids=lambda t: t.name)
+def test_drift_fit_moves_the_mean_as_published(target):
+    fit = fit_drift(target)
+    assert fit.start_mean == pytest.approx(target.start_mean, rel=0.03)
+    assert fit.end_mean == pytest.approx(target.end_mean, rel=0.03)
+    assert (fit.drift_per_step > 0) == (target.end_mean > target.start_mean)
+
+
+def test_drift_fit_of_a_flat_target_is_zero():
+    fit = fit_drift(DriftTarget(name="flat", cap=16384, start_mean=3000, end_mean=3000, steps=100))
+    assert fit.drift_per_step == pytest.approx(0.0, abs=1e-6)
+
+
+def test_paper_settings_cite_every_number_that_is_not_a_default_of_the_code():
+    cited = {
+        "model",
+        "gpus",
+        "tp_size",
+        "mem_fraction_static",
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "over_sampling_batch_size",
+        "max_response_len",
+        "temperature",
+        "response_median",
+        "prompt_sigma",
+        "within_sigma",
+        "incorrect_factor",
+        "drift_per_step",
+        "solve_rate",
+        "solve_concentration",
+        "paper_gain",
+        "algorithm",
+        "refill",
+    }
+    for setting in PAPER_SETTINGS:
+        missing = cited - set(setting.sources)
+        assert not missing, f"{setting.key}: no source for {sorted(missing)}"
+    fitted = {s.key: [k for k, v in s.sources.items() if v.startswith("fitted")] for s in PAPER_SETTINGS}
+    assert all(len(v) == 1 for v in fitted.values()), fitted  # one unpublished parameter per setting
+
+
+def test_paper_setting_builds_the_scripted_experiment():
+    setting = paper_setting("dapo-math")
+    config = paper_experiment(setting, "mi300x", steps=3)
+    assert config.engine == "sim" and config.algorithm == "grpo" and config.dataset == "dapo-math-17k"
+    assert config.rollout.over_sampling_batch_size == 64 and config.rollout.max_response_len == 16384
+    assert config.engine_args["mem_fraction_static"] == 0.6
+    assert config.workload_args["response_median"] == setting.response_median
+    with pytest.raises(ConfigError, match="unknown paper setting"):
+        paper_setting("nope")
