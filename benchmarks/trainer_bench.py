@@ -63,12 +63,19 @@ def _batch(groups: int, samples: int, prompt: int, response: int, vocab: int, se
     batch = []
     for uid in range(groups):
         group = Group.fresh(
-            Prompt(uid=uid, source_id=f"p{uid}", length=prompt, token_ids=tuple(rng.randrange(3, vocab) for _ in range(prompt))),
+            Prompt(
+                uid=uid,
+                source_id=f"p{uid}",
+                length=prompt,
+                token_ids=tuple(rng.randrange(3, vocab) for _ in range(prompt)),
+            ),
             samples,
         )
         for sample in group.samples:
             ids = tuple(rng.randrange(3, vocab) for _ in range(rng.randint(response // 2, response)))
-            sample.append(Segment(f"r{uid}", 0, len(ids), FinishReason.STOP, 0, ids, tuple(-1.0 for _ in ids)))
+            sample.append(
+                Segment(f"r{uid}", 0, len(ids), FinishReason.STOP, 0, ids, tuple(-1.0 for _ in ids))
+            )
             sample.reward = float(rng.random() < 0.5)
         batch.append(group)
     return batch
@@ -105,7 +112,8 @@ def measure_one(shape: str, budget: int | None, chunk: int | None, checkpointing
     asyncio.run(trainer.train(_batch(1, 2, 4, 4, config.vocab_size, seed=2), step=0, policy_version=0))
     rows = trainer._rows(batch)
     micro = max(
-        sum(1 for _ in m) * max(rows.lengths[i] for i in m) for m in trainer._micro_batches(rows, list(range(len(rows.lengths))))
+        sum(1 for _ in m) * max(rows.lengths[i] for i in m)
+        for m in trainer._micro_batches(rows, list(range(len(rows.lengths))))
     )
     estimate = trainer.estimate_memory(micro)
     before = _rss_kib()
@@ -176,7 +184,9 @@ def _markdown(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))

@@ -110,10 +110,17 @@ def _gradients(trainer: TorchTrainer, batch: list[Group]) -> tuple[dict[str, tor
 
 @pytest.mark.parametrize(
     ("algorithm", "off_policy"),
-    [("grpo", "as-is"), ("dapo", "as-is"), ("gspo", "as-is"), ("grpo", "mask"), ("dapo", "mask"), ("dapo", "tis")],
+    [
+        ("grpo", "as-is"),
+        ("dapo", "as-is"),
+        ("gspo", "as-is"),
+        ("grpo", "mask"),
+        ("dapo", "mask"),
+        ("dapo", "tis"),
+    ],
 )
 def test_micro_batches_accumulate_the_full_batch_gradient(algorithm: str, off_policy: str) -> None:
-    """token-mean (dapo) and seq-mean-token-mean (grpo, gspo) both split exactly, stale tokens masked or not."""
+    """token-mean (dapo) and seq-mean-token-mean (grpo, gspo) split exactly, stale tokens masked or not."""
     batch = _mixed_batch()
     settings = {"algorithm": algorithm, "off_policy": off_policy, "grad_clip": 1e9}
     full, full_metrics = _gradients(_trainer(**settings), batch)

@@ -35,7 +35,11 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
         for tensor in tree_flatten(out)[0]:
             if not isinstance(tensor, torch.Tensor):
                 continue
@@ -143,8 +147,12 @@ def test_peak_memory_grows_with_the_chunk_not_with_tokens_times_vocab() -> None:
 def test_autograd_saves_no_vocabulary_sized_tensor() -> None:
     head, targets = _head_and_targets(512)
     hidden = torch.randn(512, HIDDEN, requires_grad=True)
-    saved = _saved_bytes(lambda: chunked_token_logprobs(hidden, head, targets, chunk_tokens=64), (head.weight,))
-    naive = _saved_bytes(lambda: torch.log_softmax(head(hidden), -1).gather(-1, targets[:, None]), (head.weight,))
+    saved = _saved_bytes(
+        lambda: chunked_token_logprobs(hidden, head, targets, chunk_tokens=64), (head.weight,)
+    )
+    naive = _saved_bytes(
+        lambda: torch.log_softmax(head(hidden), -1).gather(-1, targets[:, None]), (head.weight,)
+    )
     assert naive >= 512 * VOCAB * 4
     # hidden states, targets (int64) and one log-sum-exp per token
     assert saved <= 512 * (HIDDEN * 4 + 8 + 4)
@@ -157,9 +165,10 @@ def test_activation_estimate_bounds_what_the_decoder_saves(checkpointing: bool) 
         model.activation_checkpointing_enable()
     ids = torch.randint(3, 64, (2, 48))
     params = tuple(model.parameters())
-    measured = _saved_bytes(
-        lambda: token_logprobs(model, ids, torch.ones_like(ids), chunk_tokens=32), params
-    ) / ids.numel()
+    measured = (
+        _saved_bytes(lambda: token_logprobs(model, ids, torch.ones_like(ids), chunk_tokens=32), params)
+        / ids.numel()
+    )
     estimate = activation_bytes_per_token(model.config, checkpointing=checkpointing)
     assert measured <= estimate
     if not checkpointing:  # tight without checkpointing; with it, the estimate adds one layer's recompute

@@ -39,13 +39,13 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
 
     Inputs: hidden ``[N, H]``, weight ``[V, H]``, bias ``[V]`` or None, targets ``[N]`` (long).
     Outputs: log-probs ``[N]`` (differentiable in hidden, weight and bias) and entropies ``[N]``
-    (not differentiable; the trainer logs them), in float32 (float64 for float64 inputs).  ``matmul_dtype`` is the dtype of the
-    ``lm_head`` matmuls (bf16 under autocast); the softmax is always float32.  Autocast is off inside:
-    the casts are explicit.
+    (not differentiable; the trainer logs them), in float32 (float64 for float64 inputs).
+    ``matmul_dtype`` is the dtype of the ``lm_head`` matmuls (bf16 under autocast); the softmax is
+    always float32.  Autocast is off inside: the casts are explicit.
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: Tensor,
         weight: Tensor,
@@ -75,7 +75,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None) -> tuple[Any, ...]:
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         scale, chunk, dtype = ctx.scale, ctx.chunk, ctx.matmul_dtype
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
@@ -122,7 +122,7 @@ def chunked_token_logprobs(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     matmul_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Log-probs ``[N]`` (with grad) and entropies ``[N]`` (without) of ``targets`` given ``hidden [N, H]``."""
+    """Log-probs ``[N]`` (with grad) and entropies ``[N]`` (without) of ``targets`` after ``hidden``."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     dtype = matmul_dtype or torch.promote_types(hidden.dtype, lm_head.weight.dtype)

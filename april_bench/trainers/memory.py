@@ -74,7 +74,12 @@ def activation_bytes_per_token(config: Any, *, checkpointing: bool) -> int:
 
 
 def estimate_step_memory(
-    model: Any, *, micro_batch_tokens: int, chunk_tokens: int, checkpointing: bool, with_reference: bool = False
+    model: Any,
+    *,
+    micro_batch_tokens: int,
+    chunk_tokens: int,
+    checkpointing: bool,
+    with_reference: bool = False,
 ) -> MemoryEstimate:
     """The estimate for ``model`` (a HF causal LM) trained with AdamW in float32."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())

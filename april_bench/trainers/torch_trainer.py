@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -140,7 +141,8 @@ class TorchTrainer(Configurable):
                     f"{type(self.model).__name__} does not support activation checkpointing; "
                     "drop --trainer-arg activation_checkpointing=true"
                 )
-            self.model.activation_checkpointing_enable()  # transformers 5.23: use_reentrant=False
+            enable: Any = self.model.activation_checkpointing_enable  # transformers 5.23 (HF models)
+            enable()  # non-reentrant torch.utils.checkpoint per decoder layer
         self._memory_checked = False
         if config.max_tokens_per_micro_batch is not None:
             self.check_memory(config.max_tokens_per_micro_batch)
@@ -166,7 +168,9 @@ class TorchTrainer(Configurable):
         cfg = self.config
         if not self._memory_checked:
             everything = list(range(len(rows.lengths)))
-            self.check_memory(max(padded_tokens(rows.lengths, m) for m in self._micro_batches(rows, everything)))
+            self.check_memory(
+                max(padded_tokens(rows.lengths, m) for m in self._micro_batches(rows, everything))
+            )
         old = self._recompute(self.model, rows)
         ref = None if self.reference is None else self._recompute(self.reference, rows)
         metrics: dict[str, list[float]] = {}
@@ -227,7 +231,8 @@ class TorchTrainer(Configurable):
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
         summary = {
-            k: v if k in _SCALED_METRICS else (v / weights[k] if weights[k] else 0.0) for k, v in totals.items()
+            k: v if k in _SCALED_METRICS else (v / weights[k] if weights[k] else 0.0)
+            for k, v in totals.items()
         }
         return {**summary, "grad_norm": float(norm)}
 
@@ -310,7 +315,10 @@ class TorchTrainer(Configurable):
         if need.total <= budget:
             return
         where = f"{budget / GiB:.1f} GiB of {self.device}"
-        head = f"the torch trainer needs ~{need.total / GiB:.1f} GiB per step ({need.describe()} GiB) but has {where}"
+        head = (
+            f"the torch trainer needs ~{need.total / GiB:.1f} GiB per step ({need.describe()} GiB) "
+            f"but has {where}"
+        )
         fixed = need.params + need.grads + need.optimizer
         if fixed + need.logits_chunk > budget:
             raise ConfigError(
@@ -319,7 +327,8 @@ class TorchTrainer(Configurable):
             )
         per_token = need.activations / max(need.micro_batch_tokens, 1)
         fits = int((budget - fixed - need.logits_chunk) / per_token) if per_token else need.micro_batch_tokens
-        hint = f"set --trainer-arg max_tokens_per_micro_batch={max(fits, 1)} (now {cfg.max_tokens_per_micro_batch})"
+        now = cfg.max_tokens_per_micro_batch
+        hint = f"set --trainer-arg max_tokens_per_micro_batch={max(fits, 1)} (now {now})"
         if not cfg.activation_checkpointing:
             hint += " or activation_checkpointing=true"
         raise ConfigError(f"{head}; {hint}")
