@@ -1,6 +1,9 @@
 """What one training step of the torch trainer needs in device memory, checked before the first step.
 
-``params + grads + AdamW moments + activations of one micro-batch + one lm_head chunk``.  The
+``params + grads + AdamW moments + max(activations of one micro-batch + one lm_head chunk,
+optimizer-step temporaries)``: the activations are freed before ``optimizer.step()``, whose
+temporaries (AdamW's denominators; for all parameters at once with CUDA's ``foreach`` path) are
+counted as one more copy of the trainable parameters.  The
 activation term counts the tensors autograd saves per token and decoder layer of a Llama/Qwen
 layer (norms, q/k/v, attention output, the SwiGLU MLP's four ``ffn``-wide tensors) with a fused
 attention kernel (SDPA flash or memory-efficient: no ``L x L`` score matrix), in float32.  On the
@@ -34,11 +37,17 @@ class MemoryEstimate:
     optimizer: int
     activations: int
     logits_chunk: int
+    optimizer_step: int
     micro_batch_tokens: int
 
     @property
+    def transient(self) -> int:
+        """The larger of the two phases: forward/backward of a micro-batch, or the optimizer step."""
+        return max(self.activations + self.logits_chunk, self.optimizer_step)
+
+    @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.logits_chunk
+        return self.params + self.grads + self.optimizer + self.transient
 
     def describe(self) -> str:
         parts = {
@@ -47,6 +56,7 @@ class MemoryEstimate:
             "AdamW": self.optimizer,
             f"activations of {self.micro_batch_tokens} tokens": self.activations,
             "logits chunk": self.logits_chunk,
+            "optimizer step (instead)": self.optimizer_step,
         }
         return ", ".join(f"{name} {size / GiB:.2f}" for name, size in parts.items())
 
@@ -92,6 +102,7 @@ def estimate_step_memory(
         optimizer=2 * trainable,
         activations=micro_batch_tokens * activation_bytes_per_token(config, checkpointing=checkpointing),
         logits_chunk=LOGIT_COPIES * min(chunk_tokens, micro_batch_tokens) * vocab * F32,
+        optimizer_step=trainable,
         micro_batch_tokens=micro_batch_tokens,
     )
 

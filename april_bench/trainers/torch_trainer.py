@@ -320,7 +320,7 @@ class TorchTrainer(Configurable):
             f"but has {where}"
         )
         fixed = need.params + need.grads + need.optimizer
-        if fixed + need.logits_chunk > budget:
+        if fixed + max(need.logits_chunk, need.optimizer_step) > budget:
             raise ConfigError(
                 f"{head}; the weights, gradients and AdamW state alone do not fit: use a smaller --model, "
                 "more device memory, or lower --trainer-arg logprob_chunk_tokens"
