@@ -15,7 +15,9 @@ step trains on a seeded batch.  Reported, all measured: ``peak`` = the process's
 the step minus its RSS just before (the step's transient memory: activations, gradients, logits);
 ``before`` = RSS before the step (weights, AdamW state, the runtime); ``step s`` = wall time of the
 step (on a shared, loaded machine: compare within a shape, not across runs).  ``estimate`` is the
-trainer's own pre-step estimate of activations + logits chunk (+ gradients) for the largest micro-batch.
+trainer's own pre-step estimate of the same terms for the largest micro-batch: gradients + the larger
+of (activations + logits chunk) and the optimizer step's temporaries.  ``1.5b-logprobs`` measures the
+log-prob forward + backward alone (no optimizer), where the logits are the largest term.
 
     python benchmarks/trainer_bench.py                  # ~10 minutes on 2 cores, ~7 GB peak
     python benchmarks/trainer_bench.py --shapes tiny
@@ -40,12 +42,15 @@ from april_bench.results.table import render_markdown
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {"model": "tiny", "vocab": 32, "layers": None, "batch": (4, 8, 32, 224)},
     "1.5b-shaped": {"model": "r1-distill-qwen-1.5b", "vocab": None, "layers": 1, "batch": (2, 4, 32, 64)},
+    # the log-prob pass alone (forward + backward, no optimizer), with more response tokens
+    "1.5b-logprobs": {"model": "r1-distill-qwen-1.5b", "vocab": None, "layers": 1, "batch": (2, 8, 16, 80)},
 }
 #: shape -> [(max_tokens_per_micro_batch, logprob_chunk_tokens, activation_checkpointing)]; chunk
 #: None = every token of the batch in one chunk (the unchunked behaviour).
 CONFIGS: dict[str, list[tuple[int | None, int | None, bool]]] = {
     "tiny": [(None, 1024, False), (2048, 1024, False), (512, 1024, False), (None, 1024, True)],
     "1.5b-shaped": [(None, None, False), (None, 256, False), (None, 64, False), (256, 64, False)],
+    "1.5b-logprobs": [(None, None, False), (None, 128, False)],
 }
 
 
@@ -90,15 +95,11 @@ def measure_one(shape: str, budget: int | None, chunk: int | None, checkpointing
     import torch
     from transformers import AutoModelForCausalLM
 
-    from april_bench.engines.hf.models import model_config
     from april_bench.trainers.torch_trainer import TorchTrainer
 
     torch.manual_seed(0)
     spec = SHAPES[shape]
-    config = model_config(spec["model"], vocab_size=spec["vocab"])
-    if spec["layers"] is not None:
-        config.num_hidden_layers = spec["layers"]
-        config.tie_word_embeddings = True
+    config = _model_config(shape)
     module = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     groups, samples, prompt, response = spec["batch"]
     batch = _batch(groups, samples, prompt, response, config.vocab_size, seed=1)
@@ -109,8 +110,10 @@ def measure_one(shape: str, budget: int | None, chunk: int | None, checkpointing
         activation_checkpointing=checkpointing,
         device="cpu",
     ).build(module=module)
-    asyncio.run(trainer.train(_batch(1, 2, 4, 4, config.vocab_size, seed=2), step=0, policy_version=0))
     rows = trainer._rows(batch)
+    if shape.endswith("-logprobs"):
+        return _measure_logprobs(trainer, rows, tokens, shape, budget, chunk)
+    asyncio.run(trainer.train(_batch(1, 2, 4, 4, config.vocab_size, seed=2), step=0, policy_version=0))
     micro = max(
         sum(1 for _ in m) * max(rows.lengths[i] for i in m)
         for m in trainer._micro_batches(rows, list(range(len(rows.lengths))))
@@ -132,8 +135,73 @@ def measure_one(shape: str, budget: int | None, chunk: int | None, checkpointing
         "step_s": seconds,
         "rss_before_mib": before / 1024,
         "step_peak_mib": max(peak - before, 0) / 1024,
-        "estimate_step_mib": (estimate.activations + estimate.logits_chunk + estimate.grads) / 2**20,
+        "estimate_step_mib": (estimate.grads + estimate.transient) / 2**20,
     }
+
+
+def _measure_logprobs(
+    trainer: Any, rows: Any, tokens: int, shape: str, budget: int | None, chunk: int | None
+) -> dict[str, Any]:
+    """Forward + backward of the log-probs of every response token of the batch (no optimizer)."""
+    import resource
+    import time
+
+    import torch
+
+    index = torch.arange(len(rows.lengths))
+    width = max(rows.lengths) - 1
+    estimate = trainer.estimate_memory(len(rows.lengths) * max(rows.lengths))
+    before = _rss_kib()
+    start = time.perf_counter()
+    logp, _ = trainer._logprobs(trainer.model, rows, index, width)
+    logp.sum().backward()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "shape": shape,
+        "max_tokens_per_micro_batch": budget,
+        "logprob_chunk_tokens": chunk,
+        "activation_checkpointing": False,
+        "batch_tokens": tokens,
+        "largest_micro_batch_tokens": estimate.micro_batch_tokens,
+        "response_tokens": int(rows.mask.sum()),
+        "params": sum(p.numel() for p in trainer.model.parameters()),
+        "step_s": seconds,
+        "rss_before_mib": before / 1024,
+        "step_peak_mib": max(peak - before, 0) / 1024,
+        "estimate_step_mib": (estimate.grads + estimate.activations + estimate.logits_chunk) / 2**20,
+    }
+
+
+def _model_config(shape: str) -> Any:
+    from april_bench.engines.hf.models import model_config
+
+    spec = SHAPES[shape]
+    config = model_config(spec["model"], vocab_size=spec["vocab"])
+    if spec["layers"] is not None:
+        config.num_hidden_layers = spec["layers"]
+        config.tie_word_embeddings = True
+    return config
+
+
+def estimate_mib(row: dict[str, Any]) -> float:
+    """The trainer's estimate of a measured row's transient terms, from its settings (no weights built)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from april_bench.trainers.memory import estimate_step_memory
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_model_config(row["shape"]))
+    estimate = estimate_step_memory(
+        model,
+        micro_batch_tokens=row["largest_micro_batch_tokens"],
+        chunk_tokens=row["logprob_chunk_tokens"] or row["batch_tokens"],
+        checkpointing=row["activation_checkpointing"],
+    )
+    if row["shape"].endswith("-logprobs"):  # no optimizer step in that measurement
+        return (estimate.grads + estimate.activations + estimate.logits_chunk) / 2**20
+    return (estimate.grads + estimate.transient) / 2**20
 
 
 def _run_isolated(shape: str, budget: int | None, chunk: int | None, checkpointing: bool) -> dict[str, Any]:
@@ -178,8 +246,12 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         + "\n\nStep peak: peak RSS during one train step minus RSS before it (activations, gradients, "
         "logits; AdamW state already allocated). Estimate: the trainer's pre-step estimate of the same "
         "terms (activations + logits chunk + gradients). 1.5b-shaped: one decoder layer of "
-        "R1-Distill-Qwen-1.5B with its 151,936-token vocabulary, tied embeddings. Times are on a "
-        "shared 2-core machine under load.\n"
+        "R1-Distill-Qwen-1.5B with its 151,936-token vocabulary, tied embeddings; its step peak is "
+        "set by the gradients plus AdamW's per-parameter temporaries (the embedding's), not by the "
+        "logits, at this batch size. 1.5b-logprobs: the same model, the log-prob forward + backward "
+        "alone (no optimizer step) on more response tokens: there the chunk sets the peak. Times are "
+        "on a shared 2-core machine under heavy load (load average above 10): compare within a shape "
+        "only.\n"
     )
 
 
@@ -190,16 +262,23 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--merge", action="store_true", help="keep the other shapes' rows of --out")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure_one(*json.loads(args.one))))
         return
     started = collect_provenance(simulated=False, engine="none (torch trainer only)")
     results = []
-    for shape in args.shapes.split(","):
+    shapes = args.shapes.split(",")
+    if args.merge and (args.out / "trainer_bench.json").exists():
+        previous = json.loads((args.out / "trainer_bench.json").read_text())["results"]
+        results = [r for r in previous if r["shape"] not in shapes]
+    for shape in shapes:
         for budget, chunk, checkpointing in CONFIGS[shape]:
             results.append(_run_isolated(shape, budget, chunk, checkpointing))
             print(json.dumps(results[-1]), flush=True)
+    for row in results:
+        row["estimate_step_mib"] = estimate_mib(row)
     provenance = collect_provenance(simulated=False, engine="none (torch trainer only)", started=started)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "trainer_bench.json").write_text(
