@@ -166,7 +166,8 @@ class TorchTrainer(Configurable):
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
         rows = self._rows(batch)
         cfg = self.config
-        if not self._memory_checked:
+        if not self._memory_checked:  # the first batch's largest micro-batch (a sample may exceed the budget)
+            self._memory_checked = True
             everything = list(range(len(rows.lengths)))
             self.check_memory(
                 max(padded_tokens(rows.lengths, m) for m in self._micro_batches(rows, everything))
@@ -308,7 +309,6 @@ class TorchTrainer(Configurable):
         else:
             total = device_memory_bytes(self.device)
             budget = 0 if total is None else int(total * USABLE_MEMORY_FRACTION)
-        self._memory_checked = True
         if budget <= 0:
             return
         need = self.estimate_memory(micro_batch_tokens)
