@@ -1,13 +1,13 @@
 """What one training step of the torch trainer needs in device memory, checked before the first step.
 
-``params + grads + AdamW moments + max(activations of one micro-batch + one lm_head chunk,
-optimizer-step temporaries)``: the activations are freed before ``optimizer.step()``, whose
-temporaries (AdamW's denominators; for all parameters at once with CUDA's ``foreach`` path) are
-counted as one more copy of the trainable parameters.  The
+``params + grads + AdamW moments + max(activations of one micro-batch + one lm_head chunk + a
+second lm_head gradient, optimizer-step temporaries)``: the activations are freed before
+``optimizer.step()``, whose temporaries (AdamW's denominators; for all parameters at once with
+CUDA's ``foreach`` path) are counted as one more copy of the trainable parameters.  The
 activation term counts the tensors autograd saves per token and decoder layer of a Llama/Qwen
 layer (norms, q/k/v, attention output, the SwiGLU MLP's four ``ffn``-wide tensors) with a fused
 attention kernel (SDPA flash or memory-efficient: no ``L x L`` score matrix), in float32.  On the
-``tiny`` shape it is within 10 % above what ``saved_tensors_hooks`` counts (tests/test_trainer_memory.py).
+``tiny`` shape it is at most 25 % above what ``saved_tensors_hooks`` counts (tests/test_trainer_memory.py).
 bf16 autocast barely shrinks it (RMSNorm and the residual stream stay float32; 0.87x measured on
 CPU), so the estimate ignores it.  Allocator fragmentation and CUDA context are not counted: the
 check leaves ``headroom`` of the device free.
@@ -37,13 +37,16 @@ class MemoryEstimate:
     optimizer: int
     activations: int
     logits_chunk: int
+    #: The ``[vocab, hidden]`` gradient the log-prob backward returns before autograd adds it to
+    #: ``lm_head``'s (tied embeddings, or a later micro-batch): a second head-sized gradient.
+    head_grad: int
     optimizer_step: int
     micro_batch_tokens: int
 
     @property
     def transient(self) -> int:
         """The larger of the two phases: forward/backward of a micro-batch, or the optimizer step."""
-        return max(self.activations + self.logits_chunk, self.optimizer_step)
+        return max(self.activations + self.logits_chunk + self.head_grad, self.optimizer_step)
 
     @property
     def total(self) -> int:
@@ -56,6 +59,7 @@ class MemoryEstimate:
             "AdamW": self.optimizer,
             f"activations of {self.micro_batch_tokens} tokens": self.activations,
             "logits chunk": self.logits_chunk,
+            "head gradient": self.head_grad,
             "optimizer step (instead)": self.optimizer_step,
         }
         return ", ".join(f"{name} {size / GiB:.2f}" for name, size in parts.items())
@@ -102,6 +106,7 @@ def estimate_step_memory(
         optimizer=2 * trainable,
         activations=micro_batch_tokens * activation_bytes_per_token(config, checkpointing=checkpointing),
         logits_chunk=LOGIT_COPIES * min(chunk_tokens, micro_batch_tokens) * vocab * F32,
+        head_grad=vocab * int(config.hidden_size) * F32,
         optimizer_step=trainable,
         micro_batch_tokens=micro_batch_tokens,
     )

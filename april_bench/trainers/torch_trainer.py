@@ -320,13 +320,14 @@ class TorchTrainer(Configurable):
             f"but has {where}"
         )
         fixed = need.params + need.grads + need.optimizer
-        if fixed + max(need.logits_chunk, need.optimizer_step) > budget:
+        if fixed + max(need.logits_chunk + need.head_grad, need.optimizer_step) > budget:
             raise ConfigError(
                 f"{head}; the weights, gradients and AdamW state alone do not fit: use a smaller --model, "
                 "more device memory, or lower --trainer-arg logprob_chunk_tokens"
             )
         per_token = need.activations / max(need.micro_batch_tokens, 1)
-        fits = int((budget - fixed - need.logits_chunk) / per_token) if per_token else need.micro_batch_tokens
+        room = budget - fixed - need.logits_chunk - need.head_grad
+        fits = int(room / per_token) if per_token else need.micro_batch_tokens
         now = cfg.max_tokens_per_micro_batch
         hint = f"set --trainer-arg max_tokens_per_micro_batch={max(fits, 1)} (now {now})"
         if not cfg.activation_checkpointing:
