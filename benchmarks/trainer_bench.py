@@ -245,8 +245,9 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         + render_markdown(header, rows)
         + "\n\nStep peak: peak RSS during one train step minus RSS before it (activations, gradients, "
         "logits; AdamW state already allocated). Estimate: the trainer's pre-step estimate of the same "
-        "terms (activations + logits chunk + gradients). 1.5b-shaped: one decoder layer of "
-        "R1-Distill-Qwen-1.5B with its 151,936-token vocabulary, tied embeddings; its step peak is "
+        "terms (gradients + the larger of activations + logits chunk + a second head gradient and the "
+        "optimizer step's temporaries; no optimizer term for 1.5b-logprobs). 1.5b-shaped: one decoder "
+        "layer of R1-Distill-Qwen-1.5B with its 151,936-token vocabulary, tied embeddings; its step peak is "
         "set by the gradients plus AdamW's per-parameter temporaries (the embedding's), not by the "
         "logits, at this batch size. 1.5b-logprobs: the same model, the log-prob forward + backward "
         "alone (no optimizer step) on more response tokens: there the chunk sets the peak. Times are "
