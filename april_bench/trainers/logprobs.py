@@ -1,29 +1,172 @@
-"""Per-token log-probs of given tokens under a causal LM: shared by the trainer and the tests."""
+"""Per-token log-probs of given tokens under a causal LM, without full-vocabulary logits for the batch.
+
+A batch of B x L tokens with a 152k vocabulary has B x L x 152k fp32 logits: 77 GiB at 64 x 2,048
+tokens.  Here the decoder's hidden states go through ``lm_head`` a chunk of tokens at a time; each
+chunk's logits live only long enough to take the log-sum-exp and the chosen token's logit, and the
+backward pass recomputes them chunk by chunk (:class:`ChunkedTokenLogprobs`).  What autograd keeps is
+the hidden states (already kept by the decoder), the targets and one log-sum-exp per token, so the
+peak grows with ``chunk_tokens x vocab``, not with ``tokens x vocab``.
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-__all__ = ["token_logprobs"]
+import torch
+from torch import Tensor
+
+__all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "token_logprobs"]
+
+#: Tokens per ``lm_head`` chunk when the caller names none.
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -> Tensor:
+    """``(hidden @ weight.T + bias) * scale`` in at least float32 (softmax precision)."""
+    logits = hidden @ weight.T
+    logits = logits.to(_softmax_dtype(logits.dtype))
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
+    return logits * scale if scale != 1.0 else logits
+
+
+class ChunkedTokenLogprobs(torch.autograd.Function):
+    """``log softmax(scale * (h W^T + b))[target]`` for N tokens, ``chunk`` tokens of logits at a time.
+
+    Inputs: hidden ``[N, H]``, weight ``[V, H]``, bias ``[V]`` or None, targets ``[N]`` (long).
+    Outputs: log-probs ``[N]`` (differentiable in hidden, weight and bias) and entropies ``[N]``
+    (not differentiable; the trainer logs them), in float32 (float64 for float64 inputs).
+    ``matmul_dtype`` is the dtype of the ``lm_head`` matmuls (bf16 under autocast); the softmax is
+    always float32.  Autocast is off inside: the casts are explicit.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        scale: float,
+        chunk: int,
+        matmul_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(matmul_dtype)
+            out_dtype = _softmax_dtype(matmul_dtype)
+            logprobs = torch.empty(hidden.shape[0], dtype=out_dtype, device=hidden.device)
+            entropy = torch.empty_like(logprobs)
+            lse = torch.empty_like(logprobs)
+            for start in range(0, hidden.shape[0], chunk):
+                part = slice(start, start + chunk)
+                z = _chunk_logits(hidden[part].to(matmul_dtype), w, bias, scale)
+                lse[part] = torch.logsumexp(z, dim=-1)
+                logprobs[part] = z.gather(-1, targets[part, None]).squeeze(-1) - lse[part]
+                probs = torch.softmax(z, dim=-1)
+                entropy[part] = lse[part] - (probs * z).sum(-1)
+                del z, probs  # free the chunk's logits before the next one
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.scale, ctx.chunk, ctx.matmul_dtype = scale, chunk, matmul_dtype
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None) -> tuple[Any, ...]:
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        scale, chunk, dtype = ctx.scale, ctx.chunk, ctx.matmul_dtype
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(dtype)
+            grad_hidden = torch.empty_like(hidden) if need_hidden else None
+            acc = lse.dtype  # accumulate the weight gradient over chunks in the softmax precision
+            grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_weight else None
+            grad_bias = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_bias else None
+            for start in range(0, hidden.shape[0], chunk):
+                part = slice(start, start + chunk)
+                h = hidden[part].to(dtype)
+                g = grad_logprobs[part, None].to(lse.dtype)
+                # d logp[target] / d z = onehot(target) - softmax(z); the logits are z / scale
+                grad_z = torch.exp(_chunk_logits(h, w, bias, scale) - lse[part, None]).mul_(-g)
+                grad_z.scatter_add_(-1, targets[part, None], g)
+                if scale != 1.0:
+                    grad_z.mul_(scale)
+                if grad_hidden is not None:
+                    grad_hidden[part] = (grad_z.to(dtype) @ w).to(hidden.dtype)
+                if grad_weight is not None:
+                    grad_weight += (grad_z.T.to(dtype) @ h).to(acc)
+                if grad_bias is not None:
+                    grad_bias += grad_z.sum(0)
+                del grad_z
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def _scale(temperature: float) -> float:
+    """The factor on the logits: 1/T, matching the sampler (algorithms.md §1.1); T <= 0 is greedy: 1."""
+    return 1.0 / temperature if temperature > 0 else 1.0
+
+
+def chunked_token_logprobs(
+    hidden: Tensor,
+    lm_head: torch.nn.Linear,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    matmul_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Log-probs ``[N]`` (with grad) and entropies ``[N]`` (without) of ``targets`` after ``hidden``."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    dtype = matmul_dtype or torch.promote_types(hidden.dtype, lm_head.weight.dtype)
+    result: tuple[Tensor, Tensor] = ChunkedTokenLogprobs.apply(
+        hidden, lm_head.weight, lm_head.bias, targets, _scale(temperature), chunk_tokens, dtype
+    )
+    return result
 
 
 def token_logprobs(
     model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    input_ids: Tensor,
+    attention_mask: Tensor,
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    positions: Tensor | None = None,
+    matmul_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """``log softmax(logits / T)`` of each next token: [B, L-1] for ids [B, L] (and the entropy).
 
-    The temperature matches the sampler's, so these are the log-probs of the
-    distribution the engine sampled from (algorithms.md §1.1).
+    The temperature matches the sampler's, so these are the log-probs of the distribution the engine
+    sampled from (algorithms.md §1.1).  ``positions`` (bool ``[B, L-1]``, default: every target whose
+    token is attended) selects the targets to compute; the others are 0.  ``model`` is a Hugging Face
+    causal LM whose logits are ``lm_head(base_model(...))`` (Llama/Qwen families: no logit soft-capping
+    or scaling).
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    chosen = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    return chosen, entropy
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if not isinstance(head, torch.nn.Linear):
+        raise TypeError(f"chunked log-probs need a Linear lm_head, got {type(head).__name__}")
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]  # type: ignore[operator]
+    targets = input_ids[:, 1:]
+    select = attention_mask[:, 1:] != 0 if positions is None else positions.to(torch.bool)
+    logp, entropy = chunked_token_logprobs(
+        hidden[select],
+        head,
+        targets[select],
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        matmul_dtype=matmul_dtype,
+    )
+    chosen = torch.zeros(targets.shape, dtype=logp.dtype, device=targets.device)
+    chosen = chosen.masked_scatter(select, logp)
+    if not with_entropy:
+        return chosen, None
+    return chosen, torch.zeros_like(chosen).masked_scatter(select, entropy)

@@ -13,6 +13,14 @@ Per rollout step (slime's recipe):
    backward, clip, step;
 5. hand the new weights to the engine (``weights()``).
 
+Memory (docs/trainer.md): a mini-batch runs as micro-batches of at most
+``max_tokens_per_micro_batch`` padded tokens (samples packed by length), each
+micro-batch's loss scaled by its share of the mini-batch's aggregation units
+(tokens for token-mean, sequences for the seq-mean modes) so that the
+accumulated gradient is the mini-batch's exactly; log-probs go through
+``lm_head`` ``logprob_chunk_tokens`` at a time (:mod:`.logprobs`); the step's
+memory is estimated before the first step (:mod:`.memory`).
+
 With one mini-batch and one epoch the ratio is exactly 1 and clipping never
 binds - as in slime and verl's on-policy shortcut; off-policy tokens are then
 trained as if on-policy unless ``mask`` or ``tis`` is chosen.
@@ -20,14 +28,24 @@ trained as if on-policy unless ``mask`` or ``tis`` is chosen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from april_bench.algorithms.losses import LossConfig, group_advantages, overlong_penalty, policy_loss
+from april_bench.algorithms.losses import (
+    LossConfig,
+    group_advantages,
+    offpolicy_mask,
+    overlong_penalty,
+    policy_loss,
+)
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.trainers.logprobs import token_logprobs
+from april_bench.trainers.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs
+from april_bench.trainers.memory import GiB, MemoryEstimate, device_memory_bytes, estimate_step_memory
+from april_bench.trainers.microbatch import pack_by_length, padded_tokens
 from april_bench.trainers.protocol import TrainResult
 from april_bench.types import Group, Sample
 
@@ -42,6 +60,13 @@ class _Rows:
     behaviour: torch.Tensor  # [S, L-1]: engine log-probs at response tokens (0 elsewhere)
     versions: torch.Tensor  # [S, L-1]: policy version of each response token (-1 elsewhere)
     advantages: torch.Tensor  # [S]
+    lengths: list[int]  # prompt + response tokens of each row
+
+
+#: Share of the device's memory the estimate may fill (the rest: CUDA context, fragmentation).
+USABLE_MEMORY_FRACTION = 0.9
+#: Metrics summed with each micro-batch's loss share; the others are averaged over its tokens.
+_SCALED_METRICS = ("loss", "pg_loss", "kl")
 
 
 class TorchTrainer(Configurable):
@@ -65,11 +90,32 @@ class TorchTrainer(Configurable):
         )
         device: str = param("auto", help="cpu, cuda or auto")
         pad_token_id: int = param(0, help="padding id for batched rows")
+        max_tokens_per_micro_batch: int | None = param(
+            None,
+            help="padded tokens per forward/backward; samples are packed by length and gradients "
+            "accumulate (default: the whole mini-batch at once)",
+        )
+        logprob_chunk_tokens: int = param(
+            DEFAULT_CHUNK_TOKENS, help="tokens per lm_head chunk: the logits held at once are chunk x vocab"
+        )
+        bf16: bool = param(False, help="bf16 autocast of forward and backward (weights and AdamW stay fp32)")
+        activation_checkpointing: bool = param(
+            False, help="recompute each decoder layer in the backward pass instead of keeping its activations"
+        )
+        memory_budget_gib: float | None = param(
+            None, help="GiB a step may use (default: 90 percent of the device memory); 0 skips the check"
+        )
 
         def __post_init__(self) -> None:
             LossConfig.for_algorithm(self.algorithm, off_policy=self.off_policy, kl_coef=self.kl_coef)
             if self.mini_batches < 1 or self.epochs < 1 or self.lr <= 0:
                 raise ConfigError("mini_batches and epochs must be >= 1 and lr > 0")
+            if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+                raise ConfigError("max_tokens_per_micro_batch must be >= 1 (or unset: the whole mini-batch)")
+            if self.logprob_chunk_tokens < 1:
+                raise ConfigError("logprob_chunk_tokens must be >= 1")
+            if self.memory_budget_gib is not None and self.memory_budget_gib < 0:
+                raise ConfigError("memory_budget_gib must be >= 0 (0 skips the memory check)")
 
     def __init__(self, config: Config, *, module: torch.nn.Module) -> None:
         self.config = config
@@ -89,6 +135,17 @@ class TorchTrainer(Configurable):
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
+        if config.activation_checkpointing:
+            if not getattr(self.model, "supports_gradient_checkpointing", False):
+                raise ConfigError(
+                    f"{type(self.model).__name__} does not support activation checkpointing; "
+                    "drop --trainer-arg activation_checkpointing=true"
+                )
+            enable: Any = self.model.activation_checkpointing_enable  # transformers 5.23 (HF models)
+            enable()  # non-reentrant torch.utils.checkpoint per decoder layer
+        self._memory_checked = False
+        if config.max_tokens_per_micro_batch is not None:
+            self.check_memory(config.max_tokens_per_micro_batch)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
@@ -109,41 +166,19 @@ class TorchTrainer(Configurable):
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
         rows = self._rows(batch)
         cfg = self.config
-        with torch.no_grad():
-            old, _ = token_logprobs(self.model, rows.ids, rows.attention, temperature=cfg.temperature)
-            ref = None
-            if self.reference is not None:
-                ref, _ = token_logprobs(self.reference, rows.ids, rows.attention, temperature=cfg.temperature)
+        if not self._memory_checked:  # the first batch's largest micro-batch (a sample may exceed the budget)
+            self._memory_checked = True
+            everything = list(range(len(rows.lengths)))
+            self.check_memory(
+                max(padded_tokens(rows.lengths, m) for m in self._micro_batches(rows, everything))
+            )
+        old = self._recompute(self.model, rows)
+        ref = None if self.reference is None else self._recompute(self.reference, rows)
         metrics: dict[str, list[float]] = {}
         order = torch.arange(rows.ids.shape[0])
         for _ in range(cfg.epochs):
             for part in order.chunk(cfg.mini_batches):
-                logp, entropy = token_logprobs(
-                    self.model,
-                    rows.ids[part],
-                    rows.attention[part],
-                    temperature=cfg.temperature,
-                    with_entropy=True,
-                )
-                loss, stats = policy_loss(
-                    self.loss_config,
-                    logprobs=logp,
-                    old_logprobs=old[part],
-                    advantages=rows.advantages[part],
-                    mask=rows.mask[part],
-                    behaviour_logprobs=rows.behaviour[part],
-                    token_versions=rows.versions[part],
-                    current_version=policy_version,
-                    ref_logprobs=None if ref is None else ref[part],
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                self.optimizer.step()
-                stats = {**stats, "loss": float(loss.detach()), "grad_norm": float(norm)}
-                with torch.no_grad():
-                    m = rows.mask[part]
-                    stats["entropy"] = float((entropy * m).sum() / m.sum().clamp(min=1))  # type: ignore[operator]
+                stats = self._step(rows, part.tolist(), old, ref, policy_version)
                 for key, value in stats.items():
                     metrics.setdefault(key, []).append(value)
         summary = {k: sum(v) / len(v) for k, v in metrics.items()}
@@ -151,6 +186,153 @@ class TorchTrainer(Configurable):
             torch.tensor([s.reward or 0.0 for g in batch for s in g.samples]).mean()
         )
         return TrainResult(metrics=summary)
+
+    def _step(
+        self,
+        rows: _Rows,
+        part: list[int],
+        old: torch.Tensor,
+        ref: torch.Tensor | None,
+        policy_version: int,
+    ) -> dict[str, float]:
+        """One optimizer step on the rows ``part``, accumulated over its micro-batches."""
+        units = self._loss_units(rows, part, policy_version)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        for micro in self._micro_batches(rows, part):
+            index = torch.tensor(micro, device=self.device)
+            width = max(rows.lengths[i] for i in micro) - 1  # targets of the longest row
+            mask = rows.mask[index, :width]
+            with self._autocast():
+                logp, entropy = self._logprobs(self.model, rows, index, width)
+            loss, stats = policy_loss(
+                self.loss_config,
+                logprobs=logp,
+                old_logprobs=old[index, :width],
+                advantages=rows.advantages[index],
+                mask=mask,
+                behaviour_logprobs=rows.behaviour[index, :width],
+                token_versions=rows.versions[index, :width],
+                current_version=policy_version,
+                ref_logprobs=None if ref is None else ref[index, :width],
+            )
+            # exact accumulation: this micro-batch's aggregate times its share of the units
+            share = self._loss_units(rows, micro, policy_version) / max(units, 1)
+            (loss * share).backward()
+            tokens = float((mask != 0).sum())
+            kept = float((self._loss_mask(mask, rows.versions[index, :width], policy_version) != 0).sum())
+            stats = {**stats, "loss": float(loss.detach())}
+            with torch.no_grad():
+                stats["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))  # type: ignore[operator]
+            for key, value in stats.items():
+                weight = share if key in _SCALED_METRICS else (kept if key == "clipfrac" else tokens)
+                totals[key] = totals.get(key, 0.0) + value * weight
+                weights[key] = weights.get(key, 0.0) + weight
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        summary = {
+            k: v if k in _SCALED_METRICS else (v / weights[k] if weights[k] else 0.0)
+            for k, v in totals.items()
+        }
+        return {**summary, "grad_norm": float(norm)}
+
+    # ------------------------------------------------------------ log-probs and memory
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        if not self.config.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def _micro_batches(self, rows: _Rows, indices: list[int]) -> Iterator[list[int]]:
+        """Micro-batches of ``indices`` (row numbers) within ``max_tokens_per_micro_batch``."""
+        lengths = [rows.lengths[i] for i in indices]
+        for micro in pack_by_length(lengths, self.config.max_tokens_per_micro_batch):
+            yield [indices[i] for i in micro]
+
+    def _logprobs(
+        self, model: torch.nn.Module, rows: _Rows, index: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs and entropies ``[n, width]`` of rows ``index`` at their loss-mask targets."""
+        cfg = self.config
+        return token_logprobs(
+            model,
+            rows.ids[index, : width + 1],
+            rows.attention[index, : width + 1],
+            temperature=cfg.temperature,
+            with_entropy=True,
+            chunk_tokens=cfg.logprob_chunk_tokens,
+            positions=rows.mask[index, :width] != 0,
+            matmul_dtype=torch.bfloat16 if cfg.bf16 else None,
+        )
+
+    @torch.no_grad()
+    def _recompute(self, model: torch.nn.Module, rows: _Rows) -> torch.Tensor:
+        """Log-probs ``[S, L-1]`` of every row under ``model`` (old policy or reference), no grad."""
+        out = torch.zeros_like(rows.mask)
+        for micro in self._micro_batches(rows, list(range(len(rows.lengths)))):
+            index = torch.tensor(micro, device=self.device)
+            width = max(rows.lengths[i] for i in micro) - 1
+            with self._autocast():
+                logp, _ = self._logprobs(model, rows, index, width)
+            out[index, :width] = logp.to(out.dtype)
+        return out
+
+    def _loss_mask(self, mask: torch.Tensor, versions: torch.Tensor, policy_version: int) -> torch.Tensor:
+        """The mask the loss aggregates over (policy_loss's): ``mask`` less stale tokens in mask mode."""
+        if self.loss_config.off_policy == "mask":
+            return mask * offpolicy_mask(versions, policy_version).to(mask.dtype)
+        return mask
+
+    def _loss_units(self, rows: _Rows, indices: list[int], policy_version: int) -> int:
+        """The aggregation's denominator over ``indices``: loss tokens (token-mean) or sequences with any."""
+        index = torch.tensor(indices, device=self.device)
+        active = self._loss_mask(rows.mask[index], rows.versions[index], policy_version) != 0
+        if self.loss_config.aggregation == "token-mean":
+            return int(active.sum())
+        return int(active.any(dim=-1).sum())
+
+    def estimate_memory(self, micro_batch_tokens: int) -> MemoryEstimate:
+        """The memory of one step whose largest micro-batch has ``micro_batch_tokens`` padded tokens."""
+        return estimate_step_memory(
+            self.model,
+            micro_batch_tokens=micro_batch_tokens,
+            chunk_tokens=self.config.logprob_chunk_tokens,
+            checkpointing=self.config.activation_checkpointing,
+            with_reference=self.reference is not None,
+        )
+
+    def check_memory(self, micro_batch_tokens: int) -> None:
+        """Raise ``ConfigError`` naming the knob to turn when a step would not fit the device."""
+        cfg = self.config
+        if cfg.memory_budget_gib is not None:
+            budget = int(cfg.memory_budget_gib * GiB)
+        else:
+            total = device_memory_bytes(self.device)
+            budget = 0 if total is None else int(total * USABLE_MEMORY_FRACTION)
+        if budget <= 0:
+            return
+        need = self.estimate_memory(micro_batch_tokens)
+        if need.total <= budget:
+            return
+        where = f"{budget / GiB:.1f} GiB of {self.device}"
+        head = (
+            f"the torch trainer needs ~{need.total / GiB:.1f} GiB per step ({need.describe()} GiB) "
+            f"but has {where}"
+        )
+        fixed = need.params + need.grads + need.optimizer
+        if fixed + max(need.logits_chunk + need.head_grad, need.optimizer_step) > budget:
+            raise ConfigError(
+                f"{head}; the weights, gradients and AdamW state alone do not fit: use a smaller --model, "
+                "more device memory, or lower --trainer-arg logprob_chunk_tokens"
+            )
+        per_token = need.activations / max(need.micro_batch_tokens, 1)
+        room = budget - fixed - need.logits_chunk - need.head_grad
+        fits = int(room / per_token) if per_token else need.micro_batch_tokens
+        now = cfg.max_tokens_per_micro_batch
+        hint = f"set --trainer-arg max_tokens_per_micro_batch={max(fits, 1)} (now {now})"
+        if not cfg.activation_checkpointing:
+            hint += " or activation_checkpointing=true"
+        raise ConfigError(f"{head}; {hint}")
 
     # ------------------------------------------------------------ batching
     def _rewards(self, samples: list[Sample]) -> torch.Tensor:
@@ -195,4 +377,5 @@ class TorchTrainer(Configurable):
             behaviour=behaviour.to(self.device),
             versions=versions.to(self.device),
             advantages=advantages.to(self.device, torch.float32),
+            lengths=[s.prompt.length + s.response_len for s in samples],
         )
