@@ -109,41 +109,51 @@ class TorchTrainer(Configurable):
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
         rows = self._rows(batch)
         cfg = self.config
+        parts = torch.arange(rows.ids.shape[0]).chunk(cfg.mini_batches)
+        mine = [self._local(part) for part in parts]  # all rows here; a rank's share under FSDP
         with torch.no_grad():
-            old, _ = token_logprobs(self.model, rows.ids, rows.attention, temperature=cfg.temperature)
-            ref = None
-            if self.reference is not None:
-                ref, _ = token_logprobs(self.reference, rows.ids, rows.attention, temperature=cfg.temperature)
+            old = torch.zeros_like(rows.mask)
+            ref = None if self.reference is None else torch.zeros_like(rows.mask)
+            for local in mine:
+                old[local], _ = token_logprobs(
+                    self.model, rows.ids[local], rows.attention[local], temperature=cfg.temperature
+                )
+                if ref is not None and self.reference is not None:
+                    ref[local], _ = token_logprobs(
+                        self.reference, rows.ids[local], rows.attention[local], temperature=cfg.temperature
+                    )
         metrics: dict[str, list[float]] = {}
-        order = torch.arange(rows.ids.shape[0])
         for _ in range(cfg.epochs):
-            for part in order.chunk(cfg.mini_batches):
+            for part, local in zip(parts, mine, strict=True):
                 logp, entropy = token_logprobs(
                     self.model,
-                    rows.ids[part],
-                    rows.attention[part],
+                    rows.ids[local],
+                    rows.attention[local],
                     temperature=cfg.temperature,
                     with_entropy=True,
                 )
                 loss, stats = policy_loss(
                     self.loss_config,
                     logprobs=logp,
-                    old_logprobs=old[part],
-                    advantages=rows.advantages[part],
-                    mask=rows.mask[part],
-                    behaviour_logprobs=rows.behaviour[part],
-                    token_versions=rows.versions[part],
+                    old_logprobs=old[local],
+                    advantages=rows.advantages[local],
+                    mask=rows.mask[local],
+                    behaviour_logprobs=rows.behaviour[local],
+                    token_versions=rows.versions[local],
                     current_version=policy_version,
-                    ref_logprobs=None if ref is None else ref[part],
+                    ref_logprobs=None if ref is None else ref[local],
                 )
+                share = self._share(rows, part, local, policy_version)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                (loss * share).backward()
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 self.optimizer.step()
-                stats = {**stats, "loss": float(loss.detach()), "grad_norm": float(norm)}
                 with torch.no_grad():
-                    m = rows.mask[part]
-                    stats["entropy"] = float((entropy * m).sum() / m.sum().clamp(min=1))  # type: ignore[operator]
+                    m = rows.mask[local]
+                    entropy_sum = float((entropy * m).sum())  # type: ignore[operator]
+                stats = {**stats, "loss": float(loss.detach())}
+                stats = self._combine(stats, share, entropy_sum, float(m.sum()))
+                stats["grad_norm"] = _as_float(norm)
                 for key, value in stats.items():
                     metrics.setdefault(key, []).append(value)
         summary = {k: sum(v) / len(v) for k, v in metrics.items()}
@@ -151,6 +161,22 @@ class TorchTrainer(Configurable):
             torch.tensor([s.reward or 0.0 for g in batch for s in g.samples]).mean()
         )
         return TrainResult(metrics=summary)
+
+    # ------------------------------------------------------------ data-parallel hooks
+    # One process trains on every row; a data-parallel rank (trainers/fsdp.py) overrides these three.
+    def _local(self, part: torch.Tensor) -> torch.Tensor:
+        """The rows of mini-batch ``part`` this process computes."""
+        return part
+
+    def _share(self, rows: _Rows, part: torch.Tensor, local: torch.Tensor, version: int) -> float:
+        """The factor on this process's loss that makes the ranks' averaged gradients the batch's."""
+        return 1.0
+
+    def _combine(
+        self, stats: dict[str, float], share: float, entropy_sum: float, tokens: float
+    ) -> dict[str, float]:
+        """Per-mini-batch metrics of the whole mini-batch from this process's part of it."""
+        return {**stats, "entropy": entropy_sum / max(tokens, 1.0)}
 
     # ------------------------------------------------------------ batching
     def _rewards(self, samples: list[Sample]) -> torch.Tensor:
@@ -196,3 +222,9 @@ class TorchTrainer(Configurable):
             versions=versions.to(self.device),
             advantages=advantages.to(self.device, torch.float32),
         )
+
+
+def _as_float(value: torch.Tensor) -> float:
+    """A scalar tensor as a float; a sharded (DTensor) norm is gathered first."""
+    full = getattr(value, "full_tensor", None)
+    return float(full() if full is not None else value)
