@@ -84,9 +84,10 @@ def test_two_gloo_ranks_match_the_one_process_trainer(options: dict[str, object]
     for want, have in zip(expected, got, strict=True):
         for key in ("loss", "pg_loss", "grad_norm", "entropy", "masked_token_fraction"):
             assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
-    # the second step's loss depends on the first update: the same update happened on both sides
-    assert expected[1]["loss"] != pytest.approx(expected[0]["loss"], abs=1e-9)
     reference = single.model.state_dict()
+    # two updates moved the policy (so the comparison below is not of two untouched copies)
+    assert max((reference[k] - start[k]).abs().max().item() for k in start) > 1e-5
+    assert all(m["grad_norm"] > 0 for m in got)
     assert weights.keys() == reference.keys()
     for name, value in reference.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)

@@ -209,19 +209,22 @@ class _RankTrainer(TorchTrainer):
     def _combine(
         self, stats: dict[str, float], share: float, entropy_sum: float, tokens: float
     ) -> dict[str, float]:
+        """Loss terms weighted by the loss shares; per-token rates by the tokens they count."""
         import torch.distributed as dist
 
+        kept = tokens * (1.0 - stats.get("masked_token_fraction", 0.0))
+        by_tokens = {"masked_token_fraction": tokens, "tis_weight_mean": tokens, "clipfrac": kept}
         names = sorted(stats)
-        weight = share / self.world  # the ranks' weights sum to 1 (or all are 0 on an empty loss)
-        values = [weight, *(weight * stats[n] for n in names), *(stats[n] for n in names)]
+        weights = [by_tokens.get(n, share / self.world) for n in names]
+        values = [*weights, *(w * stats[n] for w, n in zip(weights, names, strict=True))]
         reduced = torch.tensor([*values, entropy_sum, tokens], dtype=torch.float64)
         dist.all_reduce(reduced)
-        total = float(reduced[0])
         k = len(names)
-        combined = {
-            n: float(reduced[1 + i]) / total if total > 0 else float(reduced[1 + k + i]) / self.world
-            for i, n in enumerate(names)
-        }
+        combined = {}
+        for i, name in enumerate(names):
+            total = float(reduced[i])
+            # a mini-batch with nothing to weigh (an empty loss): every rank's value is 0 or alike
+            combined[name] = float(reduced[k + i]) / total if total > 0 else stats[name]
         combined["entropy"] = float(reduced[-2]) / max(float(reduced[-1]), 1.0)
         return combined
 
