@@ -85,12 +85,14 @@ def test_two_gloo_ranks_match_the_one_process_trainer(options: dict[str, object]
         for key in ("loss", "pg_loss", "grad_norm", "entropy", "masked_token_fraction"):
             assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     reference = single.model.state_dict()
-    # two updates moved the policy (so the comparison below is not of two untouched copies)
-    assert max((reference[k] - start[k]).abs().max().item() for k in start) > 1e-5
-    assert all(m["grad_norm"] > 0 for m in got)
     assert weights.keys() == reference.keys()
-    for name, value in reference.items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    # The same update on both sides.  Compared as updates, not weights: AdamW divides by the root of
+    # the second moment, so float noise in a near-zero gradient moves an element by up to lr; the
+    # update as a whole must agree to 0.1%.
+    moved = torch.cat([(reference[k] - start[k]).flatten() for k in start])
+    theirs = torch.cat([(weights[k] - start[k]).flatten() for k in start])
+    assert moved.norm() > 1e-4  # the policy did move: two untouched copies would agree trivially
+    assert (theirs - moved).norm() / moved.norm() < 1e-3
     saved = torch.load(tmp_path / "state.pt", weights_only=True)
     torch.testing.assert_close(saved["model"]["model.norm.weight"], reference["model.norm.weight"])
     assert saved["optimizer"]["state"], "AdamW moments are saved"

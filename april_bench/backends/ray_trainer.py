@@ -28,8 +28,9 @@ class RayTrainer(Configurable):
     class Config(BaseConfig):
         trainer: str = param("torch", help="the trainer the actor runs: torch or fsdp")
         address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
-        num_cpus: float = param(1.0, help="CPUs the trainer actor reserves")
+        num_cpus: float = param(0.5, help="CPUs the trainer actor reserves (each arm has its own trainer)")
         num_gpus: float = param(0.0, help="GPUs the trainer actor reserves (fsdp: world_size)")
+        placement_timeout_s: float = param(600.0, help="seconds to wait for the actor to be placed and built")
         trainer_args: Mapping[str, Any] = param(help="the inner trainer's options", default_factory=dict)
 
         def __post_init__(self) -> None:
@@ -44,7 +45,14 @@ class RayTrainer(Configurable):
             ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
         actor = ray.remote(TrainerActor).options(num_cpus=config.num_cpus, num_gpus=config.num_gpus)
         self._actor: Any = actor.remote(config.trainer, settings, dict(config.trainer_args))
-        ray.get(self._actor.ready.remote())  # build errors surface here, not at the first step
+        try:  # build errors surface here, not at the first step
+            ray.get(self._actor.ready.remote(), timeout=config.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self._actor)
+            raise RuntimeError(
+                f"Ray did not start the trainer actor ({config.num_cpus:g} CPUs, {config.num_gpus:g} GPUs) within "
+                f"{config.placement_timeout_s:g} s; free now: {ray.available_resources()}"
+            ) from None
 
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
         result: TrainResult = await self._actor.train.remote(list(batch), step, policy_version)

@@ -58,9 +58,10 @@ class RayEnginePool(Configurable):
         replicas: int = param(2, help="engine replicas (Ray actors)")
         router_policy: str = param("cache_aware", help=f"request routing: {', '.join(ROUTER_POLICIES)}")
         address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
-        num_cpus: float = param(1.0, help="CPUs each replica reserves")
+        num_cpus: float = param(0.5, help="CPUs each replica reserves (each arm holds its own replicas)")
         num_gpus: float = param(0.0, help="GPUs each replica reserves (tensor-parallel size on GPU)")
         placement: str = param("PACK", help="placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")
+        placement_timeout_s: float = param(120.0, help="seconds to wait for Ray to place the replicas")
         engine_args: Mapping[str, Any] = param(help="options of each replica's engine", default_factory=dict)
 
         def __post_init__(self) -> None:
@@ -105,7 +106,16 @@ class RayEnginePool(Configurable):
             ray.init(address=self.config.address, include_dashboard=False, log_to_driver=False)
         bundle = {"CPU": self.config.num_cpus, **({"GPU": self.config.num_gpus} if self.config.num_gpus else {})}
         self._group = placement_group([bundle] * self.config.replicas, strategy=self.config.placement)
-        await self._group.ready()
+        try:
+            await asyncio.wait_for(self._group.ready(), timeout=self.config.placement_timeout_s)
+        except TimeoutError:
+            ray.util.remove_placement_group(self._group)
+            self._group = None
+            raise EngineError(
+                f"Ray cannot place {self.config.replicas} replicas of {bundle} ({self.config.placement}) within "
+                f"{self.config.placement_timeout_s:g} s; free now: {ray.available_resources()}. Every arm holds "
+                "its own replicas: lower --engine-arg num_cpus / num_gpus or add nodes"
+            ) from None
         actor = ray.remote(ReplicaActor)
         self._actors = [
             actor.options(
