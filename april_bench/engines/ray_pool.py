@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,14 +289,13 @@ class _Value:
         return self.value
 
 
-def portable_settings(settings: EngineSettings) -> EngineSettings:
-    """``settings`` with its callables evaluated once here, so that they pickle to the actors."""
-
-    def fixed(call: Callable[[], Any] | None) -> Callable[[], Any] | None:
-        return None if call is None else _Value(call())
-
+def portable_settings(settings: EngineSettings, *, weights: bool) -> EngineSettings:
+    """``settings`` as they pickle to the actors: the starting weights evaluated once here (when the
+    replicas' engine loads them: ``weights``), the checkpoint callable dropped (the pool's engines,
+    hf and fake, never read it; evaluating it may write a random multi-GB checkpoint)."""
+    start = settings.initial_weights if weights else None
     return dataclasses.replace(
-        settings, initial_weights=fixed(settings.initial_weights), checkpoint=fixed(settings.checkpoint)
+        settings, initial_weights=None if start is None else _Value(start()), checkpoint=None
     )
 
 
@@ -319,7 +318,7 @@ def _config(settings: EngineSettings, args: Mapping[str, Any], engine: str) -> R
 def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> RayEnginePool:
     """Replicas of the embedded ``hf`` engine."""
     pool: RayEnginePool = _config(settings, args, "hf").build(
-        settings=portable_settings(settings), simulated=False
+        settings=portable_settings(settings, weights=True), simulated=False
     )
     return pool
 
@@ -327,7 +326,7 @@ def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> RayEngin
 def fake_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> RayEnginePool:
     """Replicas of the ``fake`` engine, on the real clock (each replica's own loop)."""
     pool: RayEnginePool = _config(settings, args, "fake").build(
-        settings=portable_settings(settings), simulated=True
+        settings=portable_settings(settings, weights=False), simulated=True
     )
     return pool
 
