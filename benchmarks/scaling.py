@@ -98,10 +98,10 @@ def one_point(args: argparse.Namespace, gpus: int, tp: int, network: str) -> dic
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     head = (
         f"## Cluster-scale what-if ({LABEL})\n\n"
-        f"{args.model} on {args.hardware}, {args.groups_per_replica} groups x 8 per replica, over-sampling 2x, "
-        f"{args.max_response_len}-token limit, {args.steps} steps per arm; weight broadcast over "
-        f"{args.link_gbps:g} Gb/s links, {args.latency_us:g} us per hop, + {args.switch_s_per_billion:g} s "
-        "per 1e9 parameters local switch.  All numbers simulated.\n\n"
+        f"{args.model} on {args.hardware}, {args.groups_per_replica} groups x 8 per replica, "
+        f"over-sampling 2x, {args.max_response_len}-token limit, {args.steps} steps per arm; "
+        f"weight broadcast over {args.link_gbps:g} Gb/s links, {args.latency_us:g} us per hop, "
+        f"+ {args.switch_s_per_billion:g} s per 1e9 parameters local switch.  All numbers simulated.\n\n"
         "| GPUs | tp | replicas | network | groups/step | weight sync s | sync tok/s | APRIL tok/s "
         "| throughput gain | end-to-end gain | sync step s | APRIL step s | sync share of step |\n"
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
@@ -127,11 +127,15 @@ def figure(rows: list[dict[str, Any]], path: Path) -> bool:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for tp in sorted({r["tp"] for r in rows}):
         ring = sorted((r for r in rows if r["tp"] == tp and r["network"] == "ring"), key=lambda r: r["gpus"])
-        left.plot([r["gpus"] for r in ring], [100 * r["throughput_gain"] for r in ring], "o-", label=f"tp={tp}")
+        left.plot(
+            [r["gpus"] for r in ring], [100 * r["throughput_gain"] for r in ring], "o-", label=f"tp={tp}"
+        )
     for network in NETWORKS:
         mine = sorted((r for r in rows if r["tp"] == 2 and r["network"] == network), key=lambda r: r["gpus"])
         if mine:
-            right.plot([r["gpus"] for r in mine], [100 * r["end_to_end_gain"] for r in mine], "o-", label=network)
+            right.plot(
+                [r["gpus"] for r in mine], [100 * r["end_to_end_gain"] for r in mine], "o-", label=network
+            )
     for ax, title in ((left, "APRIL rollout throughput gain (ring sync)"), (right, "end-to-end gain, tp=2")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("GPUs")

@@ -28,7 +28,15 @@ def _group(uid: int, lengths: list[int], rewards: list[float], *, stale: int = 0
         for version, part in ((0, ids[:cut]), (1, ids[cut:])):
             if part:
                 sample.append(
-                    Segment(f"r{uid}", version, len(part), FinishReason.STOP, version, tuple(part), (-1.0,) * len(part))
+                    Segment(
+                        f"r{uid}",
+                        version,
+                        len(part),
+                        FinishReason.STOP,
+                        version,
+                        tuple(part),
+                        (-1.0,) * len(part),
+                    )
                 )
         sample.reward = reward
     return group
@@ -106,7 +114,12 @@ def _module(start: dict[str, torch.Tensor]) -> torch.nn.Module:
 
 def test_fsdp_options_are_checked_without_starting_ranks() -> None:
     settings = TrainerSettings(
-        algorithm="grpo", off_policy="as-is", temperature=1.0, max_response_len=8, model="tiny", hardware="cpu"
+        algorithm="grpo",
+        off_policy="as-is",
+        temperature=1.0,
+        max_response_len=8,
+        model="tiny",
+        hardware="cpu",
     )
     spec = TRAINERS.get("fsdp")
     assert spec.needs_tokens

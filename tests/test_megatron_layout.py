@@ -45,7 +45,10 @@ def test_tp_and_pp_shards_gather_back_and_compute_the_same_mlp() -> None:
     layout = MegatronLayout(tp=2, pp=3)
     parts = shard(mcore, shape, layout)
     assert set(parts) == {(t, s) for t in range(2) for s in range(3)}
-    assert "embedding.word_embeddings.weight" in parts[(0, 0)] and "decoder.final_layernorm.weight" in parts[(1, 2)]
+    assert (
+        "embedding.word_embeddings.weight" in parts[(0, 0)]
+        and "decoder.final_layernorm.weight" in parts[(1, 2)]
+    )
     assert all(k.startswith(("decoder.layers.0.", "embedding", "decoder.final")) for k in parts[(0, 1)])
     qkv = parts[(1, 1)]["decoder.layers.0.self_attention.linear_qkv.weight"]
     assert qkv.shape[0] == mcore["decoder.layers.1.self_attention.linear_qkv.weight"].shape[0] // 2
@@ -60,9 +63,14 @@ def test_tp_and_pp_shards_gather_back_and_compute_the_same_mlp() -> None:
         gate, up = (x @ fc1.T).chunk(2, dim=-1)
         return (torch.nn.functional.silu(gate) * up) @ fc2.T
 
-    whole = mlp(mcore["decoder.layers.0.mlp.linear_fc1.weight"], mcore["decoder.layers.0.mlp.linear_fc2.weight"])
+    whole = mlp(
+        mcore["decoder.layers.0.mlp.linear_fc1.weight"], mcore["decoder.layers.0.mlp.linear_fc2.weight"]
+    )
     summed = sum(
-        mlp(parts[(t, 0)]["decoder.layers.0.mlp.linear_fc1.weight"], parts[(t, 0)]["decoder.layers.0.mlp.linear_fc2.weight"])
+        mlp(
+            parts[(t, 0)]["decoder.layers.0.mlp.linear_fc1.weight"],
+            parts[(t, 0)]["decoder.layers.0.mlp.linear_fc2.weight"],
+        )
         for t in range(2)
     )
     torch.testing.assert_close(summed, whole)

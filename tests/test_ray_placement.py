@@ -90,7 +90,9 @@ def test_sync_and_april_complete_on_two_fake_replicas(local_ray: None, tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_embedded_replicas_and_a_trainer_actor_train_the_synthetic_task(local_ray: None, tmp_path: Path) -> None:
+def test_embedded_replicas_and_a_trainer_actor_train_the_synthetic_task(
+    local_ray: None, tmp_path: Path
+) -> None:
     out = tmp_path / "run"
     argv = [
         "run",
@@ -151,7 +153,12 @@ def test_pool_and_trainer_options_are_checked_before_any_actor_starts() -> None:
     with pytest.raises(ConfigError, match="always runs"):
         spec.check(settings, {"engine": "sim"})
     trainer_settings = TrainerSettings(
-        algorithm="grpo", off_policy="as-is", temperature=1.0, max_response_len=8, model="tiny", hardware="cpu"
+        algorithm="grpo",
+        off_policy="as-is",
+        temperature=1.0,
+        max_response_len=8,
+        model="tiny",
+        hardware="cpu",
     )
     ray_trainer = TRAINERS.get("ray")
     config = check_ray(trainer_settings, {"trainer": "fsdp", "world_size": 2, "num_cpus": 2})

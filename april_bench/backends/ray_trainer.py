@@ -50,8 +50,8 @@ class RayTrainer(Configurable):
         except ray.exceptions.GetTimeoutError:
             ray.kill(self._actor)
             raise RuntimeError(
-                f"Ray did not start the trainer actor ({config.num_cpus:g} CPUs, {config.num_gpus:g} GPUs) within "
-                f"{config.placement_timeout_s:g} s; free now: {ray.available_resources()}"
+                f"Ray did not start the trainer actor ({config.num_cpus:g} CPUs, {config.num_gpus:g} GPUs) "
+                f"within {config.placement_timeout_s:g} s; free now: {ray.available_resources()}"
             ) from None
 
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:

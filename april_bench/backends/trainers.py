@@ -157,7 +157,7 @@ def check_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
 
 def build_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
     from april_bench.engines.hf.models import build_model
-    from april_bench.trainers.fsdp import FSDPTrainer, PolicySpec
+    from april_bench.trainers.fsdp import PolicySpec
 
     config = check_fsdp(settings, args)
     # The ranks start from the weights the one-process trainer would: the seeded model, then the

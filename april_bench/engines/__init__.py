@@ -174,5 +174,5 @@ ENGINES.register(
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_fake_settings",
     ),
-    "fake engine replicas as Ray actors (real clock): placement, routing and weight broadcast without a model",
+    "fake engine replicas as Ray actors (real clock): placement, routing, weight broadcast, no model",
 )

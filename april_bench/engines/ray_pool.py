@@ -60,7 +60,9 @@ class RayEnginePool(Configurable):
         address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
         num_cpus: float = param(0.5, help="CPUs each replica reserves (each arm holds its own replicas)")
         num_gpus: float = param(0.0, help="GPUs each replica reserves (tensor-parallel size on GPU)")
-        placement: str = param("PACK", help="placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")
+        placement: str = param(
+            "PACK", help="placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"
+        )
         placement_timeout_s: float = param(120.0, help="seconds to wait for Ray to place the replicas")
         engine_args: Mapping[str, Any] = param(help="options of each replica's engine", default_factory=dict)
 
@@ -104,7 +106,10 @@ class RayEnginePool(Configurable):
 
         if not ray.is_initialized():
             ray.init(address=self.config.address, include_dashboard=False, log_to_driver=False)
-        bundle = {"CPU": self.config.num_cpus, **({"GPU": self.config.num_gpus} if self.config.num_gpus else {})}
+        bundle = {
+            "CPU": self.config.num_cpus,
+            **({"GPU": self.config.num_gpus} if self.config.num_gpus else {}),
+        }
         self._group = placement_group([bundle] * self.config.replicas, strategy=self.config.placement)
         try:
             await asyncio.wait_for(self._group.ready(), timeout=self.config.placement_timeout_s)
@@ -112,16 +117,18 @@ class RayEnginePool(Configurable):
             ray.util.remove_placement_group(self._group)
             self._group = None
             raise EngineError(
-                f"Ray cannot place {self.config.replicas} replicas of {bundle} ({self.config.placement}) within "
-                f"{self.config.placement_timeout_s:g} s; free now: {ray.available_resources()}. Every arm holds "
-                "its own replicas: lower --engine-arg num_cpus / num_gpus or add nodes"
+                f"Ray cannot place {self.config.replicas} replicas of {bundle} ({self.config.placement}) "
+                f"within {self.config.placement_timeout_s:g} s; free now: {ray.available_resources()}. "
+                "Every arm holds its own replicas: lower --engine-arg num_cpus / num_gpus or add nodes"
             ) from None
         actor = ray.remote(ReplicaActor)
         self._actors = [
             actor.options(
                 num_cpus=self.config.num_cpus,
                 num_gpus=self.config.num_gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=i
+                ),
             ).remote(i, self.config.engine, self._settings, dict(self.config.engine_args))
             for i in range(self.config.replicas)
         ]
@@ -303,11 +310,17 @@ def _config(settings: EngineSettings, args: Mapping[str, Any], engine: str) -> R
     """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine."""
     own = {f.name for f in dataclasses.fields(RayEnginePool.Config)} - {"engine", "engine_args"}
     pool = {k: v for k, v in args.items() if k in own}
-    inner = {**dict(args.get("engine_args", {})), **{k: v for k, v in args.items() if k not in own | {"engine_args"}}}
+    inner = {
+        **dict(args.get("engine_args", {})),
+        **{k: v for k, v in args.items() if k not in own | {"engine_args"}},
+    }
     if "engine" in args:
         raise ConfigError(f"--engine-arg engine: this pool always runs {engine!r} replicas")
     config = config_from(
-        RayEnginePool.Config, {**pool, "engine": engine, "engine_args": inner}, where="--engine-arg", owner="ray"
+        RayEnginePool.Config,
+        {**pool, "engine": engine, "engine_args": inner},
+        where="--engine-arg",
+        owner="ray",
     )
     from april_bench.engines import ENGINES
 

@@ -41,6 +41,7 @@ from april_bench.sim.replica import ReplicaSettings, SimReplica
 
 __all__ = ["SimEngine", "from_settings"]
 
+
 class SimEngine(Configurable):
     """A simulated multi-replica SGLang deployment."""
 

@@ -20,6 +20,7 @@ all-gathers and reduce-scatters over gloo; ``torch.distributed.checkpoint.state_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -134,10 +135,8 @@ class FSDPTrainer(Configurable):
     def close(self) -> None:
         """Stop the ranks (idempotent)."""
         for pipe in self._pipes:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):  # a rank that already died
                 pipe.send(("stop",))
-            except (BrokenPipeError, OSError):
-                pass
         for process in self._ranks:
             process.join(timeout=30)
             if process.is_alive():
@@ -187,7 +186,9 @@ class _RankTrainer(TorchTrainer):
     class Config(TorchTrainer.Config):
         """The torch trainer's options (a rank is built directly, with a ``TorchTrainer.Config``)."""
 
-    def __init__(self, config: TorchTrainer.Config, *, module: torch.nn.Module, rank: int, world: int) -> None:
+    def __init__(
+        self, config: TorchTrainer.Config, *, module: torch.nn.Module, rank: int, world: int
+    ) -> None:
         super().__init__(config, module=module)
         self.rank, self.world = rank, world
 
@@ -318,9 +319,14 @@ def _serve(trainer: _RankTrainer, pipe: Connection, rank: int) -> None:
             elif command == "load_state":
                 (path,) = args
                 saved = torch.load(path, map_location="cpu", weights_only=True)
-                set_model_state_dict(trainer.model, saved["model"], options=StateDictOptions(full_state_dict=True))
+                set_model_state_dict(
+                    trainer.model, saved["model"], options=StateDictOptions(full_state_dict=True)
+                )
                 set_optimizer_state_dict(
-                    trainer.model, trainer.optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True)
+                    trainer.model,
+                    trainer.optimizer,
+                    saved["optimizer"],
+                    options=StateDictOptions(full_state_dict=True),
                 )
             else:
                 raise ValueError(f"unknown command {command!r}")
