@@ -43,7 +43,7 @@ class RayTrainer(Configurable):
         self.config = config
         if not ray.is_initialized():
             ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
-        actor = ray.remote(TrainerActor).options(num_cpus=config.num_cpus, num_gpus=config.num_gpus)
+        actor: Any = ray.remote(TrainerActor).options(num_cpus=config.num_cpus, num_gpus=config.num_gpus)
         self._actor: Any = actor.remote(config.trainer, settings, dict(config.trainer_args))
         try:  # build errors surface here, not at the first step
             ray.get(self._actor.ready.remote(), timeout=config.placement_timeout_s)

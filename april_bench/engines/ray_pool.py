@@ -121,7 +121,7 @@ class RayEnginePool(Configurable):
                 f"within {self.config.placement_timeout_s:g} s; free now: {ray.available_resources()}. "
                 "Every arm holds its own replicas: lower --engine-arg num_cpus / num_gpus or add nodes"
             ) from None
-        actor = ray.remote(ReplicaActor)
+        actor: Any = ray.remote(ReplicaActor)
         self._actors = [
             actor.options(
                 num_cpus=self.config.num_cpus,
