@@ -112,6 +112,11 @@ def test_embedded_replicas_and_a_trainer_actor_train_the_synthetic_task(
         "lr=1e-4",
         "--max-response-len",
         "16",
+        # a short warm start and a small held-out set: this test is about placement, not learning
+        "--warmstart-arg",
+        "steps=20",
+        "--task-arg",
+        "max_n=30",
         *SMALL,
         "--out",
         str(out),
