@@ -125,7 +125,9 @@ def test_embedded_replicas_and_a_trainer_actor_train_the_synthetic_task(
     assert check_run(load_run(out)) == []
     _check_replicas_and_versions(out)
     steps = _rows(out, "steps")
-    assert steps and all(isinstance(s["train_metrics"]["loss"], float) for s in steps)  # trained for real
+    # the torch trainer ran inside its actor: its metrics came back (with a 20-step warm start the
+    # rewards may all be 0, so the update itself can be zero: learning is test_trainer.py's business)
+    assert steps and all(isinstance(s["train_metrics"]["loss"], float) for s in steps)
 
 
 # ---------------------------------------------------------------- no Ray needed
