@@ -41,7 +41,7 @@ from april_bench.results.store import write_json_atomic
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
 from april_bench.telemetry.records import ListSink, TelemetryRecord
-from april_bench.trainers.protocol import Trainer, TrainerState
+from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
 from april_bench.vtime import VirtualTimeLoop, run_real, run_virtual
 
 __all__ = ["ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
@@ -274,6 +274,8 @@ class ArmSession:
         if self._engine is not None:
             await self._engine.close()
             self._engine = None
+        if isinstance(self._trainer, ClosableTrainer):
+            self._trainer.close()  # e.g. the fsdp trainer's rank processes
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None

@@ -18,6 +18,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "gpu": None if has_gpu else "needs a CUDA or ROCm GPU",
         "sglang": None if importlib.util.find_spec("sglang") else "needs the sglang package",
         "vllm": None if importlib.util.find_spec("vllm") else "needs the vllm package",
+        "ray": None
+        if importlib.util.find_spec("ray")
+        else "needs the ray package (pip install 'april-bench[ray]')",
     }
     for item in items:
         for marker, reason in reasons.items():

@@ -37,6 +37,7 @@ __all__ = [
     "group_advantages",
     "gspo_surrogate",
     "kl_estimate",
+    "loss_denominator",
     "offpolicy_mask",
     "overlong_penalty",
     "policy_loss",
@@ -459,3 +460,27 @@ def policy_loss(
     if entropy is not None and config.entropy_coef > 0:
         loss = loss - config.entropy_coef * aggregate(entropy, loss_mask, config.aggregation)
     return loss, _metrics(pg_loss, clipped, kl, weights, mask, loss_mask)
+
+
+def loss_denominator(
+    config: LossConfig,
+    mask: Tensor,
+    token_versions: Tensor | None = None,
+    current_version: int | None = None,
+) -> Tensor:
+    """What :func:`policy_loss` divides by: masked-in tokens (``token-mean``) or sequences with one.
+
+    Every term of the loss is a sum over rows divided by this count, so a batch split across
+    data-parallel ranks reproduces the one-process loss when each rank weights its own loss by
+    ``its denominator / the whole batch's`` (the FSDP trainer does).  ``mask`` mode drops stale
+    tokens from the count, as it does from the loss.
+    """
+    loss_mask = mask
+    if config.off_policy == "mask":
+        if token_versions is None or current_version is None:
+            raise ValueError('off_policy="mask" needs token_versions and current_version')
+        loss_mask = mask * offpolicy_mask(token_versions, current_version)
+    tokens = (_active(loss_mask, loss_mask)).sum(dim=-1)
+    if config.aggregation == "token-mean":
+        return tokens.sum()
+    return (tokens > 0).sum()

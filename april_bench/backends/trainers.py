@@ -77,6 +77,26 @@ TRAINERS.register(
     "one-process policy-gradient trainer (CPU or CUDA): GRPO, DAPO, GSPO",
 )
 TRAINERS.register(
+    "fsdp",
+    TrainerSpec(
+        "fsdp",
+        "april_bench.backends.trainers:build_fsdp",
+        needs_tokens=True,
+        checker="april_bench.backends.trainers:check_fsdp",
+    ),
+    "the torch trainer data-parallel over world_size processes with FSDP2 (gloo on CPU, nccl on CUDA)",
+)
+TRAINERS.register(
+    "ray",
+    TrainerSpec(
+        "ray",
+        "april_bench.backends.ray_trainer:build_ray",
+        needs_tokens=True,
+        checker="april_bench.backends.ray_trainer:check_ray",
+    ),
+    "a torch or fsdp trainer in a Ray actor, placed on any node of the cluster (trainer=torch|fsdp)",
+)
+TRAINERS.register(
     "sim",
     TrainerSpec("sim", "april_bench.backends.trainers:build_sim", needs_tokens=False),
     "simulated: a step costs modelled time and changes nothing",
@@ -118,6 +138,36 @@ def build_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
     if start is not None:
         module.load_state_dict(start)
     trainer: Trainer = config.build(module=module)
+    return trainer
+
+
+def check_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
+    from april_bench.trainers.fsdp import FSDPTrainer
+
+    options = {
+        "algorithm": settings.algorithm,
+        "off_policy": settings.off_policy,
+        "temperature": settings.temperature,
+        "max_response_len": settings.max_response_len,
+        "pad_token_id": settings.pad_token_id,
+        **args,
+    }
+    return config_from(FSDPTrainer.Config, options, where="--trainer-arg", owner="the fsdp trainer")
+
+
+def build_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+    from april_bench.engines.hf.models import build_model
+    from april_bench.trainers.fsdp import PolicySpec
+
+    config = check_fsdp(settings, args)
+    # The ranks start from the weights the one-process trainer would: the seeded model, then the
+    # task's starting weights.
+    module = build_model(settings.model, vocab_size=settings.vocab_size, seed=settings.seed)
+    start = settings.initial_weights() if settings.initial_weights is not None else None
+    if start is not None:
+        module.load_state_dict(start)
+    spec = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
+    trainer: Trainer = config.build(model=spec)
     return trainer
 
 

@@ -151,3 +151,28 @@ ENGINES.register(
     ),
     "the sglang adapter over april-bench's fake SGLang server (HTTP, real time, modelled decode)",
 )
+ENGINES.register(
+    "ray",
+    EngineSpec(
+        "ray",
+        "april_bench.engines.ray_pool:from_settings",
+        produces_tokens=True,
+        requires=("ray", "torch", "transformers"),
+        install="pip install 'april-bench[ray]'",
+        checker="april_bench.engines.ray_pool:check_settings",
+    ),
+    "hf engine replicas as Ray actors on one or more nodes, behind the router (replicas=N)",
+)
+ENGINES.register(
+    "ray-fake",
+    EngineSpec(
+        "ray-fake",
+        "april_bench.engines.ray_pool:fake_from_settings",
+        produces_tokens=True,
+        simulated=True,
+        requires=("ray",),
+        install="pip install 'april-bench[ray]'",
+        checker="april_bench.engines.ray_pool:check_fake_settings",
+    ),
+    "fake engine replicas as Ray actors (real clock): placement, routing, weight broadcast, no model",
+)

@@ -32,6 +32,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
+from april_bench.engines.routing import ROUTER_POLICIES, Router
 from april_bench.engines.stream import CompletionStream
 from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
 from april_bench.profiles.models import MODELS, ModelProfile
@@ -40,7 +41,6 @@ from april_bench.sim.replica import ReplicaSettings, SimReplica
 
 __all__ = ["SimEngine", "from_settings"]
 
-ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load")
 RESUME_KV = ("recompute", "keep")
 
 
@@ -141,10 +141,9 @@ class SimEngine(Configurable):
         self._version = [0]
         self._replicas: list[SimReplica] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._affinity: dict[str, int] = {}
         #: Shortest input seen per routing key: the prompt (a longer input resumes a partial).
         self._prompt_len: dict[str, int] = {}
-        self._rr = 0
+        self._router = Router(config.router_policy, self.num_replicas)
         self._info = EngineInfo(
             name="sim",
             simulated=True,
@@ -200,19 +199,7 @@ class SimEngine(Configurable):
         return req.input_len - 1  # prompt + partial are cached; the last token is computed to sample
 
     def _route(self, req: GenerateRequest) -> int:
-        policy = self.config.router_policy
-        if policy == "round_robin":
-            self._rr = (self._rr + 1) % self.num_replicas
-            return self._rr
-        if policy == "cache_aware" and req.routing_key is not None:
-            chosen = self._affinity.get(req.routing_key)
-            if chosen is None:
-                chosen = self._affinity[req.routing_key] = self._least_loaded()
-            return chosen
-        return self._least_loaded()
-
-    def _least_loaded(self) -> int:
-        return min(range(self.num_replicas), key=lambda i: (self._replicas[i].outstanding, i))
+        return self._router.route(req.routing_key, [r.outstanding for r in self._replicas])
 
     async def abort(self, request_ids: Collection[str] | None = None) -> None:
         wanted = None if request_ids is None else set(request_ids)
@@ -231,7 +218,7 @@ class SimEngine(Configurable):
             raise EngineError("update_weights while requests are in flight: abort and drain first")
         await asyncio.sleep(self.weight_sync_time())
         if self.config.resume_kv == "recompute":
-            self._affinity.clear()  # the update flushes every prefix cache
+            self._router.forget_prefixes()  # the update flushes every prefix cache
         self._version[0] = update.version
 
     #: Replica attributes that carry over from one step to the next (SGLang's adaptive new-token
@@ -243,16 +230,14 @@ class SimEngine(Configurable):
             raise EngineError("export_state while requests are in flight: it is taken between steps")
         return {
             "version": self._version[0],
-            "rr": self._rr,
-            "affinity": dict(self._affinity),
+            **self._router.export_state(),  # "rr" and "affinity"
             "prompt_len": dict(self._prompt_len),
             "replicas": [{k: getattr(r, k) for k in self._REPLICA_STATE} for r in self._replicas],
         }
 
     def restore_state(self, state: dict[str, Any]) -> None:
         self._version[0] = state["version"]
-        self._rr = state["rr"]
-        self._affinity = dict(state["affinity"])
+        self._router.restore_state(state)
         self._prompt_len = dict(state.get("prompt_len", {}))
         for replica, saved in zip(self._replicas, state["replicas"], strict=True):
             for key, value in saved.items():

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from april_bench.types import Group
 
-__all__ = ["CheckpointWriter", "TrainResult", "Trainer", "TrainerState"]
+__all__ = ["CheckpointWriter", "ClosableTrainer", "TrainResult", "Trainer", "TrainerState"]
 
 
 @dataclass(slots=True)
@@ -48,4 +48,13 @@ class TrainerState(Protocol):
 
     def load_state(self, path: str) -> None:
         """Continue from :meth:`save_state`."""
+        ...
+
+
+@runtime_checkable
+class ClosableTrainer(Protocol):
+    """Optional: a trainer holding processes or devices that the session releases when it ends."""
+
+    def close(self) -> None:
+        """Release them (idempotent)."""
         ...

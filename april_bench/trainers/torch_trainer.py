@@ -174,8 +174,8 @@ class TorchTrainer(Configurable):
             )
         old = self._recompute(self.model, rows)
         ref = None if self.reference is None else self._recompute(self.reference, rows)
-        metrics: dict[str, list[float]] = {}
         order = torch.arange(rows.ids.shape[0])
+        metrics: dict[str, list[float]] = {}
         for _ in range(cfg.epochs):
             for part in order.chunk(cfg.mini_batches):
                 stats = self._step(rows, part.tolist(), old, ref, policy_version)
@@ -200,7 +200,8 @@ class TorchTrainer(Configurable):
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         weights: dict[str, float] = {}
-        for micro in self._micro_batches(rows, part):
+        scale = self._gradient_scale()
+        for micro in self._micro_batches(rows, self._local(part)):
             index = torch.tensor(micro, device=self.device)
             width = max(rows.lengths[i] for i in micro) - 1  # targets of the longest row
             mask = rows.mask[index, :width]
@@ -219,7 +220,7 @@ class TorchTrainer(Configurable):
             )
             # exact accumulation: this micro-batch's aggregate times its share of the units
             share = self._loss_units(rows, micro, policy_version) / max(units, 1)
-            (loss * share).backward()
+            (loss * (share * scale)).backward()
             tokens = float((mask != 0).sum())
             kept = float((self._loss_mask(mask, rows.versions[index, :width], policy_version) != 0).sum())
             stats = {**stats, "loss": float(loss.detach())}
@@ -231,11 +232,12 @@ class TorchTrainer(Configurable):
                 weights[key] = weights.get(key, 0.0) + weight
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
+        totals, weights = self._reduce(totals, weights)
         summary = {
             k: v if k in _SCALED_METRICS else (v / weights[k] if weights[k] else 0.0)
             for k, v in totals.items()
         }
-        return {**summary, "grad_norm": float(norm)}
+        return {**summary, "grad_norm": _as_float(norm)}
 
     # ------------------------------------------------------------ log-probs and memory
     def _autocast(self) -> contextlib.AbstractContextManager[None]:
@@ -334,6 +336,23 @@ class TorchTrainer(Configurable):
             hint += " or activation_checkpointing=true"
         raise ConfigError(f"{head}; {hint}")
 
+    # ------------------------------------------------------------ data-parallel hooks
+    # One process trains on every row; a data-parallel rank (trainers/fsdp.py) overrides these three.
+    def _local(self, part: list[int]) -> list[int]:
+        """The rows of mini-batch ``part`` this process computes."""
+        return part
+
+    def _gradient_scale(self) -> float:
+        """The factor on this process's loss that makes the ranks' averaged gradients the batch's
+        (the number of ranks under FSDP, whose gradients are averaged)."""
+        return 1.0
+
+    def _reduce(
+        self, totals: dict[str, float], weights: dict[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Weighted metric sums of the whole mini-batch from this process's part of it."""
+        return totals, weights
+
     # ------------------------------------------------------------ batching
     def _rewards(self, samples: list[Sample]) -> torch.Tensor:
         rewards = torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float64)
@@ -379,3 +398,9 @@ class TorchTrainer(Configurable):
             advantages=advantages.to(self.device, torch.float32),
             lengths=[s.prompt.length + s.response_len for s in samples],
         )
+
+
+def _as_float(value: torch.Tensor) -> float:
+    """A scalar tensor as a float; a sharded (DTensor) norm is gathered first."""
+    full = getattr(value, "full_tensor", None)
+    return float(full() if full is not None else value)

@@ -1,0 +1,151 @@
+"""``--trainer ray``: any registered trainer (``torch``, ``fsdp``) inside a Ray actor.
+
+The actor builds the inner trainer with the run's :class:`TrainerSettings` (their starting weights
+evaluated once here, so they pickle), reserving ``num_cpus`` / ``num_gpus`` on whichever node Ray
+places it; the driver keeps the trainer protocol.  ``weights()`` fetches the inner trainer's state
+dict from the actor; an engine pool (``--engine ray``) then puts it in the object store once for
+all replicas.  Checked against ray 2.60.0 (async actor calls awaited in asyncio, ``ray.get``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.trainers.protocol import TrainerState, TrainResult
+from april_bench.types import Group
+
+__all__ = ["RayTrainer", "TrainerActor", "build_ray", "check_ray"]
+
+
+class RayTrainer(Configurable):
+    """The trainer protocol on the driver; the inner trainer in a Ray actor."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        trainer: str = param("torch", help="the trainer the actor runs: torch or fsdp")
+        address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
+        num_cpus: float = param(0.5, help="CPUs the trainer actor reserves (each arm has its own trainer)")
+        num_gpus: float = param(0.0, help="GPUs the trainer actor reserves (fsdp: world_size)")
+        placement_timeout_s: float = param(600.0, help="seconds to wait for the actor to be placed and built")
+        trainer_args: Mapping[str, Any] = param(help="the inner trainer's options", default_factory=dict)
+
+        def __post_init__(self) -> None:
+            if self.trainer in ("ray", "sim", "auto"):
+                raise ConfigError("--trainer-arg trainer must name a real trainer: torch or fsdp")
+
+    def __init__(self, config: Config, *, settings: Any) -> None:
+        import ray
+
+        self.config = config
+        if not ray.is_initialized():
+            ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
+        actor: Any = ray.remote(TrainerActor).options(num_cpus=config.num_cpus, num_gpus=config.num_gpus)
+        self._actor: Any = actor.remote(config.trainer, settings, dict(config.trainer_args))
+        try:  # build errors surface here, not at the first step
+            ray.get(self._actor.ready.remote(), timeout=config.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self._actor)
+            raise RuntimeError(
+                f"Ray did not start the trainer actor ({config.num_cpus:g} CPUs, {config.num_gpus:g} GPUs) "
+                f"within {config.placement_timeout_s:g} s; free now: {ray.available_resources()}"
+            ) from None
+
+    async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
+        result: TrainResult = await self._actor.train.remote(list(batch), step, policy_version)
+        return result
+
+    def weights(self) -> Any:
+        import ray
+
+        return ray.get(self._actor.weights.remote())
+
+    def save_state(self, path: str) -> None:
+        import ray
+
+        ray.get(self._actor.save_state.remote(path))  # a path on the actor's node (shared storage)
+
+    def load_state(self, path: str) -> None:
+        import ray
+
+        ray.get(self._actor.load_state.remote(path))
+
+    def close(self) -> None:
+        import ray
+
+        if self._actor is not None:
+            ray.get(self._actor.close.remote())
+            ray.kill(self._actor)
+            self._actor = None
+
+
+class TrainerActor:
+    """Runs inside the Ray actor: one registered trainer."""
+
+    def __init__(self, name: str, settings: Any, args: dict[str, Any]) -> None:
+        from april_bench.backends.trainers import TRAINERS
+
+        self.trainer = TRAINERS.get(name).build(settings, args)
+
+    def ready(self) -> bool:
+        return True
+
+    async def train(self, batch: list[Group], step: int, version: int) -> TrainResult:
+        return await self.trainer.train(batch, step=step, policy_version=version)
+
+    def weights(self) -> Any:
+        return self.trainer.weights()
+
+    def save_state(self, path: str) -> None:
+        if not isinstance(self.trainer, TrainerState):
+            raise TypeError("this trainer keeps no state")
+        self.trainer.save_state(path)
+
+    def load_state(self, path: str) -> None:
+        if not isinstance(self.trainer, TrainerState):
+            raise TypeError("this trainer keeps no state")
+        self.trainer.load_state(path)
+
+    def close(self) -> None:
+        close = getattr(self.trainer, "close", None)
+        if close is not None:
+            close()
+
+
+def _config(args: Mapping[str, Any]) -> RayTrainer.Config:
+    """Actor options are the pool's own; every other ``--trainer-arg`` goes to the inner trainer."""
+    own = {f.name for f in dataclasses.fields(RayTrainer.Config)} - {"trainer_args"}
+    inner = {k: v for k, v in args.items() if k not in own}
+    return config_from(
+        RayTrainer.Config,
+        {**{k: v for k, v in args.items() if k in own}, "trainer_args": inner},
+        where="--trainer-arg",
+        owner="the ray trainer",
+    )
+
+
+def check_ray(settings: Any, args: Mapping[str, Any]) -> RayTrainer.Config:
+    from april_bench.backends.trainers import TRAINERS
+
+    config = _config(args)
+    TRAINERS.get(config.trainer).check(settings, config.trainer_args)
+    return config
+
+
+def build_ray(settings: Any, args: Mapping[str, Any]) -> RayTrainer:
+    config = check_ray(settings, args)
+    start = settings.initial_weights() if settings.initial_weights is not None else None
+    portable = dataclasses.replace(settings, initial_weights=None if start is None else _Value(start))
+    trainer: RayTrainer = config.build(settings=portable)
+    return trainer
+
+
+@dataclass(frozen=True, slots=True)
+class _Value:
+    value: Any
+
+    def __call__(self) -> Any:
+        return self.value

@@ -1,0 +1,352 @@
+"""``ray`` and ``ray-fake``: engine replicas as Ray actors on one or more nodes, behind one router.
+
+Each replica is an async Ray actor that builds a registered engine (``hf`` for ``ray``, ``fake``
+for ``ray-fake``) from the run's :class:`EngineSettings` and the ``--engine-arg`` options the pool
+does not own.  The pool is the engine the rollout loop sees:
+
+* ``generate`` routes every request with :class:`~april_bench.engines.routing.Router` (the
+  simulator's policies) on the driver's count of each replica's outstanding requests, and submits
+  each replica's share in one actor call; one pump task per replica long-polls its finished
+  completions and delivers them to the caller's stream;
+* ``abort``, ``load`` and ``update_weights`` go to every replica; new weights are put in Ray's object
+  store once and every replica reads them from there (a broadcast, not one copy per replica);
+* replicas are placed with a placement group: ``PACK`` (fill a node first) or ``SPREAD`` (one per
+  node where there are several).
+
+Ray is imported only when the pool starts.  Checked against ray 2.60.0: async actors
+(``@ray.remote`` on a class with ``async def`` methods), awaiting ``ObjectRef`` in asyncio,
+``ray.util.placement_group`` and ``PlacementGroupSchedulingStrategy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.engines.protocol import (
+    Completion,
+    EngineError,
+    EngineInfo,
+    EngineLoad,
+    EngineSettings,
+    GenerateRequest,
+    WeightUpdate,
+)
+from april_bench.engines.routing import ROUTER_POLICIES, Router
+from april_bench.engines.stream import CompletionStream
+
+__all__ = [
+    "RayEnginePool",
+    "check_fake_settings",
+    "check_settings",
+    "fake_from_settings",
+    "from_settings",
+    "portable_settings",
+]
+
+
+class RayEnginePool(Configurable):
+    """``replicas`` engines as Ray actors; the engine protocol over all of them."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        engine: str = param("hf", help="the engine each replica runs (a registered name)")
+        replicas: int = param(2, help="engine replicas (Ray actors)")
+        router_policy: str = param("cache_aware", help=f"request routing: {', '.join(ROUTER_POLICIES)}")
+        address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
+        num_cpus: float = param(0.5, help="CPUs each replica reserves (each arm holds its own replicas)")
+        num_gpus: float = param(0.0, help="GPUs each replica reserves (tensor-parallel size on GPU)")
+        placement: str = param(
+            "PACK", help="placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"
+        )
+        placement_timeout_s: float = param(120.0, help="seconds to wait for Ray to place the replicas")
+        engine_args: Mapping[str, Any] = param(help="options of each replica's engine", default_factory=dict)
+
+        def __post_init__(self) -> None:
+            if self.replicas < 1:
+                raise ConfigError(f"--engine-arg replicas must be >= 1, got {self.replicas}")
+            if self.router_policy not in ROUTER_POLICIES:
+                raise ConfigError(f"--engine-arg router_policy must be one of {', '.join(ROUTER_POLICIES)}")
+            if self.placement not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+                raise ConfigError("--engine-arg placement must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
+
+    def __init__(self, config: Config, *, settings: EngineSettings, simulated: bool) -> None:
+        self.config = config
+        self._settings = settings
+        self._simulated = simulated
+        self._router = Router(config.router_policy, config.replicas)
+        self._actors: list[Any] = []
+        self._group: Any = None
+        self._pumps: list[asyncio.Task[None]] = []
+        self._outstanding = [0] * config.replicas
+        self._streams: dict[str, tuple[int, CompletionStream]] = {}
+        self._info = EngineInfo(
+            name=f"ray:{config.engine}",
+            simulated=simulated,
+            produces_tokens=True,
+            virtual_time=False,
+            replicas=config.replicas,
+            hardware=settings.hardware,
+            model=settings.model,
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if not ray.is_initialized():
+            ray.init(address=self.config.address, include_dashboard=False, log_to_driver=False)
+        bundle = {
+            "CPU": self.config.num_cpus,
+            **({"GPU": self.config.num_gpus} if self.config.num_gpus else {}),
+        }
+        self._group = placement_group([bundle] * self.config.replicas, strategy=self.config.placement)
+        try:
+            await asyncio.wait_for(self._group.ready(), timeout=self.config.placement_timeout_s)
+        except TimeoutError:
+            ray.util.remove_placement_group(self._group)
+            self._group = None
+            raise EngineError(
+                f"Ray cannot place {self.config.replicas} replicas of {bundle} ({self.config.placement}) "
+                f"within {self.config.placement_timeout_s:g} s; free now: {ray.available_resources()}. "
+                "Every arm holds its own replicas: lower --engine-arg num_cpus / num_gpus or add nodes"
+            ) from None
+        actor: Any = ray.remote(ReplicaActor)
+        self._actors = [
+            actor.options(
+                num_cpus=self.config.num_cpus,
+                num_gpus=self.config.num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=i
+                ),
+            ).remote(i, self.config.engine, self._settings, dict(self.config.engine_args))
+            for i in range(self.config.replicas)
+        ]
+        infos = await asyncio.gather(*(a.start.remote() for a in self._actors))
+        first: EngineInfo = infos[0]
+        self._info = dataclasses.replace(
+            self._info, weight_formats=first.weight_formats, version=first.version, simulated=self._simulated
+        )
+        self._pumps = [asyncio.ensure_future(self._pump(i)) for i in range(self.config.replicas)]
+
+    async def close(self) -> None:
+        import ray
+
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        self._pumps = []
+        if self._actors:
+            await asyncio.gather(*(a.close.remote() for a in self._actors), return_exceptions=True)
+            for a in self._actors:
+                ray.kill(a)
+            self._actors = []
+        if self._group is not None:
+            ray.util.remove_placement_group(self._group)
+            self._group = None
+
+    # ------------------------------------------------------------ requests
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        if not self._actors:
+            raise EngineError("ray engine pool not started: call await engine.start() first")
+        stream = CompletionStream(len(requests))
+        shares: list[list[GenerateRequest]] = [[] for _ in self._actors]
+        for req in requests:
+            replica = self._router.route(req.routing_key, self._outstanding)
+            self._outstanding[replica] += 1
+            self._streams[req.request_id] = (replica, stream)
+            shares[replica].append(req)
+        for actor, share in zip(self._actors, shares, strict=True):
+            if share:
+                actor.submit.remote(share)  # Ray runs one caller's calls to an actor in order
+        return stream
+
+    async def _pump(self, replica: int) -> None:
+        """Deliver replica ``replica``'s finished completions as they come."""
+        actor = self._actors[replica]
+        while True:
+            try:
+                finished: list[Completion] = await actor.poll.remote()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the actor died or its engine failed: fail its callers
+                self._fail(replica, EngineError(f"ray replica {replica} failed: {exc}"))
+                return
+            for completion in finished:
+                entry = self._streams.pop(completion.request_id, None)
+                if entry is None:
+                    continue
+                self._outstanding[replica] -= 1
+                entry[1].deliver(dataclasses.replace(completion, replica=replica))
+
+    def _fail(self, replica: int, error: EngineError) -> None:
+        for request_id, (where, stream) in list(self._streams.items()):
+            if where == replica:
+                del self._streams[request_id]
+                stream.fail(error)
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        wanted = None if request_ids is None else list(request_ids)
+        await asyncio.gather(*(a.abort.remote(wanted) for a in self._actors))
+
+    async def load(self) -> EngineLoad:
+        loads: list[EngineLoad] = await asyncio.gather(*(a.load.remote() for a in self._actors))
+        undelivered = sum(self._outstanding) - sum(x.running + x.waiting for x in loads)
+        return EngineLoad(
+            running=sum(x.running for x in loads),
+            # finished on a replica, not yet delivered here: still in flight for the caller
+            waiting=sum(x.waiting for x in loads) + max(0, undelivered),
+            kv_tokens_used=_total(loads, "kv_tokens_used"),
+            kv_tokens_capacity=_total(loads, "kv_tokens_capacity"),
+        )
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """The same update on every replica; a state dict travels through the object store once."""
+        import ray
+
+        weights = None if update.weights is None else ray.put(update.weights)
+        bare = dataclasses.replace(update, weights=None)
+        await asyncio.gather(*(a.update_weights.remote(bare, weights) for a in self._actors))
+        self._router.forget_prefixes()
+
+
+def _total(loads: Sequence[EngineLoad], field: str) -> int | None:
+    values = [getattr(x, field) for x in loads]
+    return None if any(v is None for v in values) else sum(values)
+
+
+class ReplicaActor:
+    """One replica (runs inside a Ray actor): a registered engine and a queue of its completions."""
+
+    def __init__(self, index: int, engine: str, settings: EngineSettings, args: dict[str, Any]) -> None:
+        from april_bench.engines import ENGINES
+
+        self.index = index
+        self.engine = ENGINES.get(engine).build(settings, args)
+        self._finished: list[Completion] = []
+        self._ready: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._consumers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> EngineInfo:
+        self._ready = asyncio.Event()
+        await self.engine.start()
+        return self.engine.info
+
+    async def submit(self, requests: list[GenerateRequest]) -> None:
+        stream = self.engine.generate(requests)
+        task = asyncio.ensure_future(self._consume(stream))
+        self._consumers.add(task)
+        task.add_done_callback(self._consumers.discard)
+
+    async def _consume(self, stream: AsyncIterator[Completion]) -> None:
+        assert self._ready is not None
+        try:
+            async for completion in stream:
+                self._finished.append(completion)
+                self._ready.set()
+        except Exception as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def poll(self) -> list[Completion]:
+        """Completions finished since the last poll (waits for at least one)."""
+        assert self._ready is not None
+        await self._ready.wait()
+        self._ready.clear()
+        if self._error is not None:
+            raise EngineError(f"replica {self.index}: {self._error}") from self._error
+        finished, self._finished = self._finished, []
+        return finished
+
+    async def abort(self, request_ids: list[str] | None) -> None:
+        await self.engine.abort(request_ids)
+
+    async def load(self) -> EngineLoad:
+        return await self.engine.load()
+
+    async def update_weights(self, update: WeightUpdate, weights: Any) -> None:
+        # ``weights`` came in as a top-level argument: Ray resolved it from the object store
+        await self.engine.update_weights(dataclasses.replace(update, weights=weights))
+
+    async def close(self) -> None:
+        for task in list(self._consumers):
+            task.cancel()
+        await self.engine.close()
+
+
+# ---------------------------------------------------------------- wiring
+@dataclass(frozen=True, slots=True)
+class _Value:
+    """A picklable stand-in for a settings callable: returns what the callable returned."""
+
+    value: Any
+
+    def __call__(self) -> Any:
+        return self.value
+
+
+def portable_settings(settings: EngineSettings, *, weights: bool) -> EngineSettings:
+    """``settings`` as they pickle to the actors: the starting weights evaluated once here (when the
+    replicas' engine loads them: ``weights``), the checkpoint callable dropped (the pool's engines,
+    hf and fake, never read it; evaluating it may write a random multi-GB checkpoint)."""
+    start = settings.initial_weights if weights else None
+    return dataclasses.replace(
+        settings, initial_weights=None if start is None else _Value(start()), checkpoint=None
+    )
+
+
+def _config(settings: EngineSettings, args: Mapping[str, Any], engine: str) -> RayEnginePool.Config:
+    """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine."""
+    own = {f.name for f in dataclasses.fields(RayEnginePool.Config)} - {"engine", "engine_args"}
+    pool = {k: v for k, v in args.items() if k in own}
+    inner = {
+        **dict(args.get("engine_args", {})),
+        **{k: v for k, v in args.items() if k not in own | {"engine_args"}},
+    }
+    if "engine" in args:
+        raise ConfigError(f"--engine-arg engine: this pool always runs {engine!r} replicas")
+    config = config_from(
+        RayEnginePool.Config,
+        {**pool, "engine": engine, "engine_args": inner},
+        where="--engine-arg",
+        owner="ray",
+    )
+    from april_bench.engines import ENGINES
+
+    ENGINES.get(engine).check(settings, inner)  # the replicas' options, checked before any actor starts
+    return config
+
+
+def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> RayEnginePool:
+    """Replicas of the embedded ``hf`` engine."""
+    pool: RayEnginePool = _config(settings, args, "hf").build(
+        settings=portable_settings(settings, weights=True), simulated=False
+    )
+    return pool
+
+
+def fake_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> RayEnginePool:
+    """Replicas of the ``fake`` engine, on the real clock (each replica's own loop)."""
+    pool: RayEnginePool = _config(settings, args, "fake").build(
+        settings=portable_settings(settings, weights=False), simulated=True
+    )
+    return pool
+
+
+def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> None:
+    _config(settings, args, "hf")
+
+
+def check_fake_settings(settings: EngineSettings, args: Mapping[str, Any]) -> None:
+    _config(settings, args, "fake")

@@ -1,0 +1,333 @@
+"""``fsdp``: the torch trainer, data-parallel over ``world_size`` processes with FSDP2.
+
+Each rank is a spawned process holding a ``fully_shard``-ed copy of the policy (every decoder layer
+its own FSDP group, then the root), its own AdamW over its parameter shards, and the same loss as
+:class:`~april_bench.trainers.torch_trainer.TorchTrainer`: every rank builds the batch's rows (cheap),
+computes a disjoint share of each mini-batch (rows ``rank::world_size``), and weights its loss by
+``world_size * its loss denominator / the mini-batch's`` so that FSDP's averaged gradients are the
+one-process gradients of the whole mini-batch (``algorithms.losses.loss_denominator``).
+
+The driver (this process, where the rollout runs) talks to the ranks over pipes.  After a step the
+engine gets the weights gathered to rank 0 as a full CPU state dict (``weights()``, the in-process
+WeightSync); resumable state is the full model and optimizer state dicts in one file.
+
+Checked against torch 2.13.0: ``torch.distributed.fsdp.fully_shard`` (FSDP2) shards on a CPU mesh
+(``_get_device_from_mesh`` returns the CPU device for ``device_type="cpu"``) and runs its
+all-gathers and reduce-scatters over gloo; ``torch.distributed.checkpoint.state_dict``'s
+``get_model_state_dict`` / ``set_model_state_dict`` (and the optimizer ones) with
+``StateDictOptions(full_state_dict=True, cpu_offload=True)`` gather to and load from full tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from april_bench.config import ConfigError, Configurable, param
+from april_bench.trainers.protocol import TrainResult
+from april_bench.trainers.torch_trainer import TorchTrainer
+from april_bench.types import Group
+
+__all__ = ["FSDPTrainer", "PolicySpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """What every rank needs to build the same starting policy."""
+
+    name: str
+    vocab_size: int | None
+    seed: int
+    weights: dict[str, torch.Tensor]
+
+
+class FSDPTrainer(Configurable):
+    """Drives ``world_size`` FSDP2 ranks; the trainer protocol on this side, collectives on theirs."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(TorchTrainer.Config):
+        world_size: int = param(2, help="data-parallel ranks (processes; one GPU each on CUDA)")
+        backend: str = param("auto", help="process-group backend: gloo, nccl, or auto (nccl on CUDA)")
+        start_timeout_s: float = param(300.0, help="seconds to wait for the ranks to start")
+        reshard_after_forward: bool = param(True, help="free gathered parameters after forward (FSDP2)")
+
+        def __post_init__(self) -> None:
+            TorchTrainer.Config.__post_init__(self)
+            if self.world_size < 1:
+                raise ConfigError(f"--trainer-arg world_size must be >= 1, got {self.world_size}")
+            if self.backend not in ("auto", "gloo", "nccl"):
+                raise ConfigError(f"--trainer-arg backend must be auto, gloo or nccl, got {self.backend!r}")
+            if self.kl_coef > 0:
+                raise ConfigError(
+                    "the fsdp trainer keeps no reference model: use kl_coef=0 (APRIL's setting) "
+                    "or --trainer torch"
+                )
+            if self.max_tokens_per_micro_batch is not None:
+                # every rank must run the same number of forward/backward passes (FSDP collectives);
+                # token-budget packing gives ranks different counts
+                raise ConfigError(
+                    "the fsdp trainer splits each mini-batch over its ranks and takes no "
+                    "max_tokens_per_micro_batch yet: raise --trainer-arg mini_batches or world_size instead"
+                )
+
+        def torch_config(self) -> TorchTrainer.Config:
+            """The per-rank trainer's settings (everything but the process layout)."""
+            own = {f.name for f in fields(FSDPTrainer.Config)} - {f.name for f in fields(TorchTrainer.Config)}
+            shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in own}
+            return TorchTrainer.Config(**shared)
+
+    def __init__(self, config: Config, *, model: PolicySpec) -> None:
+        import torch.multiprocessing as mp
+
+        self.config = config
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and torch.cuda.device_count() < config.world_size:
+            raise ConfigError(
+                f"--trainer-arg world_size={config.world_size} needs that many GPUs; "
+                f"{torch.cuda.device_count()} visible"
+            )
+        backend = config.backend if config.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        context = mp.get_context("spawn")
+        self._pipes: list[Connection] = []
+        self._ranks: list[Any] = []
+        for rank in range(config.world_size):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=_rank_main,
+                args=(rank, config, device, backend, address, model, theirs),
+                daemon=True,
+                name=f"april-fsdp-rank{rank}",
+            )
+            process.start()
+            theirs.close()
+            self._pipes.append(ours)
+            self._ranks.append(process)
+        try:
+            self._gather(config.start_timeout_s)  # every rank reports ready
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ trainer protocol
+    async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
+        replies = self._call("train", list(batch), step, policy_version)
+        metrics: dict[str, float] = replies[0]
+        return TrainResult(metrics=metrics)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The full policy, gathered to rank 0 (CPU tensors)."""
+        state: dict[str, torch.Tensor] = self._call("weights")[0]
+        return state
+
+    def save_state(self, path: str) -> None:
+        """Full model and optimizer state dicts, written atomically by rank 0."""
+        self._call("save_state", path)
+
+    def load_state(self, path: str) -> None:
+        self._call("load_state", path)
+
+    def close(self) -> None:
+        """Stop the ranks (idempotent)."""
+        for pipe in self._pipes:
+            with contextlib.suppress(BrokenPipeError, OSError):  # a rank that already died
+                pipe.send(("stop",))
+        for process in self._ranks:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+        for pipe in self._pipes:
+            pipe.close()
+        self._pipes, self._ranks = [], []
+
+    # ------------------------------------------------------------ messaging
+    def _call(self, command: str, *args: Any) -> list[Any]:
+        if not self._pipes:
+            raise RuntimeError("the fsdp trainer is closed")
+        for pipe in self._pipes:
+            pipe.send((command, *args))
+        return self._gather(None)
+
+    def _gather(self, timeout: float | None) -> list[Any]:
+        """One reply per rank, in rank order; a rank's error or death is raised here."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Any] = []
+        for rank, (pipe, process) in enumerate(zip(self._pipes, self._ranks, strict=True)):
+            while not pipe.poll(1.0):
+                if not process.is_alive():
+                    raise RuntimeError(f"fsdp rank {rank} exited with code {process.exitcode}")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"fsdp rank {rank} did not start within {timeout:.0f} s")
+            status, value = pipe.recv()
+            if status == "error":
+                raise RuntimeError(f"fsdp rank {rank} failed:\n{value}")
+            replies.append(value)
+        return replies
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+# ---------------------------------------------------------------- the rank side
+class _RankTrainer(TorchTrainer):
+    """The torch trainer on a disjoint share of every mini-batch, with FSDP-averaged gradients."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(TorchTrainer.Config):
+        """The torch trainer's options (a rank is built directly, with a ``TorchTrainer.Config``)."""
+
+    def __init__(
+        self, config: TorchTrainer.Config, *, module: torch.nn.Module, rank: int, world: int
+    ) -> None:
+        super().__init__(config, module=module)
+        self.rank, self.world = rank, world
+
+    def _local(self, part: list[int]) -> list[int]:
+        if len(part) < self.world:
+            raise ValueError(
+                f"a mini-batch of {len(part)} rows cannot be split over {self.world} fsdp ranks; "
+                "use fewer mini_batches or ranks, or larger batches"
+            )
+        return part[self.rank :: self.world]
+
+    def _gradient_scale(self) -> float:
+        # FSDP averages the ranks' gradients; each rank's loss already carries its share of the
+        # mini-batch's loss units, so the average must be undone to give the one-process sum.
+        return float(self.world)
+
+    def _reduce(
+        self, totals: dict[str, float], weights: dict[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Every rank's weighted metric sums added up (the same names on every rank)."""
+        import torch.distributed as dist
+
+        names = sorted(totals)
+        values = [*(totals[n] for n in names), *(weights[n] for n in names)]
+        reduced = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(reduced)
+        k = len(names)
+        return (
+            {n: float(reduced[i]) for i, n in enumerate(names)},
+            {n: float(reduced[k + i]) for i, n in enumerate(names)},
+        )
+
+
+def _shard(module: torch.nn.Module, mesh: Any, reshard_after_forward: bool) -> None:
+    """Every decoder layer its own FSDP group (the longest ModuleList), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
+    layers = max(lists, key=len) if lists else torch.nn.ModuleList()
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
+def _rank_main(
+    rank: int,
+    config: FSDPTrainer.Config,
+    device: str,
+    backend: str,
+    address: str,
+    model: PolicySpec,
+    pipe: Connection,
+) -> None:
+    """A rank's life: join the group, shard the policy, then serve the driver's commands."""
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.world_size))
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=config.world_size)
+        trainer = _build_rank(rank, config, device, model)
+        pipe.send(("ok", None))
+    except BaseException:
+        pipe.send(("error", traceback.format_exc()))
+        return
+    try:
+        _serve(trainer, pipe, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _build_rank(rank: int, config: FSDPTrainer.Config, device: str, model: PolicySpec) -> _RankTrainer:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from april_bench.engines.hf.models import build_model
+
+    module = build_model(model.name, vocab_size=model.vocab_size, seed=model.seed)
+    module.load_state_dict(model.weights)
+    module.to(torch.device(device, rank) if device == "cuda" else torch.device(device))
+    mesh = init_device_mesh(device, (config.world_size,))
+    _shard(module, mesh, config.reshard_after_forward)
+    torch_config = config.torch_config().replace(device=device)
+    return _RankTrainer(torch_config, module=module, rank=rank, world=config.world_size)
+
+
+def _serve(trainer: _RankTrainer, pipe: Connection, rank: int) -> None:
+    import asyncio
+
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    while True:
+        command, *args = pipe.recv()
+        if command == "stop":
+            return
+        try:
+            reply: Any = None
+            if command == "train":
+                batch, step, version = args
+                result = asyncio.run(trainer.train(batch, step=step, policy_version=version))
+                reply = result.metrics
+            elif command == "weights":
+                state = get_model_state_dict(trainer.model, options=full)  # a collective: every rank
+                reply = state if rank == 0 else None
+            elif command == "save_state":
+                (path,) = args
+                model_state = get_model_state_dict(trainer.model, options=full)
+                optim_state = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full)
+                if rank == 0:
+                    tmp = f"{path}.tmp"
+                    torch.save({"model": model_state, "optimizer": optim_state}, tmp)
+                    os.replace(tmp, path)
+            elif command == "load_state":
+                (path,) = args
+                saved = torch.load(path, map_location="cpu", weights_only=True)
+                set_model_state_dict(
+                    trainer.model, saved["model"], options=StateDictOptions(full_state_dict=True)
+                )
+                set_optimizer_state_dict(
+                    trainer.model,
+                    trainer.optimizer,
+                    saved["optimizer"],
+                    options=StateDictOptions(full_state_dict=True),
+                )
+            else:
+                raise ValueError(f"unknown command {command!r}")
+            pipe.send(("ok", reply))
+        except Exception:
+            pipe.send(("error", traceback.format_exc()))
