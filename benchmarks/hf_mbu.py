@@ -21,7 +21,8 @@ Weights are random (``--model`` names an architecture: ``tiny``, ``r1-distill-qw
 ``qwen3-4b`` ...; no hub is needed).  Every step time is measured; the table says on what.
 
     python benchmarks/hf_bench.py --mbu --device cpu --model tiny
-    python benchmarks/hf_bench.py --mbu --device cuda --model r1-distill-qwen-1.5b   # H100 target: <= 5 ms at B=64
+    # on one H100 the target is <= 5 ms per step at batch 64:
+    python benchmarks/hf_bench.py --mbu --device cuda --model r1-distill-qwen-1.5b
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from april_bench.engines.hf import HFEngine
@@ -51,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("--mbu: decode step against the memory-bandwidth limit")
     group.add_argument("--mbu", action="store_true", help="run the MBU benchmark (only)")
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    group.add_argument("--model", default="tiny", help="architecture with random weights (profiles/models.py)")
+    group.add_argument(
+        "--model", default="tiny", help="architecture with random weights (profiles/models.py)"
+    )
     group.add_argument("--dtype", default="auto", help="float32, bfloat16 ... (auto: bf16 on cuda)")
     group.add_argument("--batches", default="1,8,64,256", help="comma-separated batch sizes")
     group.add_argument("--context", type=int, default=512, help="prompt tokens per request")
@@ -168,13 +170,15 @@ def render(result: dict[str, Any], provenance: dict[str, Any]) -> str:
     prov = provenance
     device = result["label"].removeprefix("measured on ")
     gpus = prov["machine"].get("gpus") or []
-    where = ", ".join(g.get("name", "?") for g in gpus) if device.startswith("cuda") else prov["machine"]["cpu"]
+    where = (
+        ", ".join(g.get("name", "?") for g in gpus) if device.startswith("cuda") else prov["machine"]["cpu"]
+    )
     lines = [
         f"# hf engine decode step vs the bandwidth limit: {result['model']} on {device} (MEASURED)",
         "",
         f"Commit `{prov['git']['commit']}` (dirty: {prov['git']['dirty']}), {prov['utc']}, {where}.  "
-        f"Random weights, {result['context']}-token prompts, median of {result['steps']} decode steps after a "
-        "warm-up run.  MBU = (weight + KV bytes read per step) / step time / peak bandwidth; peak: "
+        f"Random weights, {result['context']}-token prompts, median of {result['steps']} decode steps "
+        "after a warm-up run.  MBU = (weight + KV bytes read per step) / step time / peak bandwidth; peak: "
         f"{result['peak_bandwidth'] / 1e9:,.1f} GB/s ({result['peak_bandwidth_source']}).",
         "",
         render_markdown(

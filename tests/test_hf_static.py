@@ -12,7 +12,13 @@ import torch
 
 from april_bench.config import ConfigError
 from april_bench.engines.hf import HFEngine
-from april_bench.engines.hf.sampling import position_uniform, position_uniforms, sample, sample_banning, seed_bits
+from april_bench.engines.hf.sampling import (
+    position_uniform,
+    position_uniforms,
+    sample,
+    sample_banning,
+    seed_bits,
+)
 from april_bench.engines.hf.static import batch_buckets, kv_buckets
 from april_bench.engines.protocol import Completion, GenerateRequest, SamplingParams, WeightUpdate
 from april_bench.vtime import run_real
@@ -40,12 +46,18 @@ def _mixed_requests(tag: str = "") -> list[GenerateRequest]:
     for i, p in enumerate(PROMPTS):
         greedy = SamplingParams(temperature=0.0, stop_token_ids=(7,) if i == 3 else ())
         sampled = SamplingParams(temperature=1.0, top_p=0.9 if i % 2 else 1.0, seed=100 + i)
-        out.append(GenerateRequest(f"{tag}g{i}", len(p), 24, greedy, input_ids=p, replay_len=24 if i % 2 else None))
-        out.append(GenerateRequest(f"{tag}s{i}", len(p), 24, sampled, input_ids=p, replay_len=16 if i % 2 else None))
+        out.append(
+            GenerateRequest(f"{tag}g{i}", len(p), 24, greedy, input_ids=p, replay_len=24 if i % 2 else None)
+        )
+        out.append(
+            GenerateRequest(f"{tag}s{i}", len(p), 24, sampled, input_ids=p, replay_len=16 if i % 2 else None)
+        )
     return out
 
 
-def _generate(engine: HFEngine, requests: Sequence[GenerateRequest], pad: bool = False) -> dict[str, Completion]:
+def _generate(
+    engine: HFEngine, requests: Sequence[GenerateRequest], pad: bool = False
+) -> dict[str, Completion]:
     async def main() -> dict[str, Completion]:
         await engine.start()
         if pad:  # the buckets CUDA graphs use, exercised on the CPU: padding rows and longer KV views
@@ -85,16 +97,46 @@ def test_sampling_on_the_device_matches_the_host_sampler() -> None:
     eos[[2, int(logits[0].argmax())]] = True  # ban the greedy row's favourite
     none = torch.zeros(6, dtype=torch.bool)
     some = torch.tensor([True, False, True, False, False, True])
-    assert all(torch.equal(a, b) for a, b in zip(sample(logits, temperature, top_p, uniforms),
-                                                   sample_banning(logits, temperature, top_p, uniforms, none, eos)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            sample(logits, temperature, top_p, uniforms),
+            sample_banning(logits, temperature, top_p, uniforms, none, eos),
+            strict=True,
+        )
+    )
     banned = some[:, None] & eos[None, :]
     host = sample(logits, temperature, top_p, uniforms, banned)
-    assert all(torch.equal(a, b) for a, b in zip(host, sample_banning(logits, temperature, top_p, uniforms, some, eos)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(host, sample_banning(logits, temperature, top_p, uniforms, some, eos), strict=True)
+    )
     assert host[0][0] != int(logits[0].argmax())  # the ban applied
 
 
 def test_buckets_cover_every_batch_and_length() -> None:
-    assert batch_buckets(256) == (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
+    assert batch_buckets(256) == (
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        48,
+        64,
+        80,
+        96,
+        112,
+        128,
+        144,
+        160,
+        176,
+        192,
+        208,
+        224,
+        240,
+        256,
+    )
     assert batch_buckets(5) == (1, 2, 4, 5)
     assert kv_buckets(1000) == (128, 256, 512, 1000)
     assert kv_buckets(100) == (100,)
@@ -128,7 +170,10 @@ def test_static_abort_returns_partials_and_a_resume_continues_exactly(temperatur
     async def main() -> tuple[dict[str, Completion], dict[str, Completion], dict[str, Completion], list[int]]:
         engine = _engine(decode_path="static")
         await engine.start()
-        full = {c.request_id[1:]: c async for c in engine.generate([req(f"f{i}", p, total) for i, p in enumerate(PROMPTS)])}
+        full = {
+            c.request_id[1:]: c
+            async for c in engine.generate([req(f"f{i}", p, total) for i, p in enumerate(PROMPTS)])
+        }
         await engine.update_weights(WeightUpdate(4, engine.model.state_dict()))
         stream = engine.generate([req(f"p{i}", p, total) for i, p in enumerate(PROMPTS)])
         start = engine.metrics()["decode_steps"]
@@ -139,7 +184,10 @@ def test_static_abort_returns_partials_and_a_resume_continues_exactly(temperatur
         rest = {
             c.request_id[1:]: c
             async for c in engine.generate(
-                [req(f"r{i}", p + parts[str(i)].output_ids, total - parts[str(i)].num_tokens) for i, p in enumerate(PROMPTS)]
+                [
+                    req(f"r{i}", p + parts[str(i)].output_ids, total - parts[str(i)].num_tokens)
+                    for i, p in enumerate(PROMPTS)
+                ]
             )
         }
         await engine.close()
@@ -224,7 +272,9 @@ def test_cuda_graph_replays_give_the_eager_steps_results() -> None:
 def test_cuda_graphs_see_a_weight_update() -> None:
     _cuda()
     other = _engine(seed=5).model.state_dict()
-    reference = _generate(_engine(device="cuda", dtype="float32", decode_path="static", seed=5), _mixed_requests())
+    reference = _generate(
+        _engine(device="cuda", dtype="float32", decode_path="static", seed=5), _mixed_requests()
+    )
 
     async def main() -> dict[str, Completion]:
         engine = _engine(device="cuda", dtype="float32", decode_path="static")

@@ -118,7 +118,9 @@ class HFEngine(Configurable):
                 )
             if self.decode_path not in ("auto", "eager", "static"):
                 raise ConfigError(f"decode_path must be eager, static or auto; got {self.decode_path!r}")
-            if self.cuda_graph_max_batch < 1 or (self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1):
+            if self.cuda_graph_max_batch < 1 or (
+                self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1
+            ):
                 raise ConfigError("cuda_graph_max_batch and prefill_chunk_tokens must be positive")
 
     def __init__(

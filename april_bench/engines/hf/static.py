@@ -188,8 +188,7 @@ class StaticDecoder:
         index = torch.tensor(list(slots), device=self.device)
         both = torch.stack([self.tokens[index, :width].double(), self.logprobs[index, :width].double()]).cpu()
         return [
-            ([int(t) for t in both[0, i, :n].tolist()], both[1, i, :n].tolist())
-            for i, n in enumerate(counts)
+            ([int(t) for t in both[0, i, :n].tolist()], both[1, i, :n].tolist()) for i, n in enumerate(counts)
         ]
 
     # ------------------------------------------------------------ the step
@@ -234,7 +233,12 @@ class StaticDecoder:
         replaying = live & (replay_len > generated + 1) if self.has_eos else torch.zeros_like(live)
         uniforms = position_uniforms(self.seed[:rows], pos + 1).float()
         tokens, logprobs = sample_banning(
-            out.logits[:, -1], self.temperature[:rows], self.top_p[:rows], uniforms, replaying, self.ban_tokens
+            out.logits[:, -1],
+            self.temperature[:rows],
+            self.top_p[:rows],
+            uniforms,
+            replaying,
+            self.ban_tokens,
         )
         index = self.cache.row_index[:rows]
         at = generated.clamp(max=self.max_len - 1)
@@ -267,7 +271,10 @@ class StaticDecoder:
             for tensor, value in zip(mutable, saved, strict=True):
                 tensor.copy_(value)
             graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with (
+                torch.inference_mode(),
+                torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"),
+            ):
                 self._step(rows, view)
         except Exception as exc:  # an op that cannot be captured: decode eagerly, say so once
             for tensor, value in zip(mutable, saved, strict=True):
