@@ -299,3 +299,14 @@ def test_cuda_static_path_agrees_with_the_eager_path() -> None:
         n = 8  # a near-tie can flip a later greedy token; the first few agree
         assert c.output_ids[:n] == static[rid].output_ids[:n]
         assert torch.allclose(torch.tensor(c.logprobs[:n]), torch.tensor(static[rid].logprobs[:n]), atol=1e-3)
+
+
+def test_a_cuda_warm_start_without_cuda_fails_clearly() -> None:
+    from april_bench.tasks.warmstart import WarmStart
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    with pytest.raises(ConfigError, match="use device=cpu"):
+        WarmStart.Config(device="cuda")
+    with pytest.raises(ConfigError, match="use device=cpu"):
+        HFEngine.Config(device="cuda").build(vocab_size=VOCAB)

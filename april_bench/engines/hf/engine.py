@@ -415,7 +415,7 @@ class HFEngine(Configurable):
                 for s in seqs
             ]
         )
-        self._kv_bound = max([self._kv_bound, *(s.kv for s in seqs)])
+        self._kv_bound = max((self._kv(s) for s in self._active), default=0)
 
     def _kv(self, seq: _Seq) -> int:
         """Tokens of ``seq`` in the KV cache (the static path advances them on the device only)."""
