@@ -179,7 +179,9 @@ def render(result: dict[str, Any], provenance: dict[str, Any]) -> str:
         f"Commit `{prov['git']['commit']}` (dirty: {prov['git']['dirty']}), {prov['utc']}, {where}.  "
         f"Random weights, {result['context']}-token prompts, median of {result['steps']} decode steps "
         "after a warm-up run.  MBU = (weight + KV bytes read per step) / step time / peak bandwidth; peak: "
-        f"{result['peak_bandwidth'] / 1e9:,.1f} GB/s ({result['peak_bandwidth_source']}).",
+        f"{result['peak_bandwidth'] / 1e9:,.1f} GB/s ({result['peak_bandwidth_source']}).  "
+        f"Load average at the start: {prov['machine'].get('load_average_start')} "
+        f"({prov['machine']['cpu_count']} cores; a shared machine's timings are noisy).",
         "",
         render_markdown(
             ("decode path", "batch", "step ms", "tokens/s", "weights MB", "KV MB", "MBU"),
