@@ -25,6 +25,12 @@ of the prediction, which is labelled.  Output: ``results/benchmarks/hf_bench.{js
 
     python benchmarks/hf_bench.py                      # ~3 minutes on 2 cores
     python benchmarks/hf_bench.py --run runs/<default run>
+
+``--mbu`` runs only the decode-step-against-bandwidth benchmark (``hf_mbu.py``):
+step time, tokens/s and model-bandwidth utilisation at batch 1/8/64/256 on
+``--device`` for a ``--model`` shape, written to ``results/benchmarks/hf_mbu_<device>_<model>.{json,md}``.
+
+    python benchmarks/hf_bench.py --mbu --device cuda --model r1-distill-qwen-1.5b
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import hf_mbu  # benchmarks/ is on sys.path when this file runs as a script
 import numpy as np
 
 from april_bench.engines.hf import HFEngine
@@ -338,7 +345,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, default=None, help="a measured embedded run to predict")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    hf_mbu.add_arguments(parser)
     args = parser.parse_args()
+    if args.mbu:
+        hf_mbu.main(args)
+        return
     provenance = collect_provenance(simulated=False, engine="hf")
     start = time.perf_counter()
     curve = decode_curve()

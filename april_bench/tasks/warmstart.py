@@ -40,10 +40,13 @@ class WarmStart(Configurable):
         batch_size: int = param(32, help="solutions per step")
         lr: float = param(3e-3, help="AdamW learning rate")
         seed: int = param(0, help="seed of the initial weights and of the example order")
+        device: str = param("cpu", help="where to train: cpu or cuda (a GPU run's larger models)")
 
         def __post_init__(self) -> None:
             if self.steps < 0 or self.batch_size < 1 or self.lr <= 0:
                 raise ConfigError("warm start needs steps >= 0, batch_size >= 1 and lr > 0")
+            if self.device.startswith("cuda") and not torch.cuda.is_available():
+                raise ConfigError("--warmstart-arg device=cuda but no CUDA device is visible; use device=cpu")
 
     def __init__(self, config: Config, *, task: SyntheticTask) -> None:
         self.config = config
@@ -54,7 +57,8 @@ class WarmStart(Configurable):
         blob = json.dumps(
             {
                 "task": self.task.config.to_dict(),
-                "warm": self.config.to_dict(),
+                # a CPU warm start keeps the key it had before the device option existed
+                "warm": {k: v for k, v in self.config.to_dict().items() if k != "device" or v != "cpu"},
                 "architecture": model_config(
                     self.config.model, vocab_size=self.task.tokenizer.vocab_size
                 ).to_dict(),
@@ -88,15 +92,17 @@ class WarmStart(Configurable):
 
     def train(self, *, progress: bool = True) -> dict[str, torch.Tensor]:
         cfg = self.config
-        model = build_model(cfg.model, vocab_size=self.task.tokenizer.vocab_size, seed=cfg.seed).train()
+        model = build_model(
+            cfg.model, vocab_size=self.task.tokenizer.vocab_size, seed=cfg.seed, device=cfg.device
+        ).train()
         if cfg.steps == 0:
-            return model.state_dict()
+            return {k: v.detach().cpu() for k, v in model.state_dict().items()}
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         rng = random.Random(cfg.seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             for _ in tqdm(range(cfg.steps), desc="warm start (SFT)", disable=not progress, unit="step"):
-                ids, targets = self._batch(rng)
+                ids, targets = (t.to(model.device) for t in self._batch(rng))
                 logits = model(input_ids=ids).logits[:, :-1]
                 loss = torch.nn.functional.cross_entropy(
                     logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
@@ -104,7 +110,7 @@ class WarmStart(Configurable):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def _batch(self, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
         task = self.task

@@ -8,7 +8,12 @@ forward the engine binds what the model's ``update(key, value, layer)`` calls
 mean:
 
 * decode: row ``b`` writes its one new key/value at ``positions[b]``;
-* prefill: rows ``start .. start+n`` write ``0 .. length`` (right-padded prompts).
+* prefill: rows ``start .. start+n`` write ``offset .. offset+length`` (right-padded
+  prompts; ``offset`` > 0 for the later chunks of a chunked prefill).
+
+The static decode path binds once per (batch, KV length) bucket: ``positions``
+is then a view of a device buffer the step itself advances, and ``kv_len`` a
+bucket size, so the same binding serves every replay of a captured CUDA graph.
 
 Attention sees the returned view plus a 4D mask built by the engine, which
 marks each row's valid positions; transformers uses a 4D mask as given.  Any
@@ -49,10 +54,10 @@ class _SlotLayer(CacheLayerMixin):
             rows = o.row_index[: hi - lo] + lo
             keys[rows, :, o.positions] = key_states[:, :, 0]
             values[rows, :, o.positions] = value_states[:, :, 0]
-        else:  # prefill: rows write positions 0 .. length
-            length = key_states.shape[2]
-            keys[lo:hi, :, :length] = key_states
-            values[lo:hi, :, :length] = value_states
+        else:  # prefill: rows write positions offset .. offset+length
+            end = o.offset + key_states.shape[2]
+            keys[lo:hi, :, o.offset : end] = key_states
+            values[lo:hi, :, o.offset : end] = value_states
         return keys[lo:hi, :, : o.kv_len], values[lo:hi, :, : o.kv_len]
 
     def get_seq_length(self) -> int:
@@ -88,6 +93,7 @@ class SlotKVCache(Cache):
         self.rows = (0, 0)
         self.positions: torch.Tensor | None = None
         self.kv_len = 0
+        self.offset = 0
         super().__init__(layers=[_SlotLayer(self, i) for i in range(num_layers)])
 
     @classmethod
@@ -112,11 +118,20 @@ class SlotKVCache(Cache):
         self.positions = positions
         self.kv_len = int(positions.max()) + 1
 
-    def bind_prefill(self, start: int, count: int, length: int) -> None:
-        """The next forward prefills rows ``start .. start+count`` with ``length`` (padded) tokens."""
+    def bind_static_decode(self, count: int, positions: torch.Tensor, kv_len: int) -> None:
+        """As :meth:`bind_decode`, attending to the first ``kv_len`` positions (a bucket at least the
+        longest row's; the caller's mask hides the rest) without reading ``positions`` on the host."""
+        self.rows = (0, count)
+        self.positions = positions
+        self.kv_len = kv_len
+
+    def bind_prefill(self, start: int, count: int, length: int, offset: int = 0) -> None:
+        """The next forward prefills rows ``start .. start+count`` with ``length`` (padded) tokens at
+        positions ``offset .. offset+length``; attention sees positions ``0 .. offset+length``."""
         self.rows = (start, start + count)
         self.positions = None
-        self.kv_len = length
+        self.offset = offset
+        self.kv_len = offset + length
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (all layers)."""

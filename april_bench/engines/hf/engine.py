@@ -17,6 +17,14 @@ loop between forwards so the rollout loop can react):
    each request's first token;
 3. otherwise one decode step for every running request.
 
+Two decode paths (``decode_path``): ``eager`` builds each step's inputs from
+Python lists and appends every token on the host (the CPU default);
+``static`` keeps per-slot state, sampling and stop tests on the device and runs
+one fixed step per (batch, KV length) bucket, captured in CUDA graphs on a GPU
+(``april_bench/engines/hf/static.py``; the CUDA default).  Both give the same
+tokens and log-probs for the same seeds.  A long extend is split into chunks
+of ``prefill_chunk_tokens`` padded tokens (same results, bounded activations).
+
 Active sequences occupy slots ``0 .. B-1`` of a :class:`SlotKVCache`; when one
 finishes, the last active sequence moves into its slot.  EOS stops a request
 unless it replays a length (``replay_len``), in which case EOS is banned until
@@ -41,6 +49,7 @@ from april_bench.config import BaseConfig, ConfigError, Configurable, config_fro
 from april_bench.engines.hf.cache import SlotKVCache
 from april_bench.engines.hf.models import build_model
 from april_bench.engines.hf.sampling import position_uniform, sample
+from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
     Completion,
     EngineError,
@@ -69,6 +78,7 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     t_first: float | None = None
     aborted: bool = False
+    step0: int = 0  # the engine's decode-step count when this sequence's kv was last set on the host
 
     @property
     def context(self) -> int:
@@ -89,6 +99,14 @@ class HFEngine(Configurable):
         eos_token_ids: tuple[int, ...] = param((), help="stop tokens (default: the model config's EOS)")
         seed: int = param(0, help="base of the per-request seeds of requests that carry none")
         threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
+        decode_path: str = param(
+            "auto", help="eager, static (device-side state, CUDA graphs), or auto (static on cuda)"
+        )
+        cuda_graphs: bool = param(True, help="capture the static decode step in CUDA graphs (cuda only)")
+        cuda_graph_max_batch: int = param(256, help="largest batch captured in a CUDA graph")
+        prefill_chunk_tokens: int | None = param(
+            None, help="padded tokens per prefill forward; longer extends run in chunks (default: no chunks)"
+        )
         engine_args: dict[str, Any] = param(
             help="passed to from_pretrained / from_config unchanged", default_factory=dict
         )
@@ -98,6 +116,12 @@ class HFEngine(Configurable):
                 raise ConfigError(
                     "max_running_requests, max_context_len and max_prefill_tokens must be positive"
                 )
+            if self.decode_path not in ("auto", "eager", "static"):
+                raise ConfigError(f"decode_path must be eager, static or auto; got {self.decode_path!r}")
+            if self.cuda_graph_max_batch < 1 or (
+                self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1
+            ):
+                raise ConfigError("cuda_graph_max_batch and prefill_chunk_tokens must be positive")
 
     def __init__(
         self,
@@ -134,6 +158,8 @@ class HFEngine(Configurable):
         self._waiting: deque[_Seq] = deque()
         self._active: list[_Seq] = []
         self._cache: SlotKVCache | None = None
+        self._static: StaticDecoder | None = None
+        self._kv_bound = 0  # at least the largest kv of an active sequence (static path)
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._step_times: dict[int, list[float]] = {}
@@ -162,6 +188,15 @@ class HFEngine(Configurable):
             dtype=self.dtype,
             device=self.device,
         )
+        path = self.config.decode_path
+        if path == "static" or (path == "auto" and self.device.type == "cuda"):
+            self._static = StaticDecoder(
+                self.model,
+                self._cache,
+                eos=self._eos,
+                cuda_graphs=self.config.cuda_graphs,
+                max_graph_batch=self.config.cuda_graph_max_batch,
+            )
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -180,6 +215,13 @@ class HFEngine(Configurable):
             if req.input_ids is None:
                 raise EngineError(
                     f"{req.request_id}: the hf engine needs input_ids (token ids), not just lengths"
+                )
+            if self._static is not None and len(self._eos | set(req.sampling.stop_token_ids)) > (
+                len(self._eos) + EXTRA_STOPS
+            ):
+                raise EngineError(
+                    f"{req.request_id}: more than {EXTRA_STOPS} stop ids beyond EOS; use "
+                    "--engine-arg decode_path=eager"
                 )
             if req.input_len + req.max_new_tokens > self.config.max_context_len:
                 raise EngineError(
@@ -235,9 +277,14 @@ class HFEngine(Configurable):
     def reset_step_times(self) -> None:
         self._step_times.clear()
 
+    @property
+    def static_decoder(self) -> StaticDecoder | None:
+        """The static decode path's state once started, or ``None`` on the eager path."""
+        return self._static
+
     def metrics(self) -> dict[str, float]:
         kv = self.config.max_running_requests * self.config.max_context_len
-        used = sum(s.kv for s in self._active)
+        used = sum(self._kv(s) for s in self._active)
         return {
             "running": float(len(self._active)),
             "waiting": float(len(self._waiting)),
@@ -286,7 +333,9 @@ class HFEngine(Configurable):
                 else:
                     keep.append(seq)
             self._waiting = keep
-        for seq in [s for s in self._active if s.aborted]:
+        aborted = [s for s in self._active if s.aborted]
+        self._pull(aborted)
+        for seq in aborted:
             self._release(seq)
             self._deliver(seq, FinishReason.ABORT, now)
 
@@ -313,25 +362,108 @@ class HFEngine(Configurable):
         positions = torch.arange(width)
         causal = positions[None, :] <= positions[:, None]
         valid = positions[None, :] < lengths[:, None]
-        mask = (causal[None] & valid[:, None, :])[:, None]
-        self._cache.bind_prefill(start, len(batch), width)
+        # columns per forward: all of them unless prefill_chunk_tokens splits the extend
+        chunk = width
+        if self.config.prefill_chunk_tokens is not None:
+            chunk = max(1, min(width, self.config.prefill_chunk_tokens // len(batch)))
+        last: torch.Tensor | None = None
         with torch.inference_mode():
-            out = self._backbone(
-                input_ids=ids.to(self.device),
-                position_ids=positions.expand(len(batch), width).to(self.device),
-                attention_mask=mask.to(self.device),
-                past_key_values=self._cache,
-                use_cache=True,
-            )
-            last = out.last_hidden_state[torch.arange(len(batch)), lengths - 1]
+            for lo in range(0, width, chunk):
+                hi = min(width, lo + chunk)
+                mask = (causal[None, lo:hi, :hi] & valid[:, None, :hi])[:, None]
+                self._cache.bind_prefill(start, len(batch), hi - lo, offset=lo)
+                out = self._backbone(
+                    input_ids=ids[:, lo:hi].to(self.device),
+                    position_ids=positions[lo:hi].expand(len(batch), hi - lo).to(self.device),
+                    attention_mask=mask.to(self.device),
+                    past_key_values=self._cache,
+                    use_cache=True,
+                )
+                hidden = out.last_hidden_state
+                if last is None:
+                    last = hidden.new_empty(len(batch), hidden.shape[-1])
+                ends = ((lengths - 1 >= lo) & (lengths - 1 < hi)).nonzero().flatten()
+                last[ends] = hidden[ends, lengths[ends] - 1 - lo]
+            assert last is not None
             logits = self._head(last)
         for seq in batch:
             seq.kv = seq.context
+            seq.step0 = self._counters["decode_steps"]
         self._counters["prefill_batches"] += 1
         self._counters["prompt_tokens"] += int(lengths.sum())
         self._append_tokens(batch, logits, loop.time())
+        if self._static is not None:
+            self._admit([s for s in batch if s.slot >= 0])
+
+    def _admit(self, seqs: list[_Seq]) -> None:
+        """Hand prefilled sequences that are still running to the static decode path."""
+        assert self._static is not None
+        self._static.admit(
+            [
+                Admission(
+                    slot=s.slot,
+                    tokens=s.tokens,
+                    logprobs=s.logprobs,
+                    position=s.kv,
+                    temperature=s.request.sampling.temperature,
+                    top_p=s.request.sampling.top_p,
+                    seed=s.seed,
+                    replay_len=s.request.replay_len,
+                    max_new_tokens=s.request.max_new_tokens,
+                    stops=s.eos,
+                )
+                for s in seqs
+            ]
+        )
+        self._kv_bound = max((self._kv(s) for s in self._active), default=0)
+
+    def _kv(self, seq: _Seq) -> int:
+        """Tokens of ``seq`` in the KV cache (the static path advances them on the device only)."""
+        if self._static is None:
+            return seq.kv
+        return seq.kv + self._counters["decode_steps"] - seq.step0
+
+    def _pull(self, seqs: list[_Seq]) -> None:
+        """Copy the static path's tokens and log-probs of ``seqs`` back into them."""
+        if self._static is None or not seqs:
+            return
+        counts = [len(s.tokens) + self._kv(s) - s.kv for s in seqs]
+        for seq, (tokens, logprobs) in zip(
+            seqs, self._static.pull([s.slot for s in seqs], counts), strict=True
+        ):
+            seq.tokens, seq.logprobs = tokens, logprobs
+            seq.kv, seq.step0 = self._kv(seq), self._counters["decode_steps"]
+
+    def _decode_static(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._static is not None
+        active = self._active
+        tick = loop.time()
+        finished, captured = self._static.step(len(active), self._kv_bound + 1)
+        self._kv_bound += 1
+        self._counters["decode_steps"] += 1
+        self._counters["generation_tokens"] += len(active)
+        now = loop.time()
+        if not captured:  # a step that captured a graph measures the capture, not decoding
+            self._record_step(len(active), now - tick)
+        if finished:
+            seqs = [active[i] for i in finished]
+            self._pull(seqs)
+            for seq in seqs:
+                self._release(seq)
+                reason = self._finish_reason(seq, seq.tokens[-1])
+                self._deliver(seq, reason or FinishReason.STOP, now)
+            self._kv_bound = max((self._kv(s) for s in self._active), default=0)
+
+    def _record_step(self, batch: int, seconds: float) -> None:
+        times = self._step_times.setdefault(batch, [])
+        times.append(seconds)
+        if len(times) > 64:
+            del times[0]
 
     def _decode(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._static is not None:
+            self._decode_static(loop)
+            return
         assert self._cache is not None
         active = self._active
         positions = torch.tensor([s.kv for s in active], device=self.device)
@@ -353,9 +485,7 @@ class HFEngine(Configurable):
             seq.kv += 1
         self._counters["decode_steps"] += 1
         self._append_tokens(list(active), logits, loop.time())
-        self._step_times.setdefault(len(active), []).append(loop.time() - tick)
-        if len(self._step_times[len(active)]) > 64:
-            del self._step_times[len(active)][0]
+        self._record_step(len(active), loop.time() - tick)
 
     def _append_tokens(self, seqs: list[_Seq], logits: torch.Tensor, now: float) -> None:
         sp = [s.request.sampling for s in seqs]
@@ -402,9 +532,14 @@ class HFEngine(Configurable):
         assert self._cache is not None
         last = self._active.pop()
         if last is not seq:
-            self._cache.move(last.slot, seq.slot, last.kv)
+            self._cache.move(last.slot, seq.slot, self._kv(last))
+            if self._static is not None:
+                self._static.move(last.slot, seq.slot)
             last.slot = seq.slot
             self._active[seq.slot] = last
+        if self._static is not None:
+            self._static.clear(len(self._active))
+        seq.slot = -1
 
     def _deliver(self, seq: _Seq, reason: FinishReason, now: float) -> None:
         seq.stream.deliver(

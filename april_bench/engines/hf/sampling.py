@@ -10,13 +10,17 @@ Log-probs follow SGLang: ``log_softmax(logits / temperature)`` of the sampled
 token, before top-p renormalisation and before banning EOS for a replayed
 length - the model's own distribution, which is what a trainer recomputes;
 greedy requests (temperature 0) report ``log_softmax(logits)``.
+
+:func:`position_uniforms` and :func:`sample_banning` are the same draws as
+tensor operations (no host values), for the static decode step that runs
+inside a CUDA graph; they give bit-identical tokens and log-probs.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["position_uniform", "sample"]
+__all__ = ["position_uniform", "position_uniforms", "sample", "sample_banning", "seed_bits"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -28,6 +32,35 @@ def position_uniform(seed: int, position: int) -> float:
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     z ^= z >> 31
     return (z >> 11) * (1.0 / (1 << 53))
+
+
+def _signed(value: int) -> int:
+    """``value`` mod 2**64 as the int64 with the same bits."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 ``z`` (torch's ``>>`` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def position_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """:func:`position_uniform` element-wise on int64 tensors (seeds as :func:`seed_bits` gives them);
+    float64.  int64 multiplication wraps modulo 2**64 on CPU and CUDA, which is splitmix64's arithmetic."""
+    z = seeds * _GOLDEN + positions * _MIX1 + _MIX2
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return _shift_right(z, 11).double() * (1.0 / (1 << 53))
+
+
+def seed_bits(seed: int) -> int:
+    """A request seed as the int64 :func:`position_uniforms` takes (same draws as ``position_uniform``)."""
+    return _signed(seed)
 
 
 def sample(
@@ -51,6 +84,40 @@ def sample(
         probs = torch.softmax(logits / scale[:, None], dim=-1)
     else:
         probs = logp.exp()
+    return _draw(logits, logp, probs, greedy, top_p, uniforms)
+
+
+def sample_banning(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    uniforms: torch.Tensor,
+    ban_rows: torch.Tensor,
+    ban_tokens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample` with ``banned = ban_rows[:, None] & ban_tokens[None, :]``, decided on the device.
+
+    ``sample`` takes the banned branch when its caller passes a mask, which the
+    engine does when any row bans; here that choice is ``ban_rows.any()`` as a
+    tensor, so the result is bit-identical and nothing is read back to the host.
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+    logp = torch.log_softmax(logits / scale[:, None], dim=-1)
+    masked = logits.masked_fill(ban_rows[:, None] & ban_tokens[None, :], float("-inf"))
+    probs = torch.where(ban_rows.any(), torch.softmax(masked / scale[:, None], dim=-1), logp.exp())
+    return _draw(masked, logp, probs, greedy, top_p, uniforms)
+
+
+def _draw(
+    logits: torch.Tensor,
+    logp: torch.Tensor,
+    probs: torch.Tensor,
+    greedy: torch.Tensor,
+    top_p: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     sorted_p, order = probs.sort(dim=-1, descending=True)
     cumulative = sorted_p.cumsum(dim=-1)
     keep = (cumulative - sorted_p) < top_p[:, None]  # the smallest prefix whose mass reaches top_p

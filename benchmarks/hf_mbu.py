@@ -1,0 +1,227 @@
+"""hf engine decode step against the memory-bandwidth limit: step time, tokens/s and MBU by batch size.
+
+For each decode path and batch ``B`` the embedded engine runs ``B`` requests of
+``--context`` prompt tokens for ``--steps`` decode steps (replayed lengths, so
+no request stops early) twice - a warm-up that also captures the CUDA graphs,
+then the measured run - and takes the median step time the engine recorded.
+
+Model-bandwidth utilisation is the bytes a step must read over the time it
+took, against the device's peak bandwidth:
+
+    MBU = (weight bytes + KV bytes read) / step time / peak bandwidth
+
+* weight bytes: the model's parameters (element size of the engine's dtype),
+  less an untied input-embedding table (a lookup reads only ``B`` rows);
+* KV bytes: ``B`` x mean context x (2 x layers x KV heads x head dim x element size);
+* peak bandwidth: the GPU's vendor figure from ``april_bench/profiles/hardware.py``
+  (picked from the device name, or ``--hw``); on a CPU, the copy bandwidth
+  ``measure_host`` measures on this machine (labelled so).
+
+Weights are random (``--model`` names an architecture: ``tiny``, ``r1-distill-qwen-1.5b``,
+``qwen3-4b`` ...; no hub is needed).  Every step time is measured; the table says on what.
+
+    python benchmarks/hf_bench.py --mbu --device cpu --model tiny
+    # on one H100 the target is <= 5 ms per step at batch 64:
+    python benchmarks/hf_bench.py --mbu --device cuda --model r1-distill-qwen-1.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+from april_bench.engines.hf import HFEngine
+from april_bench.engines.protocol import GenerateRequest, SamplingParams
+from april_bench.profiles.hardware import HARDWARE, measure_host
+from april_bench.profiles.models import MODELS
+from april_bench.results.provenance import collect_provenance
+from april_bench.results.table import render_markdown
+from april_bench.vtime import run_real
+
+__all__ = ["add_arguments", "main", "measure"]
+
+#: The issue's target: a decode step at batch 64 of the 1.5B shape on one H100.
+TARGET = {"model": "r1-distill-qwen-1.5b", "hardware": "h100", "batch": 64, "step_ms": 5.0}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--mbu: decode step against the memory-bandwidth limit")
+    group.add_argument("--mbu", action="store_true", help="run the MBU benchmark (only)")
+    group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    group.add_argument(
+        "--model", default="tiny", help="architecture with random weights (profiles/models.py)"
+    )
+    group.add_argument("--dtype", default="auto", help="float32, bfloat16 ... (auto: bf16 on cuda)")
+    group.add_argument("--batches", default="1,8,64,256", help="comma-separated batch sizes")
+    group.add_argument("--context", type=int, default=512, help="prompt tokens per request")
+    group.add_argument("--steps", type=int, default=32, help="decode steps per measured run")
+    group.add_argument("--decode-paths", default="eager,static", help="comma-separated hf decode paths")
+    group.add_argument("--hw", default=None, help="peak-bandwidth profile (default: from the device name)")
+
+
+def _peak_bandwidth(device: str, hw: str | None) -> tuple[float, str]:
+    """Peak bytes/s and where the figure comes from."""
+    if hw is None and device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(device)).lower()
+        hw = next((h for h in ("h200", "h100", "mi300x") if h in name), None)
+        if hw is None:
+            raise SystemExit(f"no bandwidth profile for GPU {name!r}: pass --hw (one of {HARDWARE.names()})")
+    if hw is not None:
+        profile = HARDWARE.get(hw)
+        return profile.memory_bw, f"{hw}: {profile.sources.get('memory_bw', 'vendor peak')}"
+    host = measure_host(1.0)
+    return host.memory_bw, "measured on this CPU: float32 copy bandwidth (measure_host), not a vendor peak"
+
+
+def _bytes_per_step(engine: HFEngine, batch: int, mean_context: float) -> tuple[float, float]:
+    """(weight bytes, KV bytes) one decode step of ``batch`` sequences must read."""
+    model: Any = engine.model
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.get_input_embeddings().weight
+    if embed is not model.get_output_embeddings().weight:
+        weights -= embed.numel() * embed.element_size() - batch * embed.shape[1] * embed.element_size()
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_token = 2 * cfg.num_hidden_layers * heads * head_dim * embed.element_size()
+    return float(weights), float(batch * mean_context * per_token)
+
+
+async def _run_batch(engine: HFEngine, batch: int, context: int, steps: int, tag: str) -> float:
+    sp = SamplingParams(temperature=1.0)
+    engine.reset_step_times()
+    requests = [
+        GenerateRequest(f"{tag}-{i}", context, steps, sp, input_ids=tuple([5] * context), replay_len=steps)
+        for i in range(batch)
+    ]
+    [c async for c in engine.generate(requests)]
+    times = engine.step_times.get(batch, [])
+    if not times:
+        raise SystemExit(f"no decode step at batch {batch} was timed; raise --steps")
+    return statistics.median(times)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    batches = [int(b) for b in args.batches.split(",")]
+    vocab = MODELS.get(args.model).vocab if args.model in MODELS.names() else None
+    peak, peak_source = _peak_bandwidth(args.device, args.hw)
+    points = []
+    runtime: dict[str, Any] = {}
+    for path in args.decode_paths.split(","):
+        engine = HFEngine.Config(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            decode_path=path,
+            max_running_requests=max(batches),
+            max_context_len=args.context + args.steps + 1,
+            max_prefill_tokens=max(args.context, 8192),
+            prefill_chunk_tokens=8192,
+        ).build(vocab_size=vocab)
+
+        async def sweep(engine: HFEngine = engine, path: str = path) -> list[dict[str, Any]]:
+            await engine.start()
+            out = []
+            for batch in batches:
+                await _run_batch(engine, batch, args.context, args.steps, f"warm-{path}-{batch}")
+                step = await _run_batch(engine, batch, args.context, args.steps, f"{path}-{batch}")
+                weights, kv = _bytes_per_step(engine, batch, args.context + args.steps / 2)
+                out.append(
+                    {
+                        "decode_path": path,
+                        "batch": batch,
+                        "step_ms": 1e3 * step,
+                        "tokens_per_s": batch / step,
+                        "weight_bytes": weights,
+                        "kv_bytes": kv,
+                        "mbu": (weights + kv) / step / peak,
+                    }
+                )
+            decoder = engine.static_decoder
+            runtime[path] = {
+                "device": str(engine.device),
+                "dtype": str(engine.dtype).removeprefix("torch."),
+                "cuda_graphs_captured": decoder.graphs_captured if decoder else 0,
+                "cuda_graph_error": decoder.graph_error if decoder else None,
+            }
+            await engine.close()
+            return out
+
+        points += run_real(sweep())
+    return {
+        "label": f"measured on {args.device}",
+        "model": args.model,
+        "context": args.context,
+        "steps": args.steps,
+        "peak_bandwidth": peak,
+        "peak_bandwidth_source": peak_source,
+        "runtime": runtime,
+        "points": points,
+        "target": TARGET,
+    }
+
+
+def render(result: dict[str, Any], provenance: dict[str, Any]) -> str:
+    prov = provenance
+    device = result["label"].removeprefix("measured on ")
+    gpus = prov["machine"].get("gpus") or []
+    where = (
+        ", ".join(g.get("name", "?") for g in gpus) if device.startswith("cuda") else prov["machine"]["cpu"]
+    )
+    lines = [
+        f"# hf engine decode step vs the bandwidth limit: {result['model']} on {device} (MEASURED)",
+        "",
+        f"Commit `{prov['git']['commit']}` (dirty: {prov['git']['dirty']}), {prov['utc']}, {where}.  "
+        f"Random weights, {result['context']}-token prompts, median of {result['steps']} decode steps "
+        "after a warm-up run.  MBU = (weight + KV bytes read per step) / step time / peak bandwidth; peak: "
+        f"{result['peak_bandwidth'] / 1e9:,.1f} GB/s ({result['peak_bandwidth_source']}).  "
+        f"Load average at the start: {prov['machine'].get('load_average_start')} "
+        f"({prov['machine']['cpu_count']} cores; a shared machine's timings are noisy).",
+        "",
+        render_markdown(
+            ("decode path", "batch", "step ms", "tokens/s", "weights MB", "KV MB", "MBU"),
+            [
+                [
+                    p["decode_path"],
+                    str(p["batch"]),
+                    f"{p['step_ms']:.2f}",
+                    f"{p['tokens_per_s']:,.0f}",
+                    f"{p['weight_bytes'] / 1e6:,.2f}",
+                    f"{p['kv_bytes'] / 1e6:,.2f}",
+                    f"{p['mbu']:.2%}",
+                ]
+                for p in result["points"]
+            ],
+        ),
+        "",
+        "Runtime: "
+        + "; ".join(
+            f"{path}: {r['device']} {r['dtype']}, {r['cuda_graphs_captured']} CUDA graphs"
+            + (f" (capture failed: {r['cuda_graph_error']})" if r["cuda_graph_error"] else "")
+            for path, r in result["runtime"].items()
+        ),
+        "",
+        f"Target (issue 13): <= {TARGET['step_ms']:g} ms per decode step at batch {TARGET['batch']} for "
+        f"{TARGET['model']} on one {TARGET['hardware'].upper()} (`--device cuda --model {TARGET['model']}`).",
+    ]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> None:
+    start = time.perf_counter()
+    result = measure(args)
+    provenance = collect_provenance(simulated=False, engine="hf")
+    result["provenance"] = provenance
+    result["wall_s"] = time.perf_counter() - start
+    text = render(result, provenance)
+    device = args.device.split(":")[0]
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"hf_mbu_{device}_{args.model}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(text + "\n")
+    print(text)
