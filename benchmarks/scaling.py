@@ -103,7 +103,8 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"weight broadcast over {args.link_gbps:g} Gb/s links, {args.latency_us:g} us per hop, "
         f"+ {args.switch_s_per_billion:g} s per 1e9 parameters local switch.  All numbers simulated.\n\n"
         "| GPUs | tp | replicas | network | groups/step | weight sync s | sync tok/s | APRIL tok/s "
-        "| throughput gain | end-to-end gain | sync step s | APRIL step s | weight sync share of APRIL step |\n"
+        "| throughput gain | end-to-end gain | sync step s | APRIL step s "
+        "| weight sync share of APRIL step |\n"
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = "".join(
