@@ -114,6 +114,7 @@ class TorchTrainer(Configurable):
             ref = None
             if self.reference is not None:
                 ref, _ = token_logprobs(self.reference, rows.ids, rows.attention, temperature=cfg.temperature)
+        gap = _engine_logprob_gap(old, rows, policy_version)
         metrics: dict[str, list[float]] = {}
         order = torch.arange(rows.ids.shape[0])
         for _ in range(cfg.epochs):
@@ -146,7 +147,7 @@ class TorchTrainer(Configurable):
                     stats["entropy"] = float((entropy * m).sum() / m.sum().clamp(min=1))  # type: ignore[operator]
                 for key, value in stats.items():
                     metrics.setdefault(key, []).append(value)
-        summary = {k: sum(v) / len(v) for k, v in metrics.items()}
+        summary = {k: sum(v) / len(v) for k, v in metrics.items()} | gap
         summary["reward_mean"] = float(
             torch.tensor([s.reward or 0.0 for g in batch for s in g.samples]).mean()
         )
@@ -196,3 +197,22 @@ class TorchTrainer(Configurable):
             versions=versions.to(self.device),
             advantages=advantages.to(self.device, torch.float32),
         )
+
+
+def _engine_logprob_gap(trainer_logprobs: torch.Tensor, rows: _Rows, policy_version: int) -> dict[str, float]:
+    """How far the engine's log-probs are from the trainer's for the same tokens under the same weights.
+
+    Only tokens the engine sampled with ``policy_version`` (the weights the trainer holds before this
+    step's update) are compared, so the gap is numerics (kernels, dtype, batching), not staleness.
+    Empty when no such token exists.
+    """
+    same = (rows.mask > 0) & (rows.versions == policy_version)
+    count = int(same.sum())
+    if not count:
+        return {}
+    diff = (trainer_logprobs - rows.behaviour).abs()[same]
+    return {
+        "engine_logprob_gap_mean": float(diff.mean()),
+        "engine_logprob_gap_max": float(diff.max()),
+        "engine_logprob_tokens": float(count),
+    }
