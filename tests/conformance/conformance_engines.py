@@ -73,7 +73,7 @@ async def _vllm(checkpoints: tuple[str, str]) -> Engine:
         max_num_seqs=MAX_RUNNING,
         max_model_len=MAX_CONTEXT,
         eos_token_ids=(EOS,),
-        kv_cache_space_gib=0.25,
+        kv_cache_space_gib=1,
     )
     engine = config.build()
     await engine.start()

