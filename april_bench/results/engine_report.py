@@ -64,7 +64,9 @@ def _prefix_cache(rows: Sequence[Row]) -> dict[str, Any]:
 
 
 def _logprob_gap(steps: Sequence[Row]) -> dict[str, Any]:
-    measured = [s["train_metrics"] for s in steps if "engine_logprob_tokens" in (s.get("train_metrics") or {})]
+    measured = [
+        s["train_metrics"] for s in steps if "engine_logprob_tokens" in (s.get("train_metrics") or {})
+    ]
     tokens = sum(m["engine_logprob_tokens"] for m in measured)
     if not tokens:
         return {"logprob_gap_mean": None, "logprob_gap_max": None, "logprob_gap_tokens": 0}

@@ -28,9 +28,7 @@ PROMPT = (5, 6, 7, 8)
 def request(
     rid: str, budget: int, *, seed: int | None = 1, ids: tuple[int, ...] = PROMPT, replay: int | None = None
 ) -> GenerateRequest:
-    return GenerateRequest(
-        rid, len(ids), budget, SamplingParams(seed=seed), input_ids=ids, replay_len=replay
-    )
+    return GenerateRequest(rid, len(ids), budget, SamplingParams(seed=seed), input_ids=ids, replay_len=replay)
 
 
 async def collect(engine: Engine, requests: list[GenerateRequest]) -> dict[str, Completion]:
@@ -248,4 +246,3 @@ def _command(pid: int) -> str:
     except OSError:
         return str(pid)
     return f"{pid}: {b' '.join(words).decode(errors='replace').strip()}"
-

@@ -189,12 +189,12 @@ class VLLMEngine(Configurable):
         args = AsyncEngineArgs(
             model=c.model_path,
             skip_tokenizer_init=True,
-            dtype=c.dtype,  # type: ignore[arg-type]
+            dtype=c.dtype,
             max_model_len=c.max_model_len,
             max_num_seqs=c.max_num_seqs,
             seed=c.seed,
             enable_prefix_caching=c.enable_prefix_caching,
-            logprobs_mode=c.logprobs_mode,  # type: ignore[arg-type]
+            logprobs_mode=c.logprobs_mode,
             enforce_eager=c.enforce_eager,
             **c.engine_args,
         )
@@ -339,7 +339,9 @@ class VLLMEngine(Configurable):
     async def abort(self, request_ids: Collection[str] | None = None) -> None:
         if self._llm is None:
             return
-        wanted = list(self._inflight) if request_ids is None else [i for i in request_ids if i in self._inflight]
+        wanted = (
+            list(self._inflight) if request_ids is None else [i for i in request_ids if i in self._inflight]
+        )
         if wanted:
             await self._llm.abort(wanted)
 
@@ -396,7 +398,9 @@ def _version(output: Any, fallback: int) -> int:
     spans = getattr(output, "weight_versions", None) or []
     versions = {str(span.version) for span in spans}
     if len(versions) > 1:
-        raise EngineError(f"one completion spans weight versions {sorted(versions)}: updates must drain first")
+        raise EngineError(
+            f"one completion spans weight versions {sorted(versions)}: updates must drain first"
+        )
     if not versions:
         return fallback
     (text,) = versions
@@ -449,7 +453,9 @@ def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any
 def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> VLLMEngine.Config:
     """The engine's Config for ``settings``, checked without starting vLLM: vLLM installed, and on a
     CPU a named architecture whose attention heads vLLM's CPU kernels take."""
-    config = config_from(VLLMEngine.Config, _options(settings, args), where="--engine-arg", owner="the vllm engine")
+    config = config_from(
+        VLLMEngine.Config, _options(settings, args), where="--engine-arg", owner="the vllm engine"
+    )
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "engine vllm: vLLM is not installed here; pip install 'april-bench[vllm]' (on a CPU-only "
