@@ -80,6 +80,17 @@ async def _vllm(checkpoints: tuple[str, str]) -> Engine:
     return engine
 
 
+async def _vllm_server(checkpoints: tuple[str, str]) -> Engine:
+    from april_bench.engines.vllm.server import VLLMServerEngine
+
+    config = VLLMServerEngine.Config(
+        model_path=checkpoints[0], max_num_seqs=MAX_RUNNING, max_model_len=MAX_CONTEXT, eos_token_ids=(EOS,)
+    )
+    engine = config.build()
+    await engine.start()
+    return engine
+
+
 async def _sglang_fake(checkpoints: tuple[str, str]) -> Engine:
     from sglang_fake import sglang_fake_engine
 
@@ -98,6 +109,7 @@ KINDS = {
     "fake": EngineKind("fake", _fake, seeded=False, real_weights=False),
     "hf": EngineKind("hf", _hf, seeded=True, real_weights=True),
     "vllm": EngineKind("vllm", _vllm, seeded=True, real_weights=True),
+    "vllm-server": EngineKind("vllm-server", _vllm_server, seeded=True, real_weights=True),
     "sglang-fake": EngineKind("sglang-fake", _sglang_fake, seeded=True, real_weights=False),
     # SGLang honours per-request seeds only with deterministic inference, which sglang_real_engine sets.
     "sglang": EngineKind("sglang", _sglang, seeded=True, real_weights=True),

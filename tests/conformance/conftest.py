@@ -13,6 +13,7 @@ PARAMS = [
     pytest.param("fake"),
     pytest.param("hf"),
     pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
+    pytest.param("vllm-server", marks=[pytest.mark.vllm, pytest.mark.slow]),
     pytest.param("sglang-fake"),
     pytest.param("sglang", marks=[pytest.mark.sglang, pytest.mark.gpu, pytest.mark.slow]),
 ]

@@ -48,6 +48,7 @@ from typing import Any
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
     Completion,
+    Engine,
     EngineError,
     EngineInfo,
     EngineLoad,
@@ -450,9 +451,12 @@ def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any
     }
 
 
-def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> VLLMEngine.Config:
-    """The engine's Config for ``settings``, checked without starting vLLM: vLLM installed, and on a
-    CPU a named architecture whose attention heads vLLM's CPU kernels take."""
+def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConfig:
+    """The engine's Config for ``settings``, checked without starting vLLM: vLLM installed (unless
+    attaching to a server by ``url``), and on a CPU a model whose attention heads its kernels take.
+    ``url=...`` (``--engine-url``) or ``server=true`` choose vLLM's OpenAI-compatible server."""
+    if "url" in args or args.get("server"):
+        return _check_server(settings, args)
     config = config_from(
         VLLMEngine.Config, _options(settings, args), where="--engine-arg", owner="the vllm engine"
     )
@@ -499,9 +503,33 @@ def _cpu_only() -> bool:
     return not (accel.nvidia or accel.amd)
 
 
-def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> VLLMEngine:
-    """vLLM serving the experiment's starting checkpoint in this process."""
+def _check_server(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConfig:
+    from april_bench.engines.vllm.server import VLLMServerEngine
+
+    options = {k: v for k, v in _options(settings, args).items() if k != "server"}
+    if "url" not in options:  # launching: the task's checkpoint unless model_path is given
+        options.setdefault("model_path", "<checkpoint>")
+    where, owner = "--engine-arg", "the vllm server engine"
+    config = config_from(VLLMServerEngine.Config, options, where=where, owner=owner)
+    if config.url is None and not config.python and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "engine vllm: vLLM is not installed here to launch a server; pip install 'april-bench[vllm]', "
+            "or attach to a running one with --engine-url http://host:port"
+        )
+    return config
+
+
+def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
+    """vLLM serving the experiment's starting checkpoint: in this process, or as a server (``url``
+    attaches to a running one, ``server=true`` launches one on loopback)."""
     config = check_settings(settings, args)
+    if not isinstance(config, VLLMEngine.Config):
+        if getattr(config, "model_path", None) == "<checkpoint>":
+            if settings.checkpoint is None:
+                raise ConfigError("engine vllm needs a checkpoint directory to serve; this task has none")
+            config = config.replace(model_path=settings.checkpoint())
+        engine: Engine = config.build()
+        return engine
     if not config.model_path:
         if settings.checkpoint is None:
             raise ConfigError("engine vllm needs a checkpoint directory to serve; this task has none")
