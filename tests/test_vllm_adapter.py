@@ -97,3 +97,19 @@ def test_logprobs_are_those_of_the_sampled_tokens() -> None:
     assert _logprobs(out, (7, 9)) == (-0.5, -1.25)
     with pytest.raises(EngineError, match="2 log-probs for 3 tokens"):
         _logprobs(out, (7, 9, 1))
+
+
+def test_a_url_attaches_to_a_vllm_server_and_server_true_launches_one() -> None:
+    from april_bench.engines.vllm.server import VLLMServerEngine, launch_command
+
+    attached = check_settings(settings(), {"url": "http://127.0.0.1:8000"})
+    assert isinstance(attached, VLLMServerEngine.Config) and attached.max_model_len == 128
+    if HAS_VLLM:
+        launched = check_settings(settings(), {"server": True})
+        assert isinstance(launched, VLLMServerEngine.Config)
+    command = launch_command(VLLMServerEngine.Config(model_path="/ckpt", max_model_len=64), 8123)
+    assert command[1:3] == ["-m", "vllm.entrypoints.launchers.api_server.entry"]
+    assert {"--skip-tokenizer-init", "--enforce-eager"} <= set(command)
+    assert command[command.index("--model") + 1] == "/ckpt" and command[command.index("--port") + 1] == "8123"
+    with pytest.raises(ConfigError, match="not both"):
+        VLLMServerEngine.Config(model_path="/ckpt", url="http://127.0.0.1:8000")
