@@ -41,9 +41,10 @@ def engine_report(tables: Mapping[str, Iterable[Row]]) -> dict[str, dict[str, An
 
 
 def _reprefill(requests: Sequence[Row], steps: int) -> dict[str, Any]:
-    resumed = [r for r in requests if r["prefix_len"] > 0]
-    prefilled = sum(r["prompt_len"] + r["prefix_len"] for r in requests)
-    again = sum(r["prompt_len"] + r["prefix_len"] for r in resumed)
+    # rows from older runs (or hand-written ones) may lack the lengths: they count as fresh, empty
+    resumed = [r for r in requests if r.get("prefix_len", 0) > 0]
+    prefilled = sum(_input_len(r) for r in requests)
+    again = sum(_input_len(r) for r in resumed)
     return {
         "resumed_requests": len(resumed),
         "reprefilled_tokens": again,
@@ -53,10 +54,14 @@ def _reprefill(requests: Sequence[Row], steps: int) -> dict[str, Any]:
     }
 
 
+def _input_len(request: Row) -> int:
+    return int(request.get("prompt_len", 0)) + int(request.get("prefix_len", 0))
+
+
 def _prefix_cache(rows: Sequence[Row]) -> dict[str, Any]:
     """Hits over queries of the engine's monotonic counters, summed over its repeats (one engine each)."""
     last: dict[int, Mapping[str, float]] = {}
-    for row in sorted(rows, key=lambda r: r["t"]):
+    for row in sorted(rows, key=lambda r: r.get("t", 0.0)):
         last[row.get("repeat", 0)] = row["metrics"]
     queries = sum(m.get("prefix_cache_queries", 0.0) for m in last.values())
     hits = sum(m.get("prefix_cache_hits", 0.0) for m in last.values())

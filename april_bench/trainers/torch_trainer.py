@@ -93,6 +93,13 @@ class TorchTrainer(Configurable):
     def weights(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
 
+    def save(self, path: str) -> str:
+        """The policy as a Hugging Face checkpoint directory (written atomically), for an engine in
+        another process (vLLM, SGLang) to load."""
+        from april_bench.engines.hf.checkpoint import save_state_dict
+
+        return str(save_state_dict(self.model, path))
+
     def save_state(self, path: str) -> None:
         """Weights and AdamW moments, written atomically (what a resumed run continues from)."""
         import os

@@ -27,7 +27,7 @@ T = TypeVar("T")
 #: Small enough that a two-request engine shows running and queued requests; ids stay below it.
 VOCAB = 64
 MAX_RUNNING = 2
-MAX_CONTEXT = 256
+MAX_CONTEXT = 1024  # tiny32 holds 1024 positions
 EOS = 2
 
 
