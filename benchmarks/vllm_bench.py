@@ -148,13 +148,16 @@ def markdown(result: dict[str, Any]) -> str:
         "| Engine | Version | Start s | Decode tok/s | Abort-to-idle ms | Partial tok/request | Close s |",
         "|---|---|---|---|---|---|---|",
         micro_rows,
-        "",
-        f"Runs: `{result['runs'][ENGINES[0]]['command']}` (and `--engine vllm`), sync and APRIL arms.",
-        "",
-        "| Engine | Arm | Generated tok/s | APRIL gain | Re-prefilled tok/step | Re-prefill share | "
-        "Prefix-cache hits | Logprob gap mean | Logprob gap max |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    if result["runs"]:
+        lines += [
+            "",
+            f"Runs: `{result['runs'][ENGINES[0]]['command']}` (and `--engine vllm`), sync and APRIL arms.",
+            "",
+            "| Engine | Arm | Generated tok/s | APRIL gain | Re-prefilled tok/step | Re-prefill share | "
+            "Prefix-cache hits | Logprob gap mean | Logprob gap max |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
     for name, run_result in result["runs"].items():
         for arm, m in run_result["arms"].items():
             e = m["engine"] or {}
@@ -182,6 +185,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="run steps per arm")
     parser.add_argument("--repeats", type=int, default=1, help="--repeats of each run")
     parser.add_argument("--out", default="results/benchmarks", help="directory for the json and md")
+    parser.add_argument("--skip-runs", action="store_true", help="engine micro-benchmarks only")
     args = parser.parse_args()
     requests, tokens = (8, 16) if args.quick else (32, 64)
     steps = 1 if args.quick else args.steps
@@ -193,7 +197,11 @@ def main() -> None:
             "micro": {name: asyncio.run(micro(name, checkpoint, requests, tokens)) for name in ENGINES},
         }
         cache = os.environ.get("APRIL_BENCH_CACHE", str(root / "cache"))
-        result["runs"] = {name: run(name, steps, args.repeats, root / name, cache) for name in ENGINES}
+        result["runs"] = (
+            {}
+            if args.skip_runs
+            else {name: run(name, steps, args.repeats, root / name, cache) for name in ENGINES}
+        )
     result["provenance"] = collect_provenance(simulated=False, engine="hf,vllm")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
