@@ -77,7 +77,7 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
 
     Nothing heavy happens here (no warm start, no model load): ``validate`` calls it too.
     """
-    engine_name, note = resolve_engine(config.engine, config.hardware)
+    engine_name, note = resolve_engine(config.engine, config.hardware, config.model)
     spec = ENGINES.get(engine_name)
     missing = spec.missing()
     if missing:

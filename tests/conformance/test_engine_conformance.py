@@ -1,0 +1,253 @@
+"""The engine protocol's promises, checked on every engine: fakes, embedded hf, vLLM, SGLang.
+
+One started engine per kind serves the module (see ``conftest.py``); the last
+claim closes it.  Requests that must run long replay a length (``replay_len``)
+so a random model's EOS cannot end them early; two requests run at once and
+the rest queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+
+from conformance_engines import MAX_RUNNING, EngineHost, descendants
+
+from april_bench.engines.protocol import Completion, Engine, GenerateRequest, SamplingParams, WeightUpdate
+from april_bench.results.records import RunRecorder
+from april_bench.rollout.loop import RolloutConfig
+from april_bench.types import FinishReason
+from april_bench.workload import ScriptedWorkload
+from april_impl import AprilStrategy
+
+PROMPT = (5, 6, 7, 8)
+
+
+def request(
+    rid: str, budget: int, *, seed: int | None = 1, ids: tuple[int, ...] = PROMPT, replay: int | None = None
+) -> GenerateRequest:
+    return GenerateRequest(rid, len(ids), budget, SamplingParams(seed=seed), input_ids=ids, replay_len=replay)
+
+
+async def collect(engine: Engine, requests: list[GenerateRequest]) -> dict[str, Completion]:
+    done: dict[str, Completion] = {}
+    async for completion in engine.generate(requests):
+        assert completion.request_id not in done, f"{completion.request_id} returned twice"
+        done[completion.request_id] = completion
+    assert set(done) == {r.request_id for r in requests}
+    return done
+
+
+def well_formed(c: Completion) -> None:
+    assert c.output_ids is not None and c.logprobs is not None
+    assert c.num_tokens == len(c.output_ids) == len(c.logprobs)
+    assert all(isinstance(t, int) and t >= 0 for t in c.output_ids)
+    assert all(lp <= 0 and math.isfinite(lp) for lp in c.logprobs)
+
+
+async def current_version(engine: Engine) -> int:
+    """The policy version the engine stamps now (earlier claims may have moved it)."""
+    done = await collect(engine, [request("version-probe", 1)])
+    return done["version-probe"].policy_version
+
+
+async def until(engine: Engine, running: int, waiting: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        load = await engine.load()
+        if (load.running, load.waiting) == (running, waiting):
+            return
+        assert time.monotonic() < deadline, f"load stayed {load}, wanted {running} running, {waiting} waiting"
+        await asyncio.sleep(0.02)
+
+
+async def until_idle(engine: Engine, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not (await engine.load()).idle:
+        assert time.monotonic() < deadline, "the engine did not become idle"
+        await asyncio.sleep(0.02)
+
+
+# ----------------------------------------------------------------------------- ids, seeds, budgets
+def test_every_request_returns_once_under_its_id_with_its_seeds_tokens(host: EngineHost) -> None:
+    async def body() -> None:
+        engine = host.engine
+        assert engine is not None
+        done = await collect(
+            engine,
+            [request("same-a", 12, seed=7), request("same-b", 12, seed=7), request("other", 12, seed=8)],
+        )
+        for c in done.values():
+            well_formed(c)
+        if host.kind.seeded:
+            assert done["same-a"].output_ids == done["same-b"].output_ids
+            again = await collect(engine, [request("again", 12, seed=8)])
+            assert again["again"].output_ids == done["other"].output_ids
+            assert done["other"].output_ids != done["same-a"].output_ids
+
+    host.run(body)
+
+
+def test_budgets_and_replayed_lengths_are_honoured(host: EngineHost) -> None:
+    async def body() -> None:
+        engine = host.engine
+        assert engine is not None
+        done = await collect(engine, [request("budget", 5), request("replay", 20, replay=3)])
+        budget, replay = done["budget"], done["replay"]
+        assert budget.num_tokens <= 5
+        if budget.finish_reason is FinishReason.LENGTH:
+            assert budget.num_tokens == 5
+        else:  # an EOS came first
+            assert budget.finish_reason is FinishReason.STOP
+        assert (replay.num_tokens, replay.finish_reason) == (3, FinishReason.STOP)
+
+    host.run(body)
+
+
+# ----------------------------------------------------------------------------- abort
+#: Long enough that no engine finishes before the claims abort it (vLLM's server: ~150 tok/s here).
+LONG = 1000
+
+
+def test_abort_returns_partials_of_running_and_nothing_of_queued_requests(host: EngineHost) -> None:
+    budget = LONG
+    queued = 2
+
+    async def body() -> None:
+        engine = host.engine
+        assert engine is not None
+        requests = [request(f"long-{i}", budget, seed=i, replay=budget) for i in range(MAX_RUNNING + queued)]
+        stream = engine.generate(requests)
+        await until(engine, MAX_RUNNING, queued)
+        await asyncio.sleep(0.3)  # the running ones decode some tokens
+        await engine.abort(None)
+        done = {c.request_id: c async for c in stream}
+        await until_idle(engine)
+        assert set(done) == {r.request_id for r in requests}
+        assert {c.finish_reason for c in done.values()} == {FinishReason.ABORT}
+        counts = sorted(c.num_tokens for c in done.values())
+        assert counts[:queued] == [0] * queued  # queued: aborted before a token
+        assert all(0 < n < budget for n in counts[queued:])  # running: a partial response
+        for c in done.values():
+            well_formed(c)
+
+    host.run(body)
+
+
+def test_abort_of_one_request_leaves_the_others_running(host: EngineHost) -> None:
+    async def body() -> None:
+        engine = host.engine
+        assert engine is not None
+        stream = engine.generate([request("stop-me", LONG, replay=LONG), request("finish-me", 30, replay=30)])
+        while (await engine.load()).running < 1:  # "finish-me" may be done before both are seen running
+            await asyncio.sleep(0.01)
+        await engine.abort(["stop-me"])
+        done = {c.request_id: c async for c in stream}
+        assert done["stop-me"].finish_reason is FinishReason.ABORT
+        assert (done["finish-me"].finish_reason, done["finish-me"].num_tokens) == (FinishReason.STOP, 30)
+
+    host.run(body)
+
+
+# ----------------------------------------------------------------------------- abort and resume
+def test_april_loses_and_doubles_nothing_across_abort_and_resume(host: EngineHost) -> None:
+    # APRIL, N=2 groups of 2, N'=4, three steps; every 4th prompt wants 100 tokens (limit 40), so
+    # those are aborted and resumed from their token ids under a newer policy version each step.
+    length = lambda uid, i: 100 if uid % 4 == 0 else 6 + 2 * i + uid % 3  # noqa: E731
+    config = RolloutConfig(
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=4,
+        max_response_len=40,
+        replay_lengths=True,
+        reabort_interval_s=0.05,
+        seed=3,
+    )
+    workload = ScriptedWorkload(length)
+    recorder = RunRecorder()
+    strategy = AprilStrategy.Config(over_sampling_batch_size=4).build()
+
+    async def body() -> None:
+        engine = host.engine
+        assert engine is not None
+        start = await current_version(engine)
+        loop = config.build(
+            arm="april", engine=engine, strategy=strategy, workload=workload,
+            prompts=workload.prompt_stream(), recorder=recorder,
+        )  # fmt: skip
+        trained = []
+        for step in range(3):
+            outcome = await loop.run_step(step, start + step)
+            r = outcome.record
+            assert (
+                r.launched_groups
+                == r.accepted_groups + r.rejected_groups + r.buffered_groups + r.dropped_groups
+            )
+            trained += outcome.batch
+            await engine.update_weights(WeightUpdate(start + step + 1))
+        await until_idle(engine)
+        ids = [r.request_id for r in recorder["requests"]]
+        assert len(ids) == len(set(ids))  # every request returned exactly once
+        samples = [s for g in [*trained, *loop.buffer] for s in g.samples]
+        assert any(len(s.segments) > 1 for s in samples)  # something was resumed
+        for s in samples:
+            assert s.response_len == sum(seg.num_tokens for seg in s.segments) <= 40
+            # every token carries the version of the weights that produced it
+            assert s.token_versions() == [
+                start + seg.step for seg in s.segments for _ in range(seg.num_tokens)
+            ]
+            assert len(s.response_ids()) == len(s.response_logprobs()) == s.response_len
+
+    host.run(body, timeout=300)
+
+
+# ----------------------------------------------------------------------------- weights
+def test_a_weight_update_is_visible_in_the_next_generation(host: EngineHost) -> None:
+    first, second = host.checkpoints
+
+    async def body() -> None:
+        engine = host.engine
+        assert engine is not None
+        probe = lambda rid: request(rid, 8, seed=3, replay=8)  # noqa: E731
+        before = (await collect(engine, [probe("before")]))["before"]
+        start = before.policy_version
+        path_updates = "path" in engine.info.weight_formats
+        await engine.update_weights(WeightUpdate(start + 1, path=second if path_updates else None))
+        after = (await collect(engine, [probe("after")]))["after"]
+        await engine.update_weights(WeightUpdate(start + 2, path=first if path_updates else None))
+        restored = (await collect(engine, [probe("restored")]))["restored"]
+        assert [c.policy_version for c in (before, after, restored)] == [start, start + 1, start + 2]
+        if host.kind.real_weights:
+            assert after.logprobs != before.logprobs  # the new weights computed them
+            assert restored.output_ids == before.output_ids  # reloading the old weights reproduces
+            assert restored.logprobs is not None and before.logprobs is not None
+            assert max(abs(a - b) for a, b in zip(restored.logprobs, before.logprobs, strict=True)) < 1e-4
+
+    host.run(body)
+
+
+# ----------------------------------------------------------------------------- shutdown (last)
+def test_close_leaves_no_process_behind(host: EngineHost) -> None:
+    host.close_engine()
+    deadline = time.monotonic() + 60
+    while (left := _engine_processes(host)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes left after close: {[_command(pid) for pid in sorted(left)]}"
+
+
+def _engine_processes(host: EngineHost) -> set[int]:
+    """Processes started since the engine was built, less multiprocessing's resource tracker: one per
+    interpreter, started by the first engine that spawns, exiting with the interpreter by design."""
+    started = descendants(os.getpid()) - host.children_before
+    return {pid for pid in started if "multiprocessing.resource_tracker" not in _command(pid)}
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return str(pid)
+    return f"{pid}: {b' '.join(words).decode(errors='replace').strip()}"
