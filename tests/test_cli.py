@@ -259,6 +259,8 @@ def test_cli_flags_stay_few() -> None:
             "--out",
             "--overwrite",
             "--resume",
+            "--allow-dirty",
             "--no-progress",
+            "--recipe",
         ]
     )

@@ -34,7 +34,7 @@ import torch
 
 from april_bench.config import ConfigError, Configurable, param
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.torch_trainer import TorchTrainer
+from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
 __all__ = ["FSDPTrainer", "PolicySpec"]
@@ -197,6 +197,19 @@ class _RankTrainer(TorchTrainer):
     ) -> None:
         super().__init__(config, module=module)
         self.rank, self.world = rank, world
+
+    def _logprobs(
+        self, model: torch.nn.Module, rows: _Rows, index: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Through the root module's forward, so FSDP gathers the embedding and head it holds (the
+        chunked path calls submodules directly and would see sharded weights)."""
+        ids = rows.ids[index, : width + 1]
+        logits = model(input_ids=ids, attention_mask=rows.attention[index, : width + 1]).logits[:, :-1]
+        logp_all = torch.log_softmax(logits.float() / self.config.temperature, dim=-1)
+        chosen = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        keep = (rows.mask[index, :width] != 0).to(chosen.dtype)
+        return chosen * keep, entropy * keep
 
     def _local(self, part: list[int]) -> list[int]:
         if len(part) < self.world:
