@@ -412,7 +412,7 @@ class ArmSession:
         assert self._rollout is not None and self._engine is not None
         self._flush()
         loop = asyncio.get_running_loop()
-        path = state_path(self.status.path.parent, self.arm.label, self.repeat)
+        path = state_path(self.status.path.parent, self.arm.label, self.repeat, self._done)
         path.parent.mkdir(parents=True, exist_ok=True)
         trainer_file = None
         if isinstance(self._trainer, TrainerState):
@@ -434,11 +434,18 @@ class ArmSession:
             },
         )
         self.status.step_done(self.arm.label, self.repeat, self._done)
+        # the status now names this checkpoint; the previous one can go
+        previous = state_path(self.status.path.parent, self.arm.label, self.repeat, self._done - 1)
+        previous.unlink(missing_ok=True)
+        previous.with_suffix(".trainer.pt").unlink(missing_ok=True)
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
-        if self.status is None or not self.status.completed.get(f"{self.arm.label}#{self.repeat}", 0):
+        if self.status is None:
             return None
-        path = state_path(self.status.path.parent, self.arm.label, self.repeat)
+        completed = self.status.completed.get(f"{self.arm.label}#{self.repeat}", 0)
+        if not completed:
+            return None
+        path = state_path(self.status.path.parent, self.arm.label, self.repeat, completed)
         try:
             saved: dict[str, Any] = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:

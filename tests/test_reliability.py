@@ -175,7 +175,7 @@ def test_resume_keeps_the_april_buffer_neither_dropped_nor_doubled(
     out = tmp_path / "run"
     monkeypatch.setattr(experiment.ArmSession, "_step", stop_at_april_step_2)
     assert main(["run", *SIM, "--strategies", "sync,april", "--out", str(out)]) == 130
-    saved = json.loads((out / "state" / "april-r0.json").read_text())
+    saved = json.loads((out / "state" / "april-r0-s2.json").read_text())  # after 2 steps
     assert saved["completed_steps"] == 2 and saved["rollout"]["buffer"], "APRIL had partials to carry"
     versions = {
         seg["policy_version"]
@@ -475,3 +475,29 @@ def test_atomic_json_files_get_the_usual_permissions(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_an_interrupt_between_a_checkpoint_and_its_status_loses_no_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uninterrupted: Path
+) -> None:
+    """The narrowest window: the session's checkpoint is written, the status does not name it yet.
+    The resume must continue from the checkpoint the status names (rows and state agree), so every
+    step is there exactly once."""
+    from april_bench.results.resume import RunStatus
+
+    calls = {"n": 0}
+    original = RunStatus.step_done
+
+    def step_done_then_interrupt(self: RunStatus, arm: str, repeat: int, done: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # after the checkpoint file, before the status says so
+        original(self, arm, repeat, done)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(RunStatus, "step_done", step_done_then_interrupt)
+    assert main(["run", *SIM, "--strategies", "sync,april", "--out", str(run)]) == 130
+    monkeypatch.setattr(RunStatus, "step_done", original)
+    assert main(["run", "--resume", str(run), "--no-progress"]) == 0
+    for table in ("steps", "requests", "samples"):
+        assert _rows(run, table) == _rows(uninterrupted, table), table

@@ -30,9 +30,12 @@ def session_key(arm: str, repeat: int) -> str:
     return f"{arm}#{repeat}"
 
 
-def state_path(run_dir: Path, arm: str, repeat: int) -> Path:
+def state_path(run_dir: Path, arm: str, repeat: int, completed: int) -> Path:
+    """The checkpoint of a session after ``completed`` steps.  One file per step count: the status
+    names the count, so an interrupt between writing a checkpoint and recording it in the status
+    resumes from the previous checkpoint, never from one the rows on disk do not match."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", arm).strip("_") or "arm"
-    return run_dir / "state" / f"{slug}-r{repeat}.json"
+    return run_dir / "state" / f"{slug}-r{repeat}-s{completed}.json"
 
 
 @dataclass(slots=True)
