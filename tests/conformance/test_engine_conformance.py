@@ -145,7 +145,12 @@ def test_abort_of_one_request_leaves_the_others_running(host: EngineHost) -> Non
             await asyncio.sleep(0.01)
         await engine.abort(["stop-me"])
         done = {c.request_id: c async for c in stream}
-        assert done["stop-me"].finish_reason is FinishReason.ABORT
+        if done["stop-me"].finish_reason is FinishReason.STOP:
+            # a fast engine on an idle core can finish all LONG tokens before the abort lands (seen
+            # with vLLM under load, whose load() lags a scheduler step); then the abort was a no-op
+            assert done["stop-me"].num_tokens == LONG
+        else:
+            assert done["stop-me"].finish_reason is FinishReason.ABORT
         assert (done["finish-me"].finish_reason, done["finish-me"].num_tokens) == (FinishReason.STOP, 30)
 
     host.run(body)
