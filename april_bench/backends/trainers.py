@@ -115,10 +115,9 @@ def resolve_trainer(requested: str, *, engine: str, produces_tokens: bool) -> Tr
     return spec
 
 
-def check_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
-    from april_bench.trainers.torch_trainer import TorchTrainer
-
-    options = {
+def _options(settings: TrainerSettings, args: Mapping[str, Any]) -> dict[str, Any]:
+    """What the run decides for every torch-based trainer, then the user's --trainer-arg options."""
+    return {
         "algorithm": settings.algorithm,
         "off_policy": settings.off_policy,
         "temperature": settings.temperature,
@@ -126,46 +125,46 @@ def check_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
         "pad_token_id": settings.pad_token_id,
         **args,
     }
-    return config_from(TorchTrainer.Config, options, where="--trainer-arg", owner="the torch trainer")
 
 
-def build_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+def _starting_module(settings: TrainerSettings) -> Any:
+    """The seeded model with the task's starting weights loaded (what every torch trainer starts from)."""
     from april_bench.engines.hf.models import build_model
 
-    config = check_torch(settings, args)
     module = build_model(settings.model, vocab_size=settings.vocab_size, seed=settings.seed)
     start = settings.initial_weights() if settings.initial_weights is not None else None
     if start is not None:
         module.load_state_dict(start)
-    trainer: Trainer = config.build(module=module)
+    return module
+
+
+def check_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
+    from april_bench.trainers.torch_trainer import TorchTrainer
+
+    return config_from(
+        TorchTrainer.Config, _options(settings, args), where="--trainer-arg", owner="the torch trainer"
+    )
+
+
+def build_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+    config = check_torch(settings, args)
+    trainer: Trainer = config.build(module=_starting_module(settings))
     return trainer
 
 
 def check_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
     from april_bench.trainers.fsdp import FSDPTrainer
 
-    options = {
-        "algorithm": settings.algorithm,
-        "off_policy": settings.off_policy,
-        "temperature": settings.temperature,
-        "max_response_len": settings.max_response_len,
-        "pad_token_id": settings.pad_token_id,
-        **args,
-    }
-    return config_from(FSDPTrainer.Config, options, where="--trainer-arg", owner="the fsdp trainer")
+    return config_from(
+        FSDPTrainer.Config, _options(settings, args), where="--trainer-arg", owner="the fsdp trainer"
+    )
 
 
 def build_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-    from april_bench.engines.hf.models import build_model
     from april_bench.trainers.fsdp import PolicySpec
 
     config = check_fsdp(settings, args)
-    # The ranks start from the weights the one-process trainer would: the seeded model, then the
-    # task's starting weights.
-    module = build_model(settings.model, vocab_size=settings.vocab_size, seed=settings.seed)
-    start = settings.initial_weights() if settings.initial_weights is not None else None
-    if start is not None:
-        module.load_state_dict(start)
+    module = _starting_module(settings)  # the ranks start where the one-process trainer would
     spec = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
     trainer: Trainer = config.build(model=spec)
     return trainer
