@@ -116,13 +116,20 @@ def _execute(
     recorder = RunRecorder(sink=writer)
     if kept:
         recorder.preload(kept)
+    received: list[str] = []
     try:
-        with _signals_as_interrupts() as received:
+        with _signals_as_interrupts(received):
             result = run(
                 config, progress=progress, echo=_echo, recorder=recorder, components=components, status=status
             )
-    except KeyboardInterrupt:
+    except BaseException as exc:
         writer.close()
+        # A signal raised inside the event loop's machinery can surface as another error (for example
+        # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
+        if not isinstance(exc, KeyboardInterrupt) and not received:
+            status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
+            status.save()
+            raise
         status.state, status.message = "interrupted", f"stopped by {received[0] if received else 'SIGINT'}"
         status.save()
         done = sum(status.completed.values())
@@ -131,11 +138,6 @@ def _execute(
             f"`python -m april_bench run --resume {out}`"
         )
         return 130 if not received or received[0] == "SIGINT" else 143
-    except BaseException as exc:
-        writer.close()
-        status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
-        status.save()
-        raise
     provenance = collect_provenance(
         simulated=result.simulated,
         engine=result.engine,
@@ -161,9 +163,8 @@ def _execute(
 
 
 @contextlib.contextmanager
-def _signals_as_interrupts() -> Iterator[list[str]]:
-    """SIGTERM behaves like Ctrl-C (a clean stop); the name of the signal received is recorded."""
-    received: list[str] = []
+def _signals_as_interrupts(received: list[str]) -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C (a clean stop); the names of the signals received go to ``received``."""
 
     def handler(signum: int, frame: Any) -> None:
         received.append(signal.Signals(signum).name)
@@ -173,7 +174,7 @@ def _signals_as_interrupts() -> Iterator[list[str]]:
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield received
+        yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
