@@ -399,12 +399,17 @@ def _build_rank(
     )
     module = build_gpt(hf, model.weights, tp=config.tp, pp=config.pp, vocab=shape.vocab)
     full = hf_to_mcore(pad_vocab(model.weights, shape.vocab), shape, spec="local")
-    missing, unexpected = module.load_state_dict(shard(full, shape, layout)[where], strict=False)
+    _load_shard(module, shard(full, shape, layout)[where])
+    torch_config = config.torch_config().replace(device=device)
+    return _McoreRank(torch_config, module=module, vocab=int(hf.vocab_size)), where
+
+
+def _load_shard(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Every parameter of the shard, exactly (only megatron's ``_extra_state`` placeholders may be absent)."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("._extra_state")]
     if missing or unexpected:
         raise RuntimeError(f"megatron shard does not fit: missing {missing}, unexpected {unexpected}")
-    torch_config = config.torch_config().replace(device=device)
-    return _McoreRank(torch_config, module=module, vocab=int(hf.vocab_size)), where
 
 
 def _serve(trainer: _McoreRank, where: tuple[int, int], rank: int, pipe: Connection) -> None:
@@ -421,7 +426,7 @@ def _serve(trainer: _McoreRank, where: tuple[int, int], rank: int, pipe: Connect
         if command == "load_state":
             (path,) = args
             saved = torch.load(path, map_location="cpu", weights_only=True)["ranks"][rank]
-            trainer.model.load_state_dict(saved["model"], strict=False)
+            _load_shard(trainer.model, saved["model"])
             trainer.optimizer.load_state_dict(saved["optimizer"])
             return None
         raise ValueError(f"unknown command {command!r}")
