@@ -21,6 +21,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "ray": None
         if importlib.util.find_spec("ray")
         else "needs the ray package (pip install 'april-bench[ray]')",
+        "megatron": None
+        if importlib.util.find_spec("megatron")
+        else "needs megatron-core (pip install 'april-bench[megatron]')",
     }
     for item in items:
         for marker, reason in reasons.items():

@@ -85,3 +85,18 @@ def test_parallel_sizes_are_checked_against_the_model() -> None:
         MegatronLayout(pp=2).check(shape)  # 3 layers
     with pytest.raises(ConfigError, match=">= 1"):
         MegatronLayout(tp=0).check(shape)
+
+
+def test_local_spec_names_round_trip() -> None:
+    """The names of ``get_gpt_layer_local_spec`` (what the megatron trainer builds without Transformer
+    Engine): separate norm modules instead of norms fused into the linears."""
+    state, shape = _tiny()
+    local = hf_to_mcore(state, shape, spec="local")
+    assert "decoder.layers.0.input_layernorm.weight" in local
+    assert "decoder.layers.0.pre_mlp_layernorm.weight" in local
+    assert not any("layer_norm_weight" in name for name in local)
+    back = mcore_to_hf(local, shape, spec="local")
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[name], value) for name, value in state.items())
+    with pytest.raises(ValueError, match="layer spec"):
+        hf_to_mcore(state, shape, spec="fused")

@@ -1,4 +1,4 @@
-"""``--trainer ray``: any registered trainer (``torch``, ``fsdp``) inside a Ray actor.
+"""``--trainer ray``: any registered trainer (``torch``, ``fsdp``, ``megatron``) inside a Ray actor.
 
 The actor builds the inner trainer with the run's :class:`TrainerSettings` (their starting weights
 evaluated once here, so they pickle), reserving ``num_cpus`` / ``num_gpus`` on whichever node Ray
@@ -26,16 +26,16 @@ class RayTrainer(Configurable):
 
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
-        trainer: str = param("torch", help="the trainer the actor runs: torch or fsdp")
+        trainer: str = param("torch", help="the trainer the actor runs: torch, fsdp or megatron")
         address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
         num_cpus: float = param(0.5, help="CPUs the trainer actor reserves (each arm has its own trainer)")
-        num_gpus: float = param(0.0, help="GPUs the trainer actor reserves (fsdp: world_size)")
+        num_gpus: float = param(0.0, help="GPUs the trainer actor reserves (fsdp: world_size, megatron: tp)")
         placement_timeout_s: float = param(600.0, help="seconds to wait for the actor to be placed and built")
         trainer_args: Mapping[str, Any] = param(help="the inner trainer's options", default_factory=dict)
 
         def __post_init__(self) -> None:
             if self.trainer in ("ray", "sim", "auto"):
-                raise ConfigError("--trainer-arg trainer must name a real trainer: torch or fsdp")
+                raise ConfigError("--trainer-arg trainer must name a real trainer: torch, fsdp or megatron")
 
     def __init__(self, config: Config, *, settings: Any) -> None:
         import ray

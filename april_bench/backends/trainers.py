@@ -9,6 +9,7 @@ token-free engine and ``torch`` otherwise.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,17 @@ TRAINERS.register(
         checker="april_bench.backends.trainers:check_fsdp",
     ),
     "the torch trainer data-parallel over world_size processes with FSDP2 (gloo on CPU, nccl on CUDA)",
+)
+TRAINERS.register(
+    "megatron",
+    TrainerSpec(
+        "megatron",
+        "april_bench.backends.trainers:build_megatron",
+        needs_tokens=True,
+        checker="april_bench.backends.trainers:check_megatron",
+    ),
+    "the torch trainer's loss on a megatron-core GPTModel, tensor-parallel over tp processes "
+    "(needs the megatron extra; gloo on CPU, nccl on CUDA)",
 )
 TRAINERS.register(
     "ray",
@@ -164,6 +176,27 @@ def build_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
     from april_bench.trainers.fsdp import PolicySpec
 
     config = check_fsdp(settings, args)
+    module = _starting_module(settings)  # the ranks start where the one-process trainer would
+    spec = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
+    trainer: Trainer = config.build(model=spec)
+    return trainer
+
+
+def check_megatron(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
+    from april_bench.trainers.megatron_trainer import MegatronTrainer
+
+    config = config_from(
+        MegatronTrainer.Config, _options(settings, args), where="--trainer-arg", owner="the megatron trainer"
+    )
+    if importlib.util.find_spec("megatron") is None:  # found, not imported: the ranks import it
+        raise ConfigError("--trainer megatron needs megatron-core: pip install 'april-bench[megatron]'")
+    return config
+
+
+def build_megatron(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+    from april_bench.trainers.fsdp import PolicySpec
+
+    config = check_megatron(settings, args)
     module = _starting_module(settings)  # the ranks start where the one-process trainer would
     spec = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
     trainer: Trainer = config.build(model=spec)

@@ -7,9 +7,9 @@ computes a disjoint share of each mini-batch (rows ``rank::world_size``), and we
 ``world_size * its loss denominator / the mini-batch's`` so that FSDP's averaged gradients are the
 one-process gradients of the whole mini-batch (``algorithms.losses.loss_denominator``).
 
-The driver (this process, where the rollout runs) talks to the ranks over pipes.  After a step the
-engine gets the weights gathered to rank 0 as a full CPU state dict (``weights()``, the in-process
-WeightSync); resumable state is the full model and optimizer state dicts in one file.
+The driver (this process, where the rollout runs) talks to the ranks over pipes (:mod:`.ranks`).
+After a step the engine gets the weights gathered to rank 0 as a full CPU state dict (``weights()``,
+the in-process WeightSync); resumable state is the full model and optimizer state dicts in one file.
 
 Checked against torch 2.13.0: ``torch.distributed.fsdp.fully_shard`` (FSDP2) shards on a CPU mesh
 (``_get_device_from_mesh`` returns the CPU device for ``device_type="cpu"``) and runs its
@@ -20,10 +20,7 @@ all-gathers and reduce-scatters over gloo; ``torch.distributed.checkpoint.state_
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
-import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -33,7 +30,9 @@ from typing import Any
 import torch
 
 from april_bench.config import ConfigError, Configurable, param
+from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.protocol import TrainResult
+from april_bench.trainers.ranks import RankGroup, free_address, serve
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -86,8 +85,6 @@ class FSDPTrainer(Configurable):
             return TorchTrainer.Config(**shared)
 
     def __init__(self, config: Config, *, model: PolicySpec) -> None:
-        import torch.multiprocessing as mp
-
         self.config = config
         device = config.device
         if device == "auto":
@@ -98,27 +95,13 @@ class FSDPTrainer(Configurable):
                 f"{torch.cuda.device_count()} visible"
             )
         backend = config.backend if config.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
-        address = f"tcp://127.0.0.1:{_free_port()}"
-        context = mp.get_context("spawn")
-        self._pipes: list[Connection] = []
-        self._ranks: list[Any] = []
-        for rank in range(config.world_size):
-            ours, theirs = context.Pipe()
-            process = context.Process(
-                target=_rank_main,
-                args=(rank, config, device, backend, address, model, theirs),
-                daemon=True,
-                name=f"april-fsdp-rank{rank}",
-            )
-            process.start()
-            theirs.close()
-            self._pipes.append(ours)
-            self._ranks.append(process)
-        try:
-            self._gather(config.start_timeout_s)  # every rank reports ready
-        except BaseException:
-            self.close()
-            raise
+        self._ranks = RankGroup(
+            _rank_main,
+            (config, device, backend, free_address(), model),
+            world=config.world_size,
+            name="fsdp",
+            start_timeout_s=config.start_timeout_s,
+        )
 
     # ------------------------------------------------------------ trainer protocol
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
@@ -140,48 +123,10 @@ class FSDPTrainer(Configurable):
 
     def close(self) -> None:
         """Stop the ranks (idempotent)."""
-        for pipe in self._pipes:
-            with contextlib.suppress(BrokenPipeError, OSError):  # a rank that already died
-                pipe.send(("stop",))
-        for process in self._ranks:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=10)
-        for pipe in self._pipes:
-            pipe.close()
-        self._pipes, self._ranks = [], []
+        self._ranks.close()
 
-    # ------------------------------------------------------------ messaging
     def _call(self, command: str, *args: Any) -> list[Any]:
-        if not self._pipes:
-            raise RuntimeError("the fsdp trainer is closed")
-        for pipe in self._pipes:
-            pipe.send((command, *args))
-        return self._gather(None)
-
-    def _gather(self, timeout: float | None) -> list[Any]:
-        """One reply per rank, in rank order; a rank's error or death is raised here."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        replies: list[Any] = []
-        for rank, (pipe, process) in enumerate(zip(self._pipes, self._ranks, strict=True)):
-            while not pipe.poll(1.0):
-                if not process.is_alive():
-                    raise RuntimeError(f"fsdp rank {rank} exited with code {process.exitcode}")
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RuntimeError(f"fsdp rank {rank} did not start within {timeout:.0f} s")
-            status, value = pipe.recv()
-            if status == "error":
-                raise RuntimeError(f"fsdp rank {rank} failed:\n{value}")
-            replies.append(value)
-        return replies
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        return self._ranks.call(command, *args)
 
 
 # ---------------------------------------------------------------- the rank side
@@ -205,11 +150,9 @@ class _RankTrainer(TorchTrainer):
         chunked path calls submodules directly and would see sharded weights)."""
         ids = rows.ids[index, : width + 1]
         logits = model(input_ids=ids, attention_mask=rows.attention[index, : width + 1]).logits[:, :-1]
-        logp_all = torch.log_softmax(logits.float() / self.config.temperature, dim=-1)
-        chosen = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        keep = (rows.mask[index, :width] != 0).to(chosen.dtype)
-        return chosen * keep, entropy * keep
+        return logits_token_logprobs(
+            logits, ids[:, 1:], rows.mask[index, :width], temperature=self.config.temperature
+        )
 
     def _local(self, part: list[int]) -> list[int]:
         if len(part) < self.world:
@@ -306,41 +249,30 @@ def _serve(trainer: _RankTrainer, pipe: Connection, rank: int) -> None:
     )
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    while True:
-        command, *args = pipe.recv()
-        if command == "stop":
-            return
-        try:
-            reply: Any = None
-            if command == "train":
-                batch, step, version = args
-                result = asyncio.run(trainer.train(batch, step=step, policy_version=version))
-                reply = result.metrics
-            elif command == "weights":
-                state = get_model_state_dict(trainer.model, options=full)  # a collective: every rank
-                reply = state if rank == 0 else None
-            elif command == "save_state":
-                (path,) = args
-                model_state = get_model_state_dict(trainer.model, options=full)
-                optim_state = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full)
-                if rank == 0:
-                    tmp = f"{path}.tmp"
-                    torch.save({"model": model_state, "optimizer": optim_state}, tmp)
-                    os.replace(tmp, path)
-            elif command == "load_state":
-                (path,) = args
-                saved = torch.load(path, map_location="cpu", weights_only=True)
-                set_model_state_dict(
-                    trainer.model, saved["model"], options=StateDictOptions(full_state_dict=True)
-                )
-                set_optimizer_state_dict(
-                    trainer.model,
-                    trainer.optimizer,
-                    saved["optimizer"],
-                    options=StateDictOptions(full_state_dict=True),
-                )
-            else:
-                raise ValueError(f"unknown command {command!r}")
-            pipe.send(("ok", reply))
-        except Exception:
-            pipe.send(("error", traceback.format_exc()))
+
+    def handle(command: str, args: list[Any]) -> Any:
+        if command == "train":
+            batch, step, version = args
+            return asyncio.run(trainer.train(batch, step=step, policy_version=version)).metrics
+        if command == "weights":
+            state = get_model_state_dict(trainer.model, options=full)  # a collective: every rank
+            return state if rank == 0 else None
+        if command == "save_state":
+            (path,) = args
+            model_state = get_model_state_dict(trainer.model, options=full)
+            optim_state = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full)
+            if rank == 0:
+                tmp = f"{path}.tmp"
+                torch.save({"model": model_state, "optimizer": optim_state}, tmp)
+                os.replace(tmp, path)
+            return None
+        if command == "load_state":
+            (path,) = args
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(trainer.model, saved["model"], options=options)
+            set_optimizer_state_dict(trainer.model, trainer.optimizer, saved["optimizer"], options=options)
+            return None
+        raise ValueError(f"unknown command {command!r}")
+
+    serve(pipe, handle)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "token_logprobs"]
+__all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "logits_token_logprobs", "token_logprobs"]
 
 #: Tokens per ``lm_head`` chunk when the caller names none.
 DEFAULT_CHUNK_TOKENS = 1024
@@ -170,3 +170,18 @@ def token_logprobs(
     if not with_entropy:
         return chosen, None
     return chosen, torch.zeros_like(chosen).masked_scatter(select, entropy)
+
+
+def logits_token_logprobs(
+    logits: Tensor, targets: Tensor, keep: Tensor, *, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Log-probs and entropies ``[B, T]`` of ``targets`` ``[B, T]`` from full logits ``[B, T, V]``.
+
+    For a model whose logits come out whole (a sharded or megatron-core model, where ``lm_head``
+    cannot be called on its own); positions where ``keep`` is 0 are 0.
+    """
+    logp_all = torch.log_softmax(logits.float() * _scale(temperature), dim=-1)
+    chosen = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    weight = (keep != 0).to(chosen.dtype)
+    return chosen * weight, entropy * weight

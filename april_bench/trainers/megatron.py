@@ -1,7 +1,7 @@
 """Megatron-core layout for the Qwen2/Qwen3 policies: parallel sizes, and weight-name conversion.
 
-This is the config and checkpoint layer of a Megatron-core trainer, written and tested on CPU
-without megatron-core (it does not install without CUDA): the trainer loop itself is not here yet.
+This is the config and checkpoint layer of the Megatron-core trainer (:mod:`.megatron_trainer`), and
+needs no megatron-core itself:
 
 * :class:`MegatronLayout` checks tensor/pipeline-parallel sizes against the model's shape
   (heads and KV groups divide by ``tp``, layers by ``pp``);
@@ -14,8 +14,10 @@ without megatron-core (it does not install without CUDA): the trainer loop itsel
   layers renumbered per pipeline stage) and back - what gathering a trained policy into the engines'
   Hugging Face format needs.
 
-Names follow megatron-core 0.12's ``GPTModel`` with ``get_gpt_layer_with_transformer_engine_spec``
-(``decoder.layers.N.self_attention.linear_qkv.weight`` ...), as in Megatron-Bridge's Qwen mappings.
+Names follow megatron-core's ``GPTModel`` with ``get_gpt_layer_with_transformer_engine_spec``
+(``decoder.layers.N.self_attention.linear_qkv.weight`` ...), as in Megatron-Bridge's Qwen mappings, or,
+with ``spec="local"``, ``get_gpt_layer_local_spec`` (``input_layernorm``, ``pre_mlp_layernorm``), which
+the trainer builds (the local names checked against megatron-core 0.16.1's ``GPTModel``).
 """
 
 from __future__ import annotations
@@ -91,6 +93,17 @@ _LAYER_RENAMES = (
     ("post_attention_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"),
     ("mlp.down_proj.weight", "mlp.linear_fc2.weight"),
 )
+#: The same renames for the local (pure megatron-core) layer spec, ``get_gpt_layer_local_spec``: separate
+#: norm modules instead of norms fused into the next linear (checked on megatron-core 0.16.1).
+_LOCAL_LAYER_RENAMES = (
+    ("input_layernorm.weight", "input_layernorm.weight"),
+    ("self_attn.o_proj.weight", "self_attention.linear_proj.weight"),
+    ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
+    ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight"),
+    ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight"),
+    ("mlp.down_proj.weight", "mlp.linear_fc2.weight"),
+)
+SPECS = ("te", "local")
 _TOP_RENAMES = (
     ("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
     ("model.norm.weight", "decoder.final_layernorm.weight"),
@@ -116,15 +129,28 @@ def _split_qkv(qkv: torch.Tensor, shape: ModelShape, groups: int) -> tuple[torch
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
-def hf_to_mcore(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
-    """A full Hugging Face state dict in megatron-core's names and fused layouts."""
+def _layer_renames(spec: str) -> tuple[tuple[str, str], ...]:
+    if spec not in SPECS:
+        raise ValueError(f"unknown megatron layer spec {spec!r}; one of {SPECS}")
+    return _LAYER_RENAMES if spec == "te" else _LOCAL_LAYER_RENAMES
+
+
+def hf_to_mcore(
+    state: dict[str, torch.Tensor], shape: ModelShape, *, spec: str = "te"
+) -> dict[str, torch.Tensor]:
+    """A full Hugging Face state dict in megatron-core's names and fused layouts.
+
+    ``spec``: ``te`` (Transformer-Engine layer spec, norms fused into the linears) or ``local``
+    (``get_gpt_layer_local_spec``, what runs without Transformer Engine, e.g. on a CPU).
+    """
+    renames = _layer_renames(spec)
     out: dict[str, torch.Tensor] = {}
     for hf, mc in _TOP_RENAMES:
         if hf in state and not (shape.tied and hf == "lm_head.weight"):
             out[mc] = state[hf]
     for i in range(shape.layers):
         h, m = _HF_LAYER.format(i=i), _MC_LAYER.format(i=i)
-        for hf, mc in _LAYER_RENAMES:
+        for hf, mc in renames:
             if h + hf in state:
                 out[m + mc] = state[h + hf]
         for kind in ("weight", "bias"):
@@ -138,8 +164,11 @@ def hf_to_mcore(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, 
     return out
 
 
-def mcore_to_hf(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
+def mcore_to_hf(
+    state: dict[str, torch.Tensor], shape: ModelShape, *, spec: str = "te"
+) -> dict[str, torch.Tensor]:
     """The inverse of :func:`hf_to_mcore` (what the engines load)."""
+    renames = _layer_renames(spec)
     out: dict[str, torch.Tensor] = {}
     for hf, mc in _TOP_RENAMES:
         if mc in state:
@@ -148,7 +177,7 @@ def mcore_to_hf(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, 
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     for i in range(shape.layers):
         h, m = _HF_LAYER.format(i=i), _MC_LAYER.format(i=i)
-        for hf, mc in _LAYER_RENAMES:
+        for hf, mc in renames:
             if m + mc in state:
                 out[h + hf] = state[m + mc]
         for kind in ("weight", "bias"):

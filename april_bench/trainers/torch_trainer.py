@@ -238,7 +238,7 @@ class TorchTrainer(Configurable):
                 weight = share if key in _SCALED_METRICS else (kept if key == "clipfrac" else tokens)
                 totals[key] = totals.get(key, 0.0) + value * weight
                 weights[key] = weights.get(key, 0.0) + weight
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        norm = self._clip_gradients()
         self.optimizer.step()
         totals, weights = self._reduce(totals, weights)
         summary = {
@@ -345,7 +345,7 @@ class TorchTrainer(Configurable):
         raise ConfigError(f"{head}; {hint}")
 
     # ------------------------------------------------------------ data-parallel hooks
-    # One process trains on every row; a data-parallel rank (trainers/fsdp.py) overrides these three.
+    # One process trains on every row; a data-parallel rank (trainers/fsdp.py) overrides the first three.
     def _local(self, part: list[int]) -> list[int]:
         """The rows of mini-batch ``part`` this process computes."""
         return part
@@ -360,6 +360,12 @@ class TorchTrainer(Configurable):
     ) -> tuple[dict[str, float], dict[str, float]]:
         """Weighted metric sums of the whole mini-batch from this process's part of it."""
         return totals, weights
+
+    def _clip_gradients(self) -> torch.Tensor | float:
+        """Clip the accumulated gradients to ``grad_clip`` and return their total norm (before
+        clipping).  A tensor-parallel rank (trainers/megatron_trainer.py) reduces the norm over the
+        ranks that each hold a part of the model."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
 
     # ------------------------------------------------------------ batching
     def _rewards(self, samples: list[Sample]) -> torch.Tensor:
@@ -408,7 +414,7 @@ class TorchTrainer(Configurable):
         )
 
 
-def _as_float(value: torch.Tensor) -> float:
+def _as_float(value: torch.Tensor | float) -> float:
     """A scalar tensor as a float; a sharded (DTensor) norm is gathered first."""
     full = getattr(value, "full_tensor", None)
     return float(full() if full is not None else value)

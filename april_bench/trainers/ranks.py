@@ -1,0 +1,110 @@
+"""Trainer processes driven over pipes: the fsdp and megatron trainers' ranks.
+
+The driver (the process running the rollout) spawns one process per rank, waits for each to report
+ready, then sends every rank the same command and collects one reply per rank, in rank order.  A
+rank answers ``("ok", value)`` or ``("error", traceback)``; an error or a dead rank is raised here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+__all__ = ["RankGroup", "free_address", "serve"]
+
+
+class RankGroup:
+    """``world`` spawned processes running ``target(rank, *args, pipe)``."""
+
+    def __init__(
+        self,
+        target: Callable[..., None],
+        args: tuple[Any, ...],
+        *,
+        world: int,
+        name: str,
+        start_timeout_s: float,
+    ) -> None:
+        import torch.multiprocessing as mp
+
+        self.name = name
+        context = mp.get_context("spawn")
+        self._pipes: list[Connection] = []
+        self._ranks: list[Any] = []
+        for rank in range(world):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=target, args=(rank, *args, theirs), daemon=True, name=f"april-{name}-rank{rank}"
+            )
+            process.start()
+            theirs.close()
+            self._pipes.append(ours)
+            self._ranks.append(process)
+        try:
+            self._gather(start_timeout_s)  # every rank reports ready
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, command: str, *args: Any) -> list[Any]:
+        """Send every rank ``command`` and return their replies in rank order."""
+        if not self._pipes:
+            raise RuntimeError(f"the {self.name} trainer is closed")
+        for pipe in self._pipes:
+            pipe.send((command, *args))
+        return self._gather(None)
+
+    def close(self) -> None:
+        """Stop the ranks (idempotent)."""
+        for pipe in self._pipes:
+            with contextlib.suppress(BrokenPipeError, OSError):  # a rank that already died
+                pipe.send(("stop",))
+        for process in self._ranks:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+        for pipe in self._pipes:
+            pipe.close()
+        self._pipes, self._ranks = [], []
+
+    def _gather(self, timeout: float | None) -> list[Any]:
+        """One reply per rank, in rank order; a rank's error or death is raised here."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Any] = []
+        for rank, (pipe, process) in enumerate(zip(self._pipes, self._ranks, strict=True)):
+            while not pipe.poll(1.0):
+                if not process.is_alive():
+                    raise RuntimeError(f"{self.name} rank {rank} exited with code {process.exitcode}")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} rank {rank} did not start within {timeout:.0f} s")
+            status, value = pipe.recv()
+            if status == "error":
+                raise RuntimeError(f"{self.name} rank {rank} failed:\n{value}")
+            replies.append(value)
+        return replies
+
+
+def free_address() -> str:
+    """A ``tcp://`` rendezvous address on a free local port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return f"tcp://127.0.0.1:{port}"
+
+
+def serve(pipe: Connection, handle: Callable[[str, list[Any]], Any]) -> None:
+    """A rank's command loop: ``handle(command, args)``'s value is the reply, until ``stop``."""
+    while True:
+        command, *args = pipe.recv()
+        if command == "stop":
+            return
+        try:
+            pipe.send(("ok", handle(command, args)))
+        except Exception:
+            pipe.send(("error", traceback.format_exc()))
