@@ -114,7 +114,8 @@ def run_pipeline(
 def _phases(run: Run) -> list[tuple[float, ...]]:
     """Per step: (rollout start, rollout end, train start, train end, push start, push end)."""
     return [
-        (d.rollout_start, d.rollout_end, d.train_start, d.train_end, d.sync_start, d.sync_end) for d in run.done
+        (d.rollout_start, d.rollout_end, d.train_start, d.train_end, d.sync_start, d.sync_end)
+        for d in run.done
     ]
 
 
@@ -229,7 +230,12 @@ def test_a_driver_option_is_checked_where_the_arm_is_read() -> None:
 
 def _request(rid: str, n: int) -> GenerateRequest:
     return GenerateRequest(
-        request_id=rid, input_len=2, max_new_tokens=64, sampling=SamplingParams(), input_ids=(7, 7), replay_len=n
+        request_id=rid,
+        input_len=2,
+        max_new_tokens=64,
+        sampling=SamplingParams(),
+        input_ids=(7, 7),
+        replay_len=n,
     )
 
 
@@ -261,7 +267,11 @@ def test_sim_update_with_requests_in_flight_continues_them() -> None:
         await sim.start()
         reqs = [
             GenerateRequest(
-                request_id=f"r{i}", input_len=100, max_new_tokens=4000, sampling=SamplingParams(), replay_len=3000
+                request_id=f"r{i}",
+                input_len=100,
+                max_new_tokens=4000,
+                sampling=SamplingParams(),
+                replay_len=3000,
             )
             for i in range(4)
         ]
