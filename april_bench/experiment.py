@@ -391,6 +391,7 @@ class ArmSession:
             held: list[StepDone] = []
 
             async def on_step(done: StepDone, last: int = stop - 1, held: list[StepDone] = held) -> None:
+                self._time_pipelined(done)  # now: the evaluation below moves the session clock
                 if done.step == last:
                     held.append(done)  # its row waits for the evaluation after the drain
                 else:
@@ -401,14 +402,18 @@ class ArmSession:
             start = stop
         self._pause()
 
-    def _complete_pipelined(self, done: StepDone, accuracy: float | None, bars: _Bars) -> None:
-        """The rows of one step of a pipelined arm: each phase at the time it ran (they overlap)."""
-        step, record = done.step, done.outcome.record
+    def _time_pipelined(self, done: StepDone) -> None:
+        """A pipelined step's durations on the session clock, taken when the step completes."""
+        record = done.outcome.record
         record.train_time_s = done.train_end - done.train_start
         record.weight_sync_time_s = done.sync_end - done.sync_start
         end = done.sync_end - self._origin
         record.step_time_s = end - (record.t_start if self._last_end is None else self._last_end)
-        self._last_end = end
+        self._last_end = done.session_end = end
+
+    def _complete_pipelined(self, done: StepDone, accuracy: float | None, bars: _Bars) -> None:
+        """The rows of one step of a pipelined arm: each phase at the time it ran (they overlap)."""
+        step, record = done.step, done.outcome.record
         record.train_metrics = dict(getattr(done.train_result, "metrics", {}) or {})
         record.warmup = step < self.config.warmup_steps
         record.accuracy = accuracy
@@ -422,7 +427,7 @@ class ArmSession:
             ("weight_sync_end", done.sync_end),
         ):
             self._event(step, kind, at)
-        self._engine_metrics(step, "step_end", end)
+        self._engine_metrics(step, "step_end", done.session_end or 0.0)
         self.recorder.sample_fates(
             self.arm.label,
             done.outcome.batch,

@@ -117,3 +117,45 @@ def test_a_bad_driver_option_is_one_line(capsys) -> None:
     assert main(["run", *SIM, "--strategies", "sync,april[driver=stale,train_gpus=8]"]) == 2
     err = capsys.readouterr().err
     assert "train_gpus" in err and "Traceback" not in err
+
+
+def test_an_evaluation_drains_the_pipeline_and_is_cut_from_the_clock() -> None:
+    import asyncio
+    import dataclasses
+
+    from april_bench.backends import build_components
+    from april_bench.evaluation import EvalResult
+    from april_bench.experiment import run
+    from april_bench.experiment_config import ExperimentConfig
+
+    class SlowEvaluator:
+        """100 s of the loop's clock per evaluation; it sees the engine idle."""
+
+        idle: list[bool] = []
+
+        async def evaluate(self, engine: Any) -> EvalResult:
+            self.idle.append((await engine.load()).idle)
+            await asyncio.sleep(100.0)
+            return EvalResult(accuracy=0.5, stderr=0.0, n=1, mean_response_len=1.0)
+
+        def longest_prompt(self) -> int:
+            return 8
+
+    arm = "april[driver=stale,max_staleness=1]"
+    config = ExperimentConfig(engine="fake", strategies=("sync", arm), steps=4, eval_every=2, seed=0).replace(
+        rollout=ExperimentConfig().rollout.replace(
+            rollout_batch_size=4, n_samples_per_prompt=2, over_sampling_batch_size=8, max_response_len=64
+        )
+    )
+    evaluator = SlowEvaluator()
+    components = dataclasses.replace(build_components(config), evaluator=evaluator)
+    result = run(config, progress=False, components=components)
+    steps = [s for s in result.recorder["steps"] if s.arm == arm]
+    assert all(s.step_time_s > 0 for s in steps)
+    assert [s.accuracy is not None for s in steps] == [False, True, False, True]
+    ends = [e.t for e in result.recorder["events"] if e.arm == arm and e.kind == "weight_sync_end"]
+    evals = [e.t for e in result.recorder["events"] if e.arm == arm and e.kind == "eval_end"]
+    # from the end of the first evaluation to the last push, the session clock leaves out the one
+    # after step 2 (100 s); the one after step 4 comes after the last push
+    assert sum(s.step_time_s for s in steps) == pytest.approx(max(ends) - 100.0 - min(evals))
+    assert all(evaluator.idle)

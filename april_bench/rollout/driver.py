@@ -66,6 +66,8 @@ class StepDone:
     train_end: float
     sync_start: float
     sync_end: float
+    #: When the step ended on the session clock (set by the session that records it).
+    session_end: float | None = None
 
 
 class Pipeline(Configurable):
