@@ -57,7 +57,7 @@ from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
 from april_bench.vtime import VirtualTimeLoop, run_real, run_virtual
 
-__all__ = ["ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
+__all__ = ["ExperimentConfig", "RunResult", "check_drivers", "load_config", "run", "schedule"]
 
 
 @dataclass(slots=True)
@@ -84,6 +84,7 @@ def run(
     sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
     from the steps ``status`` says they completed."""
     components = components or build_components(config, progress=progress)
+    check_drivers(config, components)
     for note in components.notes:
         if echo:
             echo(note)
@@ -119,6 +120,25 @@ def run(
         notes=list(components.notes),
         engine_version=first.engine_version,
     )
+
+
+def check_drivers(config: ExperimentConfig, components: Components) -> None:
+    """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
+    cannot (vLLM and SGLang adapters: use weight_update=drain or one-step-off)."""
+    from april_bench.rollout.registry import STRATEGIES
+
+    for arm in config.arms:
+        driver = arm.driver
+        partial = bool(getattr(STRATEGIES.get(arm.strategy), "partial_rollout", False))
+        if (
+            driver.asynchronous
+            and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT
+            and not components.engine_spec.inflight_updates
+        ):
+            raise ConfigError(
+                f"arm {arm.label!r}: engine {components.engine_name!r} cannot update weights with requests "
+                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
+            )
 
 
 def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range]]:

@@ -159,3 +159,13 @@ def test_an_evaluation_drains_the_pipeline_and_is_cut_from_the_clock() -> None:
     # after step 2 (100 s); the one after step 4 comes after the last push
     assert sum(s.step_time_s for s in steps) == pytest.approx(max(ends) - 100.0 - min(evals))
     assert all(evaluator.idle)
+
+
+def test_an_in_flight_update_on_an_engine_that_cannot_is_refused_before_it_starts(capsys) -> None:
+    argv = ["validate", "--engine", "sglang-fake", "--strategies", "sync,april[driver=stale]"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot update weights with requests in flight" in err and "weight_update=drain" in err
+    assert "Traceback" not in err
+    argv[-1] = "sync,april[driver=stale,weight_update=drain],sync[driver=one-step-off]"
+    assert main(argv) == 0

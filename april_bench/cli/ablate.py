@@ -263,8 +263,11 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     components = {
         mode: build_components(config, progress=not args.no_progress) for mode, config in configs.items()
     }
+    from april_bench.experiment import check_drivers
+
     for mode, built in components.items():
         built.check(configs[mode].telemetry)
+        check_drivers(configs[mode], built)
     name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
     _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
