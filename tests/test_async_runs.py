@@ -131,7 +131,8 @@ def test_an_evaluation_drains_the_pipeline_and_is_cut_from_the_clock() -> None:
     class SlowEvaluator:
         """100 s of the loop's clock per evaluation; it sees the engine idle."""
 
-        idle: list[bool] = []
+        def __init__(self) -> None:
+            self.idle: list[bool] = []
 
         async def evaluate(self, engine: Any) -> EvalResult:
             self.idle.append((await engine.load()).idle)
