@@ -91,7 +91,9 @@ def run(
     recorder = recorder if recorder is not None else RunRecorder()
     if status is not None and echo is not None and (status.completed or status.finished):
         for arm in config.arms:  # a resumed run: say what an asynchronous arm cannot continue
-            unfinished = any(f"{arm.label}#{r}" not in status.finished for r in range(config.repeats))
+            unfinished = any(
+                status.completed.get(f"{arm.label}#{r}", 0) < config.steps for r in range(config.repeats)
+            )
             if arm.driver.asynchronous and unfinished:
                 echo(
                     f"arm {arm.label}: driver={arm.driver.driver.value} keeps requests in flight across "
