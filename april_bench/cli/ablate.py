@@ -396,22 +396,22 @@ def _figure(result: dict[str, Any], path: Path) -> Path | None:
         f"{r['arm']} ({r['off_policy_mode']})" if len({x["off_policy_mode"] for x in rows}) > 1 else r["arm"]
         for r in rows
     ]
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(rows) + 1.5))
     ys = range(len(rows))
-    ax.barh(
-        [y - 0.2 for y in ys],
-        [100 * (r["throughput_gain"] or 0.0) for r in rows],
-        0.4,
-        label="throughput gain",
+    bars = (
+        ("throughput_gain", "throughput gain"),
+        ("useful_gain", "useful-token gain"),
+        ("end_to_end_gain", "end-to-end gain (trained tokens per second of step time)"),
     )
-    ax.barh(
-        [y + 0.2 for y in ys], [100 * (r["useful_gain"] or 0.0) for r in rows], 0.4, label="useful-token gain"
-    )
+    for i, (key, label) in enumerate(bars):
+        ax.barh(
+            [y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label
+        )
     ax.set_yticks(list(ys), labels, fontsize=7)
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel(f"% against {result['baseline']} ({result['result_kind']})")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
