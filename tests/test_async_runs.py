@@ -170,3 +170,25 @@ def test_an_in_flight_update_on_an_engine_that_cannot_is_refused_before_it_start
     assert "Traceback" not in err
     argv[-1] = "sync,april[driver=stale,weight_update=drain],sync[driver=one-step-off]"
     assert main(argv) == 0
+
+
+@pytest.mark.parametrize("arm", ["april[driver=stale,max_staleness=2]", "sync[driver=one-step-off]"])
+def test_a_rollout_that_stalls_in_an_async_arm_is_one_line_not_a_hang(arm: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    trace = tmp_path / "lengths.jsonl"  # every reward equal: no group passes DAPO's filter
+    trace.write_text(
+        "".join(json.dumps({"uid": u, "length": 100 + u % 7, "reward": 0}) + "\n" for u in range(64))
+    )
+    argv = ["run", *SIM, "--algo", "dapo", "--strategies", arm, "--workload-arg", f"length_trace={trace}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "april_bench", *argv, "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "rejected by dynamic sampling" in errors[0]

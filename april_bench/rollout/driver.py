@@ -141,7 +141,8 @@ class Pipeline(Configurable):
         finally:
             if not rollouts.done():
                 rollouts.cancel()
-                await asyncio.gather(rollouts, return_exceptions=True)
+            # its error, if any, reached the training chain through the step's future: retrieve it here
+            await asyncio.gather(rollouts, return_exceptions=True)
 
     async def _rollouts(self, horizon: int) -> None:
         assert self._cond is not None
