@@ -14,8 +14,19 @@ Measured (real-time) sessions run interleaved on one event loop in blocks of
 on a shared machine falls on every arm alike.  Simulated sessions run one
 after another, each on its own virtual clock.
 
+An arm's driver (:mod:`april_bench.rollout.driver`) may overlap rollout and
+training (``one-step-off``, ``stale``).  Such a session's step rows still hold
+each phase's own duration, and its ``step_time_s`` is the time from the end of
+the previous step to the end of this one, so the sum over steps is the
+session's time for every driver and throughput is computed the same way.  Its
+pipeline drains at the end of every block of steps and before every held-out
+evaluation (so evaluations never see rollout requests in flight).
+
 With a ``state_dir``, every session writes a checkpoint after each completed
 step and ``resume=True`` continues from them (:mod:`april_bench.results.resume`).
+An asynchronous arm has requests in flight and batches rolled out ahead at
+every step boundary but the last, which a checkpoint does not hold: it writes
+its checkpoint when it completes, and an interrupted one restarts from step 0.
 """
 
 from __future__ import annotations
@@ -33,18 +44,20 @@ from tqdm import tqdm
 
 from april_bench.backends import Components, build_components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
+from april_bench.config import ConfigError
 from april_bench.engines.protocol import Engine, EngineMetrics, EngineState
 from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
 from april_bench.results.resume import RunStatus, state_path
 from april_bench.results.store import write_json_atomic
+from april_bench.rollout.driver import Pipeline, StepDone, WeightUpdateMode
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
 from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
 from april_bench.vtime import VirtualTimeLoop, run_real, run_virtual
 
-__all__ = ["ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
+__all__ = ["ExperimentConfig", "RunResult", "check_drivers", "load_config", "run", "schedule"]
 
 
 @dataclass(slots=True)
@@ -71,10 +84,21 @@ def run(
     sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
     from the steps ``status`` says they completed."""
     components = components or build_components(config, progress=progress)
+    check_drivers(config, components)
     for note in components.notes:
         if echo:
             echo(note)
     recorder = recorder if recorder is not None else RunRecorder()
+    if status is not None and echo is not None and (status.completed or status.finished):
+        for arm in config.arms:  # a resumed run: say what an asynchronous arm cannot continue
+            unfinished = any(
+                status.completed.get(f"{arm.label}#{r}", 0) < config.steps for r in range(config.repeats)
+            )
+            if arm.driver.asynchronous and unfinished:
+                echo(
+                    f"arm {arm.label}: driver={arm.driver.driver.value} keeps requests in flight across "
+                    "steps, which a checkpoint does not hold; its unfinished sessions restart from step 0"
+                )
     sessions = [
         ArmSession(config, arm, repeat, components, recorder, status)
         for repeat in range(config.repeats)
@@ -98,6 +122,25 @@ def run(
         notes=list(components.notes),
         engine_version=first.engine_version,
     )
+
+
+def check_drivers(config: ExperimentConfig, components: Components) -> None:
+    """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
+    cannot (vLLM and SGLang adapters: use weight_update=drain or one-step-off)."""
+    from april_bench.rollout.registry import STRATEGIES
+
+    for arm in config.arms:
+        driver = arm.driver
+        partial = bool(getattr(STRATEGIES.get(arm.strategy), "partial_rollout", False))
+        if (
+            driver.asynchronous
+            and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT
+            and not components.engine_spec.inflight_updates
+        ):
+            raise ConfigError(
+                f"arm {arm.label!r}: engine {components.engine_name!r} cannot update weights with requests "
+                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
+            )
 
 
 def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range]]:
@@ -196,6 +239,10 @@ class ArmSession:
         self.after_step: Callable[[], None] | None = None
         self._paused_at: float | None = None
         self._done = 0  # steps completed
+        #: The asynchronous driver's pipeline (``None``: the synchronous driver, step by step).
+        self._pipeline: Pipeline | None = None
+        #: Session-clock end of the last completed step of a pipelined arm.
+        self._last_end: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def run_alone(self, bars: _Bars) -> None:
@@ -213,10 +260,14 @@ class ArmSession:
             loop.set_time(saved["clock_now"])  # a simulated run continues on the same virtual clock
         if self.run_origin is None:  # alone on its own (virtual) clock
             self.run_origin = loop.time() if saved is None else loop.time() - saved["run_elapsed"]
-        engine = self._engine = self.components.engine()
+        driver = self.arm.driver
+        make_engine, make_trainer = self.components.engine, self.components.trainer
+        if driver.asynchronous:
+            make_engine, make_trainer, _ = self.components.split(driver.train_gpus)
+        engine = self._engine = make_engine()
         await engine.start()
         self.simulated, self.engine_version = engine.info.simulated, engine.info.version  # known once started
-        self._trainer = self.components.trainer()
+        self._trainer = make_trainer()
         self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
         rollout_config = self.config.rollout_config()
@@ -237,9 +288,38 @@ class ArmSession:
             await self._evaluate(0)
         else:
             await self._restore(saved)
+        if driver.asynchronous:
+            self._pipeline = self._build_pipeline()
         self._pause()  # other sessions may open or run before this one's first block
 
+    def _build_pipeline(self) -> Pipeline:
+        assert self._engine is not None and self._trainer is not None and self._sync is not None
+        assert self._rollout is not None
+        engine, trainer, sync = self._engine, self._trainer, self._sync
+        partial = bool(getattr(self._rollout.strategy, "partial_rollout", False))
+        driver = self.arm.driver
+        if driver.update_mode(partial) is WeightUpdateMode.INFLIGHT and not engine.info.inflight_updates:
+            raise ConfigError(
+                f"arm {self.arm.label!r}: engine {engine.info.name!r} cannot update weights with requests "
+                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
+            )
+
+        async def push(version: int) -> None:
+            await sync.push(trainer, engine, version)
+
+        return driver.build(
+            rollout=self._rollout,
+            trainer=trainer,
+            push=push,
+            total_steps=self.config.steps,
+            partial_rollout=partial,
+            version=self._done,
+        )
+
     async def run_steps(self, steps: range, bars: _Bars) -> None:
+        if self._pipeline is not None:
+            await self._run_pipelined(steps, bars)
+            return
         self._unpause()
         for step in steps:
             if step < self._done:
@@ -319,10 +399,81 @@ class ArmSession:
         record.accuracy = await self._evaluate(step + 1)
         self.recorder.add(record)
 
-    async def _evaluate(self, done: int) -> float | None:
-        evaluator, config = self.components.evaluator, self.config
+    async def _run_pipelined(self, steps: range, bars: _Bars) -> None:
+        """Steps of an asynchronous arm: the pipeline runs up to each due evaluation, drains, and
+        the evaluation runs on an idle engine (its time cut out of the clock, as for every arm)."""
+        assert self._pipeline is not None
+        todo = [step for step in steps if step >= self._done]
+        if not todo:
+            return
+        self._unpause()
+        start = todo[0]
+        while start <= todo[-1]:
+            stop = next(s + 1 for s in range(start, todo[-1] + 1) if self._eval_due(s + 1) or s == todo[-1])
+            held: list[StepDone] = []
+
+            async def on_step(done: StepDone, last: int = stop - 1, held: list[StepDone] = held) -> None:
+                self._time_pipelined(done)  # now: the evaluation below moves the session clock
+                if done.step == last:
+                    held.append(done)  # its row waits for the evaluation after the drain
+                else:
+                    self._complete_pipelined(done, None, bars)
+
+            await self._pipeline.run(range(start, stop), on_step)
+            self._complete_pipelined(held[0], await self._evaluate(stop), bars)
+            start = stop
+        self._pause()
+
+    def _time_pipelined(self, done: StepDone) -> None:
+        """A pipelined step's durations on the session clock, taken when the step completes."""
+        record = done.outcome.record
+        record.train_time_s = done.train_end - done.train_start
+        record.weight_sync_time_s = done.sync_end - done.sync_start
+        end = done.sync_end - self._origin
+        record.step_time_s = end - (record.t_start if self._last_end is None else self._last_end)
+        self._last_end = done.session_end = end
+
+    def _complete_pipelined(self, done: StepDone, accuracy: float | None, bars: _Bars) -> None:
+        """The rows of one step of a pipelined arm: each phase at the time it ran (they overlap)."""
+        step, record = done.step, done.outcome.record
+        record.train_metrics = dict(getattr(done.train_result, "metrics", {}) or {})
+        record.warmup = step < self.config.warmup_steps
+        record.accuracy = accuracy
+        for kind, at in (
+            ("rollout_start", done.rollout_start),
+            ("rollout_stop", done.rollout_end - record.drain_time_s),
+            ("rollout_end", done.rollout_end),
+            ("train_start", done.train_start),
+            ("train_end", done.train_end),
+            ("weight_sync_start", done.sync_start),
+            ("weight_sync_end", done.sync_end),
+        ):
+            self._event(step, kind, at)
+        self._engine_metrics(step, "step_end", done.session_end or 0.0)
+        self.recorder.sample_fates(
+            self.arm.label,
+            done.outcome.batch,
+            step=step,
+            fate=Fate.TRAINED,
+            reason="accepted",
+            train_version=done.train_version,
+            repeat=self.repeat,
+        )
+        self.recorder.add(record)
+        self._done = step + 1
+        if self.after_step is not None:
+            self.after_step()
+        self._checkpoint()
+        bars.advance(self)
+
+    def _eval_due(self, done: int) -> bool:
+        config = self.config
         due = done in (0, config.steps) or (config.eval_every is not None and done % config.eval_every == 0)
-        if evaluator is None or not due:
+        return self.components.evaluator is not None and due
+
+    async def _evaluate(self, done: int) -> float | None:
+        evaluator = self.components.evaluator
+        if evaluator is None or not self._eval_due(done):
             return None
         assert self._engine is not None
         loop = asyncio.get_running_loop()
@@ -411,6 +562,8 @@ class ArmSession:
             return
         assert self._rollout is not None and self._engine is not None
         self._flush()
+        if self._pipeline is not None and self._done < self.config.steps:
+            return  # requests in flight and batches rolled out ahead: not a state a checkpoint holds
         loop = asyncio.get_running_loop()
         path = state_path(self.status.path.parent, self.arm.label, self.repeat, self._done)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,9 @@ class ExperimentConfig(BaseConfig):
     trainer: str = param("auto", help="auto (torch on a token engine, sim on the simulator), torch or sim")
     strategies: tuple[str, ...] = param(
         ("sync", "oversample-discard", "april"),
-        help="arms to compare: NAME or NAME[key=value,...], e.g. april[max_version_span=2]",
+        help="arms to compare: NAME or NAME[key=value,...], e.g. april[max_version_span=2]; any arm "
+        "takes driver=sync|one-step-off|stale (with max_staleness=ETA, weight_update=inflight|drain, "
+        "train_gpus=G on the simulator), e.g. april[driver=stale,max_staleness=2]",
     )
     baseline: str | None = param(
         None, help="arm every gain is measured against (default: sync, else the first)"

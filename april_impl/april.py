@@ -57,6 +57,7 @@ class AprilStrategy(BaseStrategy, Configurable):
                     raise ConfigError(f"{name} must be >= 0 or unset, got {value}")
 
     name = "april"
+    partial_rollout = True
 
     def __init__(self, config: Config) -> None:
         self.config = config

@@ -50,7 +50,18 @@ def test_the_grid_varies_one_knob_at_a_time_around_the_first_values() -> None:
 
 def test_ablate_runs_every_arm_in_one_run_and_writes_the_table(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ablation"
-    argv = ["ablate", *SIM, "--strategies", "sync,april", "--ratios", "1,2", "--spans", "none"]
+    argv = [
+        "ablate",
+        *SIM,
+        "--strategies",
+        "sync,april",
+        "--ratios",
+        "1,2",
+        "--spans",
+        "none",
+        "--drivers",
+        "none",
+    ]
     assert main([*argv, "--out", str(out)]) == 0
     result = json.loads((out / "ablation.json").read_text())
     assert result["result_kind"] == "simulated" and result["baseline"] == "sync"
@@ -66,9 +77,44 @@ def test_ablate_runs_every_arm_in_one_run_and_writes_the_table(tmp_path: Path, c
     assert (out / "as-is" / "status.json").exists()  # an ordinary run directory per off-policy mode
 
 
+def test_the_grid_runs_the_async_drivers_on_the_sync_and_april_rollouts() -> None:
+    arms = grid_arms(
+        ["sync", "april", "segment"],
+        target_groups=4,
+        ratios=[2.0],
+        spans=[None],
+        segments=[1024],
+        max_response_len=2048,
+        drivers=[{"driver": "one-step-off"}, {"driver": "stale", "max_staleness": 2}],
+    )
+    assert [(a.label, a.driver_name) for a in arms] == [
+        ("sync", "sync"),
+        ("sync[driver=one-step-off]", "one-step-off"),
+        ("sync[driver=stale,max_staleness=2]", "stale (eta=2)"),
+        ("april[over_sampling_batch_size=8]", "sync"),
+        ("april[over_sampling_batch_size=8,driver=one-step-off]", "one-step-off"),
+        ("april[over_sampling_batch_size=8,driver=stale,max_staleness=2]", "stale (eta=2)"),
+        ("segment[over_sampling_batch_size=8,segment_len=1024]", "sync"),
+    ]
+
+
+def test_ablate_with_async_drivers_conserves_every_arm(tmp_path: Path) -> None:
+    from april_bench.results.store import check_run, load_run
+
+    out = tmp_path / "ablation"
+    argv = ["ablate", *SIM, "--strategies", "sync,april", "--ratios", "2", "--spans", "none"]
+    assert main([*argv, "--out", str(out)]) == 0
+    rows = {r["arm"]: r for r in json.loads((out / "ablation.json").read_text())["rows"]}
+    assert {r["driver"] for r in rows.values()} == {"sync", "one-step-off", "stale (eta=1)", "stale (eta=2)"}
+    assert rows["april[over_sampling_batch_size=8,driver=stale,max_staleness=1]"]["max_staleness"] <= 1
+    assert check_run(load_run(out / "as-is")) == []
+    assert "| stale (eta=2) |" in (out / "ablation.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (["--drivers", "stale"], "expected one-step-off or stale:ETA"),
         (["--ratios", "0.5"], "N'/N ratios must be >= 1"),
         (["--spans", "x"], "expected whole numbers or none"),
         (["--off-policy-modes", "bogus"], "is not one of as-is, mask, tis"),
@@ -124,7 +170,7 @@ def test_a_measured_table_shows_accuracy_and_says_measured() -> None:
     lines = render_ablation(result).splitlines()
     assert "MEASURED" in lines[0] and "gains against sync" in lines[0]
     assert lines[4] == (
-        "| mask | april[over_sampling_batch_size=8] | 2 | none | - | +25.0% | +50.0% | +12.5% | 40% "
-        "| 2 | 3.2 | 0.500 (+2.0%) | measured |"
+        "| mask | april[over_sampling_batch_size=8] | sync | 2 | none | - | +25.0% | +50.0% | +12.5% | 40% "
+        "| 2 | - | 3.2 | n/a | 0.500 (+2.0%) | measured |"
     )
-    assert "| n/a (no eval) | measured |" in lines[5] and "| sync | - | - | - |" in lines[5]
+    assert "| n/a (no eval) | measured |" in lines[5] and "| sync | sync | - | - | - |" in lines[5]

@@ -167,15 +167,13 @@ def test_eos_stops_unless_a_length_is_replayed() -> None:
     assert replay == [(7, "stop")]
 
 
-def test_queued_requests_abort_empty_and_updates_need_an_idle_engine() -> None:
+def test_queued_requests_abort_empty() -> None:
     async def main() -> list:
         engine = _engine(max_running_requests=1)
         await engine.start()
         stream = engine.generate([_req(f"q{i}", (1, 5), 100, replay_len=100) for i in range(3)])
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        with pytest.raises(EngineError, match="abort and drain first"):
-            await engine.update_weights(WeightUpdate(1))
         await engine.abort()
         out = [(c.request_id, c.finish_reason.value, c.num_tokens > 0) async for c in stream]
         await engine.update_weights(WeightUpdate(3, engine.model.state_dict()))
@@ -186,6 +184,35 @@ def test_queued_requests_abort_empty_and_updates_need_an_idle_engine() -> None:
     out, version = run_real(main())
     assert sorted(out) == [("q0", "abort", True), ("q1", "abort", False), ("q2", "abort", False)]
     assert version == [3]
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_an_update_in_flight_installs_between_decode_steps_and_keeps_the_kv(static: bool) -> None:
+    """The same weights installed mid-generation: the tokens are those of an uninterrupted run (the
+    KV is kept), and each request reports which of them came before and after the update."""
+
+    async def generate(update_after: int | None) -> list:
+        engine = _engine(decode_path="static" if static else "eager")
+        await engine.start()
+        reqs = [_req(f"r{i}", (1, 5 + i), 12, replay_len=12) for i in range(3)]
+        reqs.append(_req("short", (1, 9), 2, replay_len=2))  # done before the update
+        stream = engine.generate(reqs)
+        if update_after is not None:
+            for _ in range(update_after):
+                await asyncio.sleep(0)  # the scheduler yields after every forward pass
+            await engine.update_weights(WeightUpdate(1, engine.model.state_dict()))
+        out = sorted([(c.request_id, c.output_ids, c.runs()) async for c in stream])
+        await engine.close()
+        return out
+
+    plain = run_real(generate(None))
+    updated = run_real(generate(4))
+    assert [o[1] for o in updated] == [o[1] for o in plain]  # same tokens: KV and position kept
+    for rid, ids, runs in updated:
+        assert sum(n for _, n in runs) == len(ids), rid
+        assert [v for v, _ in runs] in ([0], [1], [0, 1]), rid
+    spans = {rid: [v for v, _ in runs] for rid, _, runs in updated}
+    assert spans["short"] == [0] and spans["r0"] == [0, 1]  # r0 spans the update
 
 
 def test_requests_without_a_seed_still_differ() -> None:

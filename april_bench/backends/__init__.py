@@ -17,6 +17,7 @@ both accept.  The driver (:mod:`april_bench.experiment`) only sees
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,35 @@ class Components:
 
     #: One line per choice made for the user (``--engine auto`` fell back to the simulator ...).
     notes: list[str]
+
+    def split(self, train_gpus: int | None) -> tuple[Callable[[], Engine], Callable[[], Trainer], str | None]:
+        """Engine and trainer factories for an asynchronous arm.  On the simulator, rollout and
+        training overlap on disjoint GPUs (``train_gpus`` for the trainer, default a quarter of the
+        node, the rest in whole engine replicas for rollout), as verl's and AReaL's disaggregated
+        setups run; other engines run as they are (a real engine and trainer share what they share,
+        and the timing measures it).  Also a note saying which split was made (``None``: none)."""
+        if self.engine_name != "sim":
+            return self.engine, self.trainer, None
+        from april_bench.profiles.hardware import hardware_profile
+
+        total = self.engine_settings.num_gpus or hardware_profile(self.engine_settings.hardware).gpus_per_node
+        tp = int(self.engine_args.get("tp_size") or min(2, total))
+        # default: a quarter of the node for the trainer, the rest (whole engine replicas) for rollout
+        train = train_gpus if train_gpus is not None else total - tp * ((total - max(1, total // 4)) // tp)
+        if not 1 <= train < total:
+            raise ConfigError(
+                f"an asynchronous arm on the simulator needs GPUs for rollout and for training: "
+                f"train_gpus={train} of {total}; set train_gpus between 1 and {total - 1} or raise --num-gpus"
+            )
+        engine_settings = dataclasses.replace(self.engine_settings, num_gpus=total - train)
+        trainer_settings = dataclasses.replace(self.trainer_settings, num_gpus=train)
+        engine_spec, trainer_spec = self.engine_spec, self.trainer_spec
+        engine_args, trainer_args = self.engine_args, self.trainer_args
+        return (
+            lambda: engine_spec.build(engine_settings, engine_args),
+            lambda: trainer_spec.build(trainer_settings, trainer_args),
+            f"rollout on {total - train} GPUs, training on {train} (disaggregated)",
+        )
 
     def check(self, telemetry: Any = None) -> None:
         """Raise ``ConfigError`` for any engine, trainer or telemetry option ``run`` would reject (no

@@ -3,10 +3,13 @@
 Every arm of the grid runs in one ``run`` (per off-policy mode), so all arms see the same prompts,
 seeds and length draws and differ in the strategy alone.  The grid is one factor at a time around
 each strategy's defaults: N'/N ratios for every strategy that over-provisions, the staleness bound
-(``max_version_span``) and the segment length where a strategy has them; each off-policy mode is a
-run of its own (it changes the loss, not the rollout).  Each run is an ordinary run directory under
-``OUT/<mode>/`` (``report`` and ``run --resume`` work on it); ``OUT/ablation.md`` and
-``OUT/ablation.json`` hold the table, ``OUT/ablation.png`` the figure when matplotlib is installed.
+(``max_version_span``) and the segment length where a strategy has them, and the asynchronous
+drivers (``--drivers``: one-step-off, stale with max_staleness 1 and 2) on the sync-style and APRIL
+rollouts at their first knob values, so partial rollout is isolated inside a bounded-staleness async
+system; each off-policy mode is a run of its own (it changes the loss, not the rollout).  Each run
+is an ordinary run directory under ``OUT/<mode>/`` (``report`` and ``run --resume`` work on it);
+``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table, ``OUT/ablation.png`` the figure when
+matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ __all__ = ["AblationArm", "add_parsers", "cmd_ablate", "grid_arms"]
 
 #: The default base strategies: the paper's arms and the zoo.
 ZOO = ("sync", "oversample-discard", "april", "tail-batching", "segment", "adaptive", "length-aware")
+#: The rollouts the async drivers run on: without partial rollout (sync) and with it (APRIL).
+ASYNC_STRATEGIES = ("sync", "april")
+#: The default ``--drivers``: verl's one-step-off, and AReaL's bounded staleness at eta = 1 and 2.
+DEFAULT_DRIVERS = "one-step-off,stale:1,stale:2"
 _RATIO, _SPAN, _SEGMENT = "over_sampling_batch_size", "max_version_span", "segment_len"
 
 
@@ -38,6 +45,14 @@ class AblationArm:
     segment_len: int | None = None
     #: Whether the strategy takes a staleness bound (``max_version_span=None`` then means unbounded).
     bounded: bool = False
+    #: The driver's arm options (empty: synchronous).
+    driver: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def driver_name(self) -> str:
+        options = dict(self.driver)
+        name = str(options.get("driver", "sync"))
+        return f"stale (eta={options.get('max_staleness', 1)})" if name == "stale" else name
 
 
 def _label(strategy: str, knobs: dict[str, int]) -> str:
@@ -53,11 +68,14 @@ def grid_arms(
     spans: Sequence[int | None],
     segments: Sequence[int],
     max_response_len: int,
+    drivers: Sequence[dict[str, Any]] = (),
 ) -> list[AblationArm]:
     """One factor at a time: each strategy at its first value of every knob it has, then each knob's
     other values alone.  A strategy without a knob (sync has none) is one arm.  Segment arms whose
     staleness bound cannot hold a full response (segment_len x (span + 1) < the limit: it would restart
-    forever) are left out."""
+    forever) are left out.  Each of ``drivers`` (arm options such as ``{"driver": "stale",
+    "max_staleness": 2}``) adds one arm per strategy of :data:`ASYNC_STRATEGIES` in ``strategies``, at
+    that strategy's first knob values."""
     from april_bench.rollout.registry import STRATEGIES, strategy_options
 
     arms: dict[str, AblationArm] = {}
@@ -91,7 +109,41 @@ def grid_arms(
                     bounded=_SPAN in axes,
                 ),
             )
+        if name not in ASYNC_STRATEGIES:
+            continue
+        shown = {k: v for k, v in base.items() if v is not None}
+        for driver in drivers:
+            label = _label(name, {**shown, **driver})
+            arms.setdefault(
+                label,
+                AblationArm(
+                    label=label,
+                    strategy=name,
+                    over_sampling=base.get(_RATIO),
+                    max_version_span=base.get(_SPAN),
+                    segment_len=base.get(_SEGMENT),
+                    bounded=_SPAN in axes,
+                    driver=tuple(driver.items()),
+                ),
+            )
     return list(arms.values())
+
+
+def _drivers(text: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for v in (v.strip() for v in text.split(",") if v.strip()):
+        if v.lower() in ("none", "off", "-"):
+            continue
+        name, _, eta = v.partition(":")
+        if name == "one-step-off" and not eta:
+            out.append({"driver": name})
+        elif name == "stale" and eta.isdigit():
+            out.append({"driver": name, "max_staleness": int(eta)})
+        else:
+            raise argparse.ArgumentTypeError(
+                f"expected one-step-off or stale:ETA (or none), like one-step-off,stale:1,stale:2; got {v!r}"
+            )
+    return out
 
 
 def _floats(text: str) -> list[float]:
@@ -158,6 +210,15 @@ def add_parsers(sub: Any) -> None:
         help="segment_len values (default: 1/4, 1/8 and 1/2 of --max-response-len)",
     )
     grid.add_argument(
+        "--drivers",
+        type=_drivers,
+        default=_drivers(DEFAULT_DRIVERS),
+        metavar="LIST",
+        help=f"asynchronous drivers run on the sync and APRIL arms: one-step-off, stale:ETA, or none "
+        f"(default: {DEFAULT_DRIVERS}; on the simulator they train on a quarter of the node and roll out on "
+        "the rest)",
+    )
+    grid.add_argument(
         "--off-policy-modes",
         metavar="LIST",
         help=f"comma-separated ({', '.join(OFF_POLICY_MODES)}); one run each (default: the recipe's)",
@@ -188,6 +249,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         spans=args.spans,
         segments=segments,
         max_response_len=max_len,
+        drivers=args.drivers,
     )
     modes = [m.strip() for m in (args.off_policy_modes or base.off_policy).split(",") if m.strip()]
     for mode in modes:
@@ -201,8 +263,11 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     components = {
         mode: build_components(config, progress=not args.no_progress) for mode, config in configs.items()
     }
+    from april_bench.experiment import check_drivers
+
     for mode, built in components.items():
         built.check(configs[mode].telemetry)
+        check_drivers(configs[mode], built)
     name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
     _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
@@ -251,6 +316,7 @@ def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> 
     return {
         "arm": arm.label,
         "strategy": arm.strategy,
+        "driver": arm.driver_name,
         "off_policy_mode": mode,
         "n_prime_over_n": None if arm.over_sampling is None else arm.over_sampling / target_groups,
         "max_version_span_bound": arm.max_version_span if arm.bounded else "-",
@@ -260,6 +326,8 @@ def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> 
         "end_to_end_gain": m.get("end_to_end_gain"),
         "off_policy_token_ratio": m.get("off_policy_token_ratio"),
         "max_version_span": m.get("max_version_span"),
+        "max_staleness": m.get("max_staleness"),
+        "step_time_per_step_s": m.get("step_time_per_step_s"),
         "wasted_tokens": m.get("wasted_tokens"),
         "rollout_time_per_step_s": m.get("rollout_time_per_step_s"),
         "accuracy": m.get("accuracy"),
@@ -282,21 +350,29 @@ def render_ablation(result: dict[str, Any]) -> str:
         f"## Ablation: {kind.upper()} ({result['model']} on {result['hardware']}, {result['algorithm']}, "
         f"{result['dataset']}, {result['steps']} steps; gains against {result['baseline']})",
         "",
-        "| Off-policy | Arm | N'/N | Span bound | Segment | Throughput gain | Useful-token gain "
-        "| End-to-end gain | Off-policy share | Version span | Rollout s/step | Accuracy | Source |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Off-policy | Arm | Driver | N'/N | Span bound | Segment | Throughput gain | Useful-token gain "
+        "| End-to-end gain | Off-policy share | Version span | Staleness | Rollout s/step | Step s/step "
+        "| Accuracy | Source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         ratio = "-" if r["n_prime_over_n"] is None else f"{r['n_prime_over_n']:.2g}"
         span = "none" if r["max_version_span_bound"] is None else str(r["max_version_span_bound"])
         accuracy = "n/a (simulated)" if kind == "simulated" else _accuracy(r)
         lines.append(
-            f"| {r['off_policy_mode']} | {r['arm']} | {ratio} | {span} | {r['segment_len'] or '-'} "
+            f"| {r['off_policy_mode']} | {r['arm']} | {r.get('driver', 'sync')} | {ratio} | {span} "
+            f"| {r['segment_len'] or '-'} "
             f"| {_pct(r['throughput_gain'])} | {_pct(r['useful_gain'])} | {_pct(r['end_to_end_gain'])} "
             f"| {_share(r['off_policy_token_ratio'])} | {r['max_version_span']} "
-            f"| {r['rollout_time_per_step_s']:.1f} | {accuracy} | {kind} |"
+            f"| {r.get('max_staleness', '-')} "
+            f"| {r['rollout_time_per_step_s']:.1f} | {_seconds(r.get('step_time_per_step_s'))} "
+            f"| {accuracy} | {kind} |"
         )
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _accuracy(row: dict[str, Any]) -> str:
@@ -320,22 +396,22 @@ def _figure(result: dict[str, Any], path: Path) -> Path | None:
         f"{r['arm']} ({r['off_policy_mode']})" if len({x["off_policy_mode"] for x in rows}) > 1 else r["arm"]
         for r in rows
     ]
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(rows) + 1.5))
     ys = range(len(rows))
-    ax.barh(
-        [y - 0.2 for y in ys],
-        [100 * (r["throughput_gain"] or 0.0) for r in rows],
-        0.4,
-        label="throughput gain",
+    bars = (
+        ("throughput_gain", "throughput gain"),
+        ("useful_gain", "useful-token gain"),
+        ("end_to_end_gain", "end-to-end gain (trained tokens per second of step time)"),
     )
-    ax.barh(
-        [y + 0.2 for y in ys], [100 * (r["useful_gain"] or 0.0) for r in rows], 0.4, label="useful-token gain"
-    )
+    for i, (key, label) in enumerate(bars):
+        ax.barh(
+            [y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label
+        )
     ax.set_yticks(list(ys), labels, fontsize=7)
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel(f"% against {result['baseline']} ({result['result_kind']})")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -31,6 +31,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     components = build_components(config, progress=not args.no_progress)
     components.check(config.telemetry)
+    check_drivers(config, components)
     _check_reference_run(args.out, allow_dirty=args.allow_dirty)
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
@@ -57,6 +58,12 @@ def _check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
         )
 
 
+def check_drivers(config: Any, components: Any) -> None:
+    from april_bench.experiment import check_drivers as check
+
+    check(config, components)
+
+
 def _resume(args: argparse.Namespace) -> int:
     """Continue an interrupted run from its checkpoints, with the run's own configuration."""
     from april_bench.backends import build_components
@@ -78,6 +85,7 @@ def _resume(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
     components = build_components(config, progress=not args.no_progress)
     components.check(config.telemetry)
+    check_drivers(config, components)
     kept = read_rows_for_resume(out, status, config.steps)
     done = sum(status.completed.values())
     _echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
@@ -188,6 +196,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     components = build_components(config)
     components.check(config.telemetry)
+    check_drivers(config, components)
     for note in components.notes:
         print(note)
     where = f"{config.model} on {config.hardware}"

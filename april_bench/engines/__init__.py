@@ -70,6 +70,10 @@ class EngineSpec:
     #: ``"module:function"`` that checks ``(settings, args)`` without building (loading weights,
     #: starting servers); ``None``: building is cheap, so :meth:`check` builds.
     checker: str | None = None
+    #: True when ``update_weights`` may land with requests in flight (pause, install, continue):
+    #: what an asynchronous arm with ``weight_update=inflight`` needs (its engine's
+    #: ``EngineInfo.inflight_updates`` says the same once built).
+    inflight_updates: bool = False
 
     def missing(self) -> str | None:
         """One line naming the fix when a required package is absent, else ``None``."""
@@ -105,6 +109,7 @@ ENGINES.register(
         simulated=True,
         virtual_time=True,
         requires=("numpy",),
+        inflight_updates=True,
     ),
     "discrete-event model of an SGLang deployment (simulated)",
 )
@@ -117,6 +122,7 @@ ENGINES.register(
         requires=("torch", "transformers"),
         install="pip install torch==2.13.0 transformers",
         checker="april_bench.engines.hf.engine:check_settings",
+        inflight_updates=True,
     ),
     "continuous batching over any transformers causal LM (CPU or CUDA); the embedded default",
 )
@@ -128,6 +134,7 @@ ENGINES.register(
         produces_tokens=True,
         simulated=True,
         virtual_time=True,
+        inflight_updates=True,
     ),
     "deterministic fake: one token per tick per request (virtual time)",
 )

@@ -11,6 +11,12 @@ returns with it; a queued request returns at once with nothing.  Requests reach
 the engine ``landing_delays`` after ``generate()`` (a stand-in for HTTP
 transit): one that lands after an abort runs on until aborted again, the race
 the rollout loop's re-abort exists for.
+
+A weight update with requests in flight pauses decoding for ``weight_sync_s``:
+the tokens a running request completed before the update carry the old
+version, the one it was decoding is recomputed after the pause with the new
+weights, and so are the rest; requests that land during the pause wait for it,
+and an abort issued during it takes effect when it ends.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
@@ -54,6 +60,10 @@ class _Request:
     start: float = 0.0
     handle: asyncio.TimerHandle | None = None
     aborted: bool = False
+    #: ``(version, tokens)`` generated before each weight update that landed while it ran.
+    runs: list[tuple[int, int]] = field(default_factory=list)
+    #: When its first token came, if before a weight update moved ``start``.
+    first: float | None = None
 
 
 class FakeEngine(Configurable):
@@ -84,7 +94,13 @@ class FakeEngine(Configurable):
         self._queued: deque[_Request] = deque()
         self._started = False
         self._submitted = 0
-        self._info = EngineInfo(name="fake", simulated=True, produces_tokens=True, virtual_time=True)
+        self._info = EngineInfo(
+            name="fake", simulated=True, produces_tokens=True, virtual_time=True, inflight_updates=True
+        )
+        #: Set while no update is in progress; requests landing and aborts wait for it.
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        self._landing: list[_Request] = []
 
     @property
     def info(self) -> EngineInfo:
@@ -115,6 +131,9 @@ class FakeEngine(Configurable):
         return stream
 
     def _land(self, entry: _Request) -> None:
+        if not self._unpaused.is_set():
+            self._landing.append(entry)  # lands when the update ends
+            return
         if self.config.max_running is None or len(self._running) < self.config.max_running:
             self._start(entry)
         else:
@@ -137,23 +156,30 @@ class FakeEngine(Configurable):
     def _deliver(self, entry: _Request, reason: FinishReason) -> None:
         loop = asyncio.get_running_loop()
         n = entry.target
+        dt = self.config.token_time_s
         req = entry.request
         seed = req.input_ids[0] if req.input_ids else 0
         first = req.input_len
+        runs = None
+        if entry.runs:
+            before = sum(k for _, k in entry.runs)
+            runs = (*entry.runs, (self.version, n - before)) if n > before else tuple(entry.runs)
         entry.stream.deliver(
             Completion(
                 request_id=req.request_id,
                 num_tokens=n,
                 finish_reason=reason,
                 policy_version=self.version,
+                version_runs=runs,
                 t_done=loop.time(),
-                t_first_token=entry.start + self.config.token_time_s if n else None,
+                t_first_token=entry.first if entry.first is not None else entry.start + dt if n else None,
                 output_ids=tuple(fake_token(seed, first + i) for i in range(n)),
                 logprobs=tuple(-0.1 * (1 + (first + i) % 7) for i in range(n)),
             )
         )
 
     async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        await self._unpaused.wait()  # an abort issued during an update lands when it ends
         loop = asyncio.get_running_loop()
         now = loop.time()
         dt = self.config.token_time_s
@@ -188,11 +214,36 @@ class FakeEngine(Configurable):
         self._submitted = state["submitted"]
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        if self._running or self._queued:
-            raise EngineError("update_weights while requests are in flight: abort and drain first")
-        if self.config.weight_sync_s:
-            await asyncio.sleep(self.config.weight_sync_s)
-        self.version = update.version
+        """Pause, install, continue: see the module docstring for what in-flight requests see."""
+        if not self._unpaused.is_set():
+            raise EngineError("update_weights while another update is in progress")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        dt = self.config.token_time_s
+        done: dict[str, int] = {}
+        for rid, entry in self._running.items():
+            assert entry.handle is not None
+            entry.handle.cancel()
+            done[rid] = min(math.floor((now - entry.start) / dt + 1e-9), entry.target)
+            before = sum(k for _, k in entry.runs)
+            if done[rid] > before:
+                entry.runs.append((self.version, done[rid] - before))
+            if done[rid] and entry.first is None:
+                entry.first = entry.start + dt
+        self._unpaused.clear()
+        try:
+            if self.config.weight_sync_s:
+                await asyncio.sleep(self.config.weight_sync_s)
+            self.version = update.version
+        finally:
+            self._unpaused.set()
+        resumed = loop.time()
+        for rid, entry in self._running.items():  # continue where each stopped, with the new weights
+            entry.start = resumed - done[rid] * dt
+            entry.handle = loop.call_at(entry.start + entry.target * dt, self._finish, entry)
+        landing, self._landing = self._landing, []
+        for entry in landing:
+            self._land(entry)
 
     def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
         if self.config.max_running is not None:

@@ -12,7 +12,15 @@ april-bench, on the simulator and on real engines alike:
   lands after the abort keeps running until it is aborted again, which is why
   the rollout loop re-aborts until the engine reports idle;
 * ``update_weights(update)`` installs new weights and sets the policy version
-  stamped on every token generated afterwards;
+  stamped on every token generated afterwards.  With requests in flight it
+  pauses generation (between forward passes), installs, and continues: the
+  in-flight requests keep their KV cache (computed by the old weights, as
+  vLLM's ``pause_generation``/``resume_generation`` and SGLang's
+  ``/pause_generation``/``/continue_generation`` keep it by default) and go on
+  decoding with the new weights.  Their completions then report
+  ``version_runs``: the policy version of every token, run-length encoded.
+  An engine that cannot do this (:attr:`EngineInfo.inflight_updates` False)
+  raises :class:`EngineError` instead;
 * ``load()`` reports running and queued requests;
 * ``start()`` / ``close()``.
 
@@ -116,7 +124,8 @@ class Completion:
     request_id: str
     num_tokens: int
     finish_reason: FinishReason
-    #: Policy version of the weights that produced these tokens.
+    #: Policy version of the weights that produced the last of these tokens (all of them, unless
+    #: ``version_runs`` says otherwise).
     policy_version: int
     t_done: float
     t_first_token: float | None = None
@@ -124,6 +133,21 @@ class Completion:
     logprobs: tuple[float, ...] | None = None
     num_retractions: int = 0
     replica: int = 0
+    #: ``((version, n_tokens), ...)`` in token order when a weight update landed while this request
+    #: ran (the runs sum to ``num_tokens``); ``None``: every token is ``policy_version``'s.
+    version_runs: tuple[tuple[int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.version_runs is not None and sum(n for _, n in self.version_runs) != self.num_tokens:
+            raise ValueError(
+                f"{self.request_id}: version_runs {self.version_runs} do not sum to {self.num_tokens} tokens"
+            )
+
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """Every token's policy version, run-length encoded (one run unless an update landed)."""
+        if self.version_runs is not None:
+            return tuple((v, n) for v, n in self.version_runs if n)
+        return ((self.policy_version, self.num_tokens),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +199,8 @@ class EngineInfo:
     version: str | None = None
     #: What ``update_weights`` accepts: ``"state_dict"``, ``"path"``, ``"none"`` (version only).
     weight_formats: tuple[str, ...] = ("state_dict", "none")
+    #: True when ``update_weights`` may land with requests in flight (pause, install, continue).
+    inflight_updates: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +248,9 @@ class Engine(Protocol):
         ...
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """Install new weights; tokens generated afterwards carry ``update.version``."""
+        """Install new weights; tokens generated afterwards carry ``update.version``.  With requests
+        in flight: pause, install, continue (KV kept), when :attr:`EngineInfo.inflight_updates`;
+        otherwise raise :class:`EngineError`."""
 
     async def close(self) -> None:
         """Release the engine (and every process it started)."""

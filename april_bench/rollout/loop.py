@@ -186,9 +186,13 @@ class RolloutLoop(Configurable):
         self._next_order = state["next_order"]
 
     # ------------------------------------------------------------------ step
-    async def run_step(self, step: int, policy_version: int) -> StepOutcome:
+    async def run_step(
+        self, step: int, policy_version: int, *, oldest_allowed: int | None = None
+    ) -> StepOutcome:
+        """Collect N groups.  ``oldest_allowed`` (an async driver's staleness bound): a buffered
+        sample with a token older than this version restarts from its prompt before it launches."""
         loop = asyncio.get_running_loop()
-        st = StepState(step=step, version=policy_version, t_start=loop.time())
+        st = StepState(step=step, version=policy_version, t_start=loop.time(), oldest_allowed=oldest_allowed)
         with Meter(st):
             self._maybe_launch(st)
         await st.enough.wait()
@@ -331,7 +335,11 @@ class RolloutLoop(Configurable):
     def _request_for(
         self, st: StepState, sample: Sample, view: RolloutView, priority: int
     ) -> GenerateRequest | None:
-        if sample.response_len and not self.strategy.keep_partial(sample, view):
+        oldest = sample.oldest_version()
+        if st.oldest_allowed is not None and oldest is not None and oldest < st.oldest_allowed:
+            st.restart_tokens += sample.restart()  # the driver's staleness bound, finished or not
+            st.restarted += 1
+        elif sample.response_len and not self.strategy.keep_partial(sample, view):
             st.restart_tokens += sample.restart()
             st.restarted += 1
         if sample.status.is_finished:
@@ -402,17 +410,8 @@ class RolloutLoop(Configurable):
                 f"{pending.request.max_new_tokens}"
             )
         sample = pending.sample
-        sample.append(
-            Segment(
-                request_id=c.request_id,
-                policy_version=c.policy_version,
-                num_tokens=c.num_tokens,
-                finish_reason=c.finish_reason,
-                step=st.step,
-                token_ids=c.output_ids,
-                logprobs=c.logprobs,
-            )
-        )
+        for segment in _segments(c, st.step):
+            sample.append(segment)
         if c.finish_reason is FinishReason.LENGTH and sample.response_len < self.config.max_response_len:
             sample.status = SampleStatus.PARTIAL  # a segment budget, not the response limit, stopped it
         st.generated += c.num_tokens
@@ -571,6 +570,30 @@ class RolloutLoop(Configurable):
             return None  # a real server cannot know its no-tail rate
         mean_context = st.context_token_sum / st.generated if st.generated else 0.0
         return self.engine.saturated_tokens_per_s(st.peak_concurrency, mean_context)
+
+
+def _segments(c: Completion, step: int) -> list[Segment]:
+    """One segment per policy version the completion's tokens carry (a weight update that landed
+    while the request ran splits it), so every token keeps the version that produced it.  Only the
+    last segment carries the finish reason: the earlier ones end where an update began."""
+    runs = c.runs()
+    out: list[Segment] = []
+    start = 0
+    for i, (version, n) in enumerate(runs):
+        last = i == len(runs) - 1
+        out.append(
+            Segment(
+                request_id=c.request_id,
+                policy_version=version,
+                num_tokens=n,
+                finish_reason=c.finish_reason if last else FinishReason.LENGTH,
+                step=step,
+                token_ids=None if c.output_ids is None else c.output_ids[start : start + n],
+                logprobs=None if c.logprobs is None else c.logprobs[start : start + n],
+            )
+        )
+        start += n
+    return out
 
 
 def _fresh_progress(prompt: Prompt, samples: int) -> GroupProgress:

@@ -3,7 +3,10 @@
 An arm is written ``name`` or ``name[key=value,...]`` (``april[max_version_span=2]``):
 the label is the text as given, so one run can compare several settings of one
 strategy.  Options come from the run's ``strategy_args[name]`` and then the
-brackets; unknown options are an error that lists the known ones.
+brackets; unknown options are an error that lists the known ones.  The driver's
+options (``driver``, ``max_staleness``, ``weight_update``, ``train_gpus``:
+:mod:`april_bench.rollout.driver`) ride in the same brackets and are taken out
+before the strategy sees them: ``april[driver=stale,max_staleness=2]``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from april_bench.config import ConfigError, config_from
 from april_bench.registry import Registry
+from april_bench.rollout.driver_config import DRIVER_OPTIONS, DriverConfig
 from april_bench.rollout.strategy import RolloutStrategy
 
 __all__ = ["STRATEGIES", "ArmSpec", "build_strategy", "strategy_options"]
@@ -63,6 +67,12 @@ class ArmSpec:
     label: str
     strategy: str
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The driver's options from the brackets (empty: the synchronous driver).
+    driver_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def driver(self) -> DriverConfig:
+        return config_from(DriverConfig, self.driver_options, where=f"driver option (arm {self.label!r})")
 
     @classmethod
     def parse(cls, text: str) -> ArmSpec:
@@ -83,7 +93,15 @@ class ArmSpec:
                 options[key.strip().replace("-", "_")] = json.loads(raw)
             except json.JSONDecodeError:
                 options[key.strip().replace("-", "_")] = raw.strip()
-        return cls(label=text.strip(), strategy=name, options=options)
+        driver = {k: v for k, v in options.items() if k in DRIVER_OPTIONS}
+        spec = cls(
+            label=text.strip(),
+            strategy=name,
+            options={k: v for k, v in options.items() if k not in DRIVER_OPTIONS},
+            driver_options=driver,
+        )
+        spec.driver  # noqa: B018 - a bad driver option fails here, where the arm is read
+        return spec
 
 
 def strategy_options(name: str) -> dict[str, str]:

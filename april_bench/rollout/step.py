@@ -48,6 +48,8 @@ class StepState:
     step: int
     version: int
     t_start: float
+    #: An async driver's staleness bound: buffered samples with older tokens restart (None: no bound).
+    oldest_allowed: int | None = None
     accepted: list[Group] = field(default_factory=list)
     #: Seconds from the step start to each accepted group's completion.
     accepted_at: list[float] = field(default_factory=list)

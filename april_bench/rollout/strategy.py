@@ -218,6 +218,9 @@ class BaseStrategy(abc.ABC):
     """
 
     name = "base"
+    #: True for strategies that abort and resume partial responses (APRIL's family): an async
+    #: driver then updates weights with requests in flight by default.
+    partial_rollout = False
 
     @abc.abstractmethod
     def launch_count(self, view: RolloutView) -> int: ...

@@ -139,6 +139,7 @@ class SimEngine(Configurable):
             replan_iterations=config.replan_iterations,
         )
         self._version = [0]
+        self._updating = False
         self._replicas: list[SimReplica] = []
         self._tasks: list[asyncio.Task[None]] = []
         #: Shortest input seen per routing key: the prompt (a longer input resumes a partial).
@@ -153,6 +154,7 @@ class SimEngine(Configurable):
             hardware=self.hardware.name,
             model=self.model.name,
             weight_formats=("none", "state_dict", "path"),  # timed from the model size; contents ignored
+            inflight_updates=True,
         )
 
     @property
@@ -214,12 +216,27 @@ class SimEngine(Configurable):
         return EngineLoad(running, waiting, used, self.settings.kv_capacity * self.num_replicas)
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        if any(r.outstanding for r in self._replicas):
-            raise EngineError("update_weights while requests are in flight: abort and drain first")
-        await asyncio.sleep(self.weight_sync_time())
-        if self.config.resume_kv == "recompute":
-            self._router.forget_prefixes()  # the update flushes every prefix cache
-        self._version[0] = update.version
+        """With requests in flight: every replica stops after its forward pass in progress, the
+        update takes :meth:`weight_sync_time`, and in-flight requests continue with their KV kept
+        (as SGLang's pause/continue generation does); their later tokens carry the new version."""
+        paused = [r for r in self._replicas if r.outstanding]
+        if paused:
+            if self._updating:
+                raise EngineError("update_weights while another update is in progress")
+            self._updating = True
+            paused = list(self._replicas)  # an idle replica must not start a new request meanwhile
+            await asyncio.gather(*(r.pause() for r in paused))
+            for replica in paused:
+                replica.stamp(self._version[0])
+        try:
+            await asyncio.sleep(self.weight_sync_time())
+            if self.config.resume_kv == "recompute":
+                self._router.forget_prefixes()  # the update flushes every prefix cache
+            self._version[0] = update.version
+        finally:
+            for replica in paused:
+                replica.resume()
+            self._updating = False
 
     #: Replica attributes that carry over from one step to the next (SGLang's adaptive new-token
     #: ratio, the decode-iteration counter, the heap's tie-break sequence).

@@ -18,7 +18,11 @@ State and rules follow ``sglang==0.5.2`` ``managers/scheduler.py`` and
   steps fit; they re-prefill prompt + output when readmitted;
 * **abort**: queued requests return at once with what they have; running
   requests run one more decode step and return their partial output;
-* the prefill that completes a request's context samples its first new token.
+* the prefill that completes a request's context samples its first new token;
+* **weight update in flight** (pause / install / continue): the replica stops at
+  the end of the forward pass in progress, keeps every request's KV, and after
+  the update decodes on with the new version; each request remembers how many
+  tokens each version produced.
 
 Decode runs between events (a request finishing, the pool filling, a new
 arrival or an abort) are priced in closed form by :class:`CostModel`.
@@ -73,6 +77,8 @@ class _Req:
     abort: bool = False
     #: Input tokens whose KV is still cached (``resume_kv=keep``): not prefilled again.
     cached: int = 0
+    #: ``(version, tokens)`` produced before each weight update that landed while it was live.
+    runs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def context(self) -> int:
@@ -108,6 +114,9 @@ class SimReplica:
         self._in_batch: list[_Req] = []  # the extend batch being computed right now
         self._kicked = False
         self._waiter: asyncio.Future[bool] | None = None
+        #: Set by :meth:`pause`: resolved when the replica stops; it waits on ``_resume`` then.
+        self._at_pause: asyncio.Future[None] | None = None
+        self._resume: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------- interface
     @staticmethod
@@ -145,6 +154,25 @@ class SimReplica:
             prefilling.add(id(self.chunked))
         return len(self.running) + len(prefilling), len(self.waiting)
 
+    def pause(self) -> asyncio.Future[None]:
+        """Stop at the end of the forward pass in progress; the future resolves once stopped."""
+        loop = asyncio.get_running_loop()
+        self._at_pause, self._resume = loop.create_future(), loop.create_future()
+        self.kick()
+        return self._at_pause
+
+    def stamp(self, version: int) -> None:
+        """While paused: the tokens every live request has so far were produced by ``version``."""
+        for req in self._live():
+            generated = req.g0 + self.D - req.d0 if req.state == _RUNNING else req.generated
+            before = sum(n for _, n in req.runs)
+            if generated > before:
+                req.runs.append((version, generated - before))
+
+    def resume(self) -> None:
+        if self._resume is not None and not self._resume.done():
+            self._resume.set_result(None)
+
     def kick(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(True)
@@ -165,6 +193,13 @@ class SimReplica:
         loop = asyncio.get_running_loop()
         while True:
             self._kicked = False
+            if self._resume is not None:  # a weight update: stopped between forward passes
+                assert self._at_pause is not None
+                if not self._at_pause.done():
+                    self._at_pause.set_result(None)
+                await self._resume
+                self._resume = self._at_pause = None
+                continue
             self._apply_aborts(loop.time())
             batch = self._plan_prefill()
             if batch.chunks:
@@ -313,12 +348,18 @@ class SimReplica:
     def _deliver(self, req: _Req, reason: FinishReason, now: float) -> None:
         req.state = _DONE
         self.outstanding -= 1
+        runs = None
+        if req.runs:
+            before = sum(n for _, n in req.runs)
+            tail = [(self._version[0], req.generated - before)] if req.generated > before else []
+            runs = (*req.runs, *tail)
         req.stream.deliver(
             Completion(
                 request_id=req.request.request_id,
                 num_tokens=req.generated,
                 finish_reason=reason,
                 policy_version=self._version[0],
+                version_runs=runs,
                 t_done=now,
                 t_first_token=req.t_first,
                 num_retractions=req.retractions,

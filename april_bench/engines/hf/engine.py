@@ -79,6 +79,8 @@ class _Seq:
     t_first: float | None = None
     aborted: bool = False
     step0: int = 0  # the engine's decode-step count when this sequence's kv was last set on the host
+    #: ``(version, tokens)`` produced before each weight update that landed while it was live.
+    runs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def context(self) -> int:
@@ -173,6 +175,7 @@ class HFEngine(Configurable):
             hardware=self.device.type,
             model=config.model,
             weight_formats=("state_dict", "path", "none"),
+            inflight_updates=True,
         )
 
     # ------------------------------------------------------------ protocol
@@ -250,8 +253,14 @@ class HFEngine(Configurable):
         return EngineLoad(running=len(self._active), waiting=len(self._waiting))
 
     async def update_weights(self, update: WeightUpdate) -> None:
+        """Installed between two forward passes (the scheduler yields to the loop after each one, and
+        nothing here awaits): in-flight sequences keep their KV and decode on with the new weights."""
         if self._active or self._waiting:
-            raise EngineError("update_weights while requests are in flight: abort and drain first")
+            self._pull(list(self._active))  # the static path keeps recent tokens on the device
+            for seq in [*self._waiting, *self._active]:
+                before = sum(n for _, n in seq.runs)
+                if len(seq.tokens) > before:
+                    seq.runs.append((self.version, len(seq.tokens) - before))
         if update.weights is not None:
             self.model.load_state_dict(update.weights)
         elif update.path is not None:
@@ -552,12 +561,18 @@ class HFEngine(Configurable):
         seq.slot = -1
 
     def _deliver(self, seq: _Seq, reason: FinishReason, now: float) -> None:
+        runs = None
+        if seq.runs:
+            before = sum(n for _, n in seq.runs)
+            tail = [(self.version, len(seq.tokens) - before)] if len(seq.tokens) > before else []
+            runs = (*seq.runs, *tail)
         seq.stream.deliver(
             Completion(
                 request_id=seq.request.request_id,
                 num_tokens=len(seq.tokens),
                 finish_reason=reason,
                 policy_version=self.version,
+                version_runs=runs,
                 t_done=now,
                 t_first_token=seq.t_first,
                 output_ids=tuple(seq.tokens),
