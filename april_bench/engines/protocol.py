@@ -175,6 +175,9 @@ class EngineInfo:
     version: str | None = None
     #: What ``update_weights`` accepts: ``"state_dict"``, ``"path"``, ``"none"`` (version only).
     weight_formats: tuple[str, ...] = ("state_dict", "none")
+    #: The dtype the model computes in (``"float32"``, ``"bfloat16"``); ``None``: not known.  Log-probs
+    #: match the trainer's only when this is the trainer's dtype.
+    dtype: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

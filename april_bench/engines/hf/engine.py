@@ -173,6 +173,7 @@ class HFEngine(Configurable):
             hardware=self.device.type,
             model=config.model,
             weight_formats=("state_dict", "path", "none"),
+            dtype=str(self.dtype).removeprefix("torch."),
         )
 
     # ------------------------------------------------------------ protocol
