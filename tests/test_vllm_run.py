@@ -54,6 +54,7 @@ def test_run_with_vllm_trains_and_resumes_partials_under_fresh_weights(tmp_path:
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["engine"] == "vllm" and provenance["result_kind"] == "measured"
     assert provenance["engine_version"]  # vLLM's own version string
+    assert provenance["engine_dtype"] == "float32"  # vLLM's resolved dtype, the trainer's
 
     steps = rows(out, "steps")
     assert {(s["arm"], s["step"]) for s in steps} == {(a, i) for a in ("sync", "april") for i in range(3)}
