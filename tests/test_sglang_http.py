@@ -132,7 +132,7 @@ def _streaming_server(events: list[bytes], *, hold: bool, seen: list[str]):
 
 
 def test_a_stream_yields_each_event_as_it_arrives_across_chunk_boundaries() -> None:
-    pieces = [b'data: {"a": 1}\n', b'\ndata: {"a"', b': 2}\n\ndata: [DONE]\n\n']
+    pieces = [b'data: {"a": 1}\n', b'\ndata: {"a"', b": 2}\n\ndata: [DONE]\n\n"]
 
     async def body(client: HTTPClient) -> None:
         stream = client.stream("/v1/completions", {"stream": True})
