@@ -69,6 +69,8 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     #: The engine package's version (``None`` for april-bench's own engines).
     engine_version: str | None = None
+    #: The dtype the engine computed in (``None``: not reported).
+    engine_dtype: str | None = None
 
 
 def run(
@@ -121,6 +123,7 @@ def run(
         recorder=recorder,
         notes=list(components.notes),
         engine_version=first.engine_version,
+        engine_dtype=first.engine_dtype,
     )
 
 
@@ -227,6 +230,7 @@ class ArmSession:
         self.name = arm.label if config.repeats == 1 else f"{arm.label} #{repeat}"
         self.simulated = True
         self.engine_version: str | None = None
+        self.engine_dtype: str | None = None
         self._engine: Engine | None = None
         self._trainer: Trainer | None = None
         self._sync: WeightSync | None = None
@@ -266,7 +270,8 @@ class ArmSession:
             make_engine, make_trainer, _ = self.components.split(driver.train_gpus)
         engine = self._engine = make_engine()
         await engine.start()
-        self.simulated, self.engine_version = engine.info.simulated, engine.info.version  # known once started
+        info = engine.info  # known once started
+        self.simulated, self.engine_version, self.engine_dtype = info.simulated, info.version, info.dtype
         self._trainer = make_trainer()
         self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))

@@ -10,6 +10,9 @@ What it measures (all measured, nothing modelled):
    task, once per engine with identical flags (``--model tiny32``, the model vLLM's
    CPU attention takes): generated tokens/s per arm, APRIL's throughput gain over sync,
    and the engine report (re-prefilled tokens per step, engine-trainer log-prob gap).
+   With ``--repeats R`` the run interleaves its arms ABBA in blocks of ``--block-steps``
+   and reports APRIL's paired gain: the median over (repeat, block) pairs of
+   APRIL's rate over sync's, with a bootstrap 95% interval.
 
 Needs an environment with vLLM (``pip install 'april-bench[vllm]'``); the hf engine runs
 there too.  Output: ``results/benchmarks/vllm_bench.json`` and ``.md`` (``--out`` to
@@ -17,6 +20,7 @@ change), and the markdown on stdout.
 
     python benchmarks/vllm_bench.py --repeats 2   # ~30 minutes on 2 busy cores
     python benchmarks/vllm_bench.py --quick       # a smoke check
+    python benchmarks/vllm_bench.py --skip-micro --repeats 2 --steps 8 --block-steps 2 --name vllm_vs_hf
 """
 
 from __future__ import annotations
@@ -116,63 +120,100 @@ RUN_FLAGS = [
 ]  # fmt: skip
 
 
-def run(name: str, steps: int, repeats: int, out: Path, cache: str) -> dict[str, Any]:
+def run(name: str, steps: int, repeats: int, block: int | None, out: Path, cache: str) -> dict[str, Any]:
     """``april_bench run`` with ``name``; the per-arm summary it wrote."""
     cmd = [sys.executable, "-m", "april_bench", "run", "--engine", name, "--steps", str(steps)]
-    cmd += ["--repeats", str(repeats), *RUN_FLAGS, "--out", str(out), "--overwrite"]
+    cmd += ["--repeats", str(repeats), *(["--block-steps", str(block)] if block else []), *RUN_FLAGS]
+    cmd += ["--out", str(out), "--overwrite"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "APRIL_BENCH_CACHE": cache})
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     arms = json.loads((out / "summary.json").read_text())["arms"]
+    provenance = json.loads((out / "provenance.json").read_text())
     keep = ("generated_tokens_per_s", "useful_tokens_per_s", "throughput_gain", "rollout_time_per_step_s")
     return {
         "wall_s": time.perf_counter() - t0,
         "command": " ".join(["python", "-m", "april_bench", *cmd[3:-3]]),
-        "arms": {arm: {**{k: m.get(k) for k in keep}, "engine": m.get("engine")} for arm, m in arms.items()},
+        "engine_version": provenance.get("engine_version"),
+        "engine_dtype": provenance.get("engine_dtype"),
+        "load_average": [provenance["machine"].get(f"load_average_{end}") for end in ("start", "end")],
+        "arms": {
+            arm: {
+                **{k: m.get(k) for k in keep},
+                "paired_throughput": (m.get("paired_gains") or {}).get("throughput"),
+                "engine": m.get("engine"),
+            }
+            for arm, m in arms.items()
+        },
     }
 
 
 def markdown(result: dict[str, Any]) -> str:
-    micro_rows = "\n".join(
-        f"| {name} | {m['version']} | {m['start_s']:.1f} | {m['tokens_per_s']:,.0f} | "
-        f"{m['abort_to_idle_s'] * 1000:.0f} | {m['aborted_partial_tokens_mean']:.1f} | {m['close_s']:.1f} |"
-        for name, m in result["micro"].items()
-    )
-    r, t = result["setup"]["requests"], result["setup"]["tokens"]
-    lines = [
-        "## vLLM vs embedded hf on this machine (measured)",
-        "",
-        f"Engines on one random `tiny32` checkpoint; a wave of {r} requests x {t} replayed tokens.",
-        "",
-        "| Engine | Version | Start s | Decode tok/s | Abort-to-idle ms | Partial tok/request | Close s |",
-        "|---|---|---|---|---|---|---|",
-        micro_rows,
-    ]
+    lines = ["## vLLM vs embedded hf on this machine (measured)", ""]
+    if result["micro"]:
+        r, t = result["setup"]["requests"], result["setup"]["tokens"]
+        lines += [
+            f"Engines on one random `tiny32` checkpoint; a wave of {r} requests x {t} replayed tokens.",
+            "",
+            "| Engine | Version | Start s | Decode tok/s | Abort-to-idle ms | Partial tok/request "
+            "| Close s |",
+            "|---|---|---|---|---|---|---|",
+            *(
+                f"| {name} | {m['version']} | {m['start_s']:.1f} | {m['tokens_per_s']:,.0f} | "
+                f"{m['abort_to_idle_s'] * 1000:.0f} | {m['aborted_partial_tokens_mean']:.1f} | "
+                f"{m['close_s']:.1f} |"
+                for name, m in result["micro"].items()
+            ),
+            "",
+        ]
     if result["runs"]:
         lines += [
-            "",
             f"Runs: `{result['runs'][ENGINES[0]]['command']}` (and `--engine vllm`), sync and APRIL arms.",
+            "APRIL gain: over sync in the run's totals; paired: median of the (repeat, block) pairs' gains",
+            "with a bootstrap 95% interval.",
             "",
-            "| Engine | Arm | Generated tok/s | APRIL gain | Re-prefilled tok/step | Re-prefill share | "
-            "Prefix-cache hits | Logprob gap mean | Logprob gap max |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| Engine | Arm | Generated tok/s | APRIL gain | Paired gain [95% CI] (pairs) | "
+            "Re-prefilled tok/step | Re-prefill share | Prefix-cache hits | Logprob gap mean | "
+            "Logprob gap max |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
     for name, run_result in result["runs"].items():
         for arm, m in run_result["arms"].items():
             e = m["engine"] or {}
             gain = "baseline" if arm == "sync" else _fmt(m["throughput_gain"], "{:+.1%}")
+            paired = "" if arm == "sync" else _paired(m.get("paired_throughput"))
             lines.append(
-                f"| {name} | {arm} | {_fmt(m['generated_tokens_per_s'], '{:,.0f}')} | {gain} | "
+                f"| {name} | {arm} | {_fmt(m['generated_tokens_per_s'], '{:,.0f}')} | {gain} | {paired} | "
                 f"{_fmt(e.get('reprefilled_tokens_per_step'), '{:,.0f}')} | "
                 f"{_fmt(e.get('reprefill_share_of_prefill'), '{:.0%}')} | "
                 f"{_fmt(e.get('prefix_cache_hit_rate'), '{:.0%}')} | "
                 f"{_fmt(e.get('logprob_gap_mean'), '{:.1e}')} | {_fmt(e.get('logprob_gap_max'), '{:.1e}')} |"
             )
+    for name, run_result in result["runs"].items():
+        start, end = run_result["load_average"]
+        version = run_result["engine_version"] or "april-bench"
+        lines.append(
+            f"\n`{name}` run ({version}, {run_result['engine_dtype']}): "
+            f"{run_result['wall_s'] / 60:.1f} min, load average {start} at its start, {end} at its end."
+        )
     load = result["provenance"]["machine"].get("load_average_start")
     cores = result["provenance"]["machine"].get("cpu_count")
-    lines += ["", f"Load average when written: {load} on {cores} cores (shared). Every number is measured."]
+    git = result["provenance"].get("git") or {}
+    lines += [
+        "",
+        f"Command: `{result['command']}` at commit {git.get('commit', '?')} "
+        f"(dirty: {git.get('dirty', '?')}).",
+        f"Load average when written: {load} on {cores} cores (shared). Every number is measured.",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _paired(p: dict[str, Any] | None) -> str:
+    if not p or p.get("median") is None:
+        return "n/a"
+    ci = p.get("ci") or [None, None]
+    return f"{p['median']:+.1%} [{_fmt(ci[0], '{:+.1%}')}, {_fmt(ci[1], '{:+.1%}')}] ({p['pairs']})"
 
 
 def _fmt(value: Any, fmt: str) -> str:
@@ -186,6 +227,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="--repeats of each run")
     parser.add_argument("--out", default="results/benchmarks", help="directory for the json and md")
     parser.add_argument("--skip-runs", action="store_true", help="engine micro-benchmarks only")
+    parser.add_argument("--skip-micro", action="store_true", help="the runs only")
+    parser.add_argument("--block-steps", type=int, default=None, help="--block-steps of each run")
+    parser.add_argument("--name", default="vllm_bench", help="file name (stem) of the json and md")
     args = parser.parse_args()
     requests, tokens = (8, 16) if args.quick else (32, 64)
     steps = 1 if args.quick else args.steps
@@ -193,21 +237,32 @@ def main() -> None:
         root = Path(scratch)
         checkpoint = make_checkpoint(root)
         result: dict[str, Any] = {
-            "setup": {"requests": requests, "tokens": tokens, "steps": steps, "repeats": args.repeats},
-            "micro": {name: asyncio.run(micro(name, checkpoint, requests, tokens)) for name in ENGINES},
+            "setup": {
+                "requests": requests,
+                "tokens": tokens,
+                "steps": steps,
+                "repeats": args.repeats,
+                "block_steps": args.block_steps,
+            },
+            "command": " ".join(["python", *sys.argv]),
+            "micro": {}
+            if args.skip_micro
+            else {name: asyncio.run(micro(name, checkpoint, requests, tokens)) for name in ENGINES},
         }
         cache = os.environ.get("APRIL_BENCH_CACHE", str(root / "cache"))
         result["runs"] = (
             {}
             if args.skip_runs
-            else {name: run(name, steps, args.repeats, root / name, cache) for name in ENGINES}
+            else {
+                name: run(name, steps, args.repeats, args.block_steps, root / name, cache) for name in ENGINES
+            }
         )
     result["provenance"] = collect_provenance(simulated=False, engine="hf,vllm")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(result)
-    (out / "vllm_bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "vllm_bench.md").write_text(text)
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{args.name}.md").write_text(text)
     print(text)
 
 

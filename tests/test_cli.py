@@ -123,6 +123,7 @@ def test_embedded_default_measures_throughput_and_accuracy(tmp_path: Path) -> No
     assert json.loads(proc.stdout.strip().splitlines()[-1])["result_kind"] == "measured"
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["engine"] == "hf" and provenance["result_kind"] == "measured"
+    assert provenance["engine_dtype"] == "float32"  # what the engine computed in: the gap depends on it
     evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
     # The arms are interleaved (ABBA blocks), so rows of the two arms alternate on disk.
     assert sorted((e["arm"], e["step"]) for e in evals) == [

@@ -108,3 +108,59 @@ def test_an_unreachable_server_is_an_http_error_and_a_timeout_too() -> None:
         await quiet.wait_closed()
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def _streaming_server(events: list[bytes], *, hold: bool, seen: list[str]):
+    """Answers one POST with a chunked event stream; ``hold`` keeps it open and records the hang-up."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")]
+        await reader.readexactly(int(length[0].split(b":")[1]))
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in events:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        if hold:
+            seen.append("eof" if not await reader.read() else "data")  # the client hung up
+        else:
+            writer.write(b"0\r\n\r\n")
+        writer.close()
+
+    return handle
+
+
+def test_a_stream_yields_each_event_as_it_arrives_across_chunk_boundaries() -> None:
+    pieces = [b'data: {"a": 1}\n', b'\ndata: {"a"', b": 2}\n\ndata: [DONE]\n\n"]
+
+    async def body(client: HTTPClient) -> None:
+        stream = client.stream("/v1/completions", {"stream": True})
+        assert await stream.open() == 200
+        assert [e async for e in stream.events()] == ['{"a": 1}', '{"a": 2}', "[DONE]"]
+        stream.close()
+
+    run(_streaming_server(pieces, hold=False, seen=[]), body)
+
+
+def test_hanging_up_a_stream_ends_it_quietly_and_the_server_sees_the_disconnect() -> None:
+    seen: list[str] = []
+
+    async def body(client: HTTPClient) -> None:
+        stream = client.stream("/v1/completions", {})
+        assert await stream.open() == 200
+        got = []
+        async for event in stream.events():
+            got.append(event)
+            stream.close()  # mid-stream: no error, the iteration just ends
+        assert got == ["1"]
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        early = client.stream("/v1/completions", {})
+        early.close()  # before it was sent: open() sends nothing
+        assert await early.open() == 0 and [e async for e in early.events()] == []
+
+    run(_streaming_server([b"data: 1\n\n", b"data: 2\n\n"], hold=True, seen=seen), body)
+    assert seen == ["eof"]

@@ -110,6 +110,10 @@ def test_a_url_attaches_to_a_vllm_server_and_server_true_launches_one() -> None:
     command = launch_command(VLLMServerEngine.Config(model_path="/ckpt", max_model_len=64), 8123)
     assert command[1:3] == ["-m", "vllm.entrypoints.launchers.api_server.entry"]
     assert {"--skip-tokenizer-init", "--enforce-eager"} <= set(command)
+    # the worker extension that rebuilds CPU kernels after a reload is importable without vLLM
+    extension = command[command.index("--worker-extension-cls") + 1]
+    module, _, name = extension.rpartition(".")
+    assert hasattr(__import__(module, fromlist=[name]), name)
     assert command[command.index("--model") + 1] == "/ckpt" and command[command.index("--port") + 1] == "8123"
     with pytest.raises(ConfigError, match="not both"):
         VLLMServerEngine.Config(model_path="/ckpt", url="http://127.0.0.1:8000")

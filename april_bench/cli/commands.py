@@ -150,6 +150,7 @@ def _execute(
         simulated=result.simulated,
         engine=result.engine,
         engine_version=result.engine_version,
+        engine_dtype=result.engine_dtype,
         notes=result.notes,
         started=provenance,
     )

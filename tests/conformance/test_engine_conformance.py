@@ -63,6 +63,13 @@ async def until(engine: Engine, running: int, waiting: int, timeout: float = 60)
         await asyncio.sleep(0.02)
 
 
+async def generated_tokens(engine: Engine) -> float | None:
+    """The engine's own count of tokens it decoded (``None`` where it reports none)."""
+    await engine.load()  # a server's metrics are read with its load
+    metrics = getattr(engine, "metrics", None)
+    return None if metrics is None else metrics().get("generation_tokens")
+
+
 async def until_idle(engine: Engine, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not (await engine.load()).idle:
@@ -106,6 +113,63 @@ def test_budgets_and_replayed_lengths_are_honoured(host: EngineHost) -> None:
     host.run(body)
 
 
+#: Longer than vLLM's 128-token CPU KV block: its prefix cache holds whole blocks of such a prompt.
+LONG_PROMPT = tuple(5 + (7 * j) % 50 for j in range(200))
+
+
+def trainer_gaps(
+    checkpoint: str, requests: list[GenerateRequest], done: dict[str, Completion]
+) -> list[float]:
+    """``|engine - trainer|`` log-prob per generated token: the trainer's float32 ``token_logprobs``
+    of ``checkpoint`` at each request's temperature."""
+    import torch
+
+    from april_bench.engines.hf.models import build_model
+    from april_bench.trainers.logprobs import token_logprobs
+
+    model = build_model(checkpoint)
+    gaps = []
+    for r in requests:
+        c = done[r.request_id]
+        assert r.input_ids is not None and c.output_ids is not None and c.logprobs is not None
+        ids = torch.tensor([[*r.input_ids, *c.output_ids]])
+        with torch.no_grad():
+            ours, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature=r.sampling.temperature)
+        gaps += [
+            abs(a - b) for a, b in zip(ours[0, len(r.input_ids) - 1 :].tolist(), c.logprobs, strict=True)
+        ]
+    assert len(gaps) == sum(done[r.request_id].num_tokens for r in requests) > 0
+    return gaps
+
+
+def test_logprobs_are_the_trainers_when_the_engine_computes_in_its_dtype(host: EngineHost) -> None:
+    # The engine-trainer log-prob gap of a run is numerics only when the dtypes match: vLLM in
+    # bfloat16 is ~1e-3 off (benchmarks/vllm_logprob_gap.py), in float32 ~1e-7.
+    if not host.kind.float32:
+        return
+    temperature = 0.8  # the rollout default: log-probs are of the tempered distribution
+    prompts = [(5, 6, 7, 8, 9, 10), (11, 12, 13, 14, 15, 16), LONG_PROMPT]
+    requests = [
+        GenerateRequest(
+            f"lp-{i}",
+            len(ids),
+            24,
+            SamplingParams(temperature=temperature, seed=i),
+            input_ids=ids,
+            replay_len=24,
+        )
+        for i, ids in enumerate(prompts)
+    ]
+
+    async def body() -> dict[str, Completion]:
+        assert host.engine is not None
+        return await collect(host.engine, requests)
+
+    # the weights the engine serves until the weight claim
+    gaps = trainer_gaps(host.checkpoints[0], requests, host.run(body))
+    assert sum(gaps) / len(gaps) < 1e-5 and max(gaps) < 1e-4, (sum(gaps) / len(gaps), max(gaps))
+
+
 # ----------------------------------------------------------------------------- abort
 #: Long enough that no engine finishes before the claims abort it (vLLM's server: ~150 tok/s here).
 LONG = 1000
@@ -119,17 +183,28 @@ def test_abort_returns_partials_of_running_and_nothing_of_queued_requests(host: 
         engine = host.engine
         assert engine is not None
         requests = [request(f"long-{i}", budget, seed=i, replay=budget) for i in range(MAX_RUNNING + queued)]
+        before = await generated_tokens(engine)
         stream = engine.generate(requests)
         await until(engine, MAX_RUNNING, queued)
         await asyncio.sleep(0.3)  # the running ones decode some tokens
         await engine.abort(None)
         done = {c.request_id: c async for c in stream}
         await until_idle(engine)
+        generated = await generated_tokens(engine)
+        await asyncio.sleep(0.5)
+        # the engine itself stopped decoding (vLLM's server: /metrics), not only the client listening
+        assert await generated_tokens(engine) == generated
         assert set(done) == {r.request_id for r in requests}
         assert {c.finish_reason for c in done.values()} == {FinishReason.ABORT}
         counts = sorted(c.num_tokens for c in done.values())
-        assert counts[:queued] == [0] * queued  # queued: aborted before a token
-        assert all(0 < n < budget for n in counts[queued:])  # running: a partial response
+        if before is not None and generated is not None and generated - before >= MAX_RUNNING * budget:
+            # on a loaded machine a server can finish the running pair before the hang-ups land, and
+            # start the queued ones; the client then holds what was streamed so far of each (seen with
+            # vLLM's server at load 4 on 2 cores): a race the engine won, not lost requests
+            assert all(0 <= n < budget for n in counts)
+        else:
+            assert counts[:queued] == [0] * queued  # queued: aborted before a token
+            assert all(0 < n < budget for n in counts[queued:])  # running: a partial response
         for c in done.values():
             well_formed(c)
 
@@ -231,6 +306,30 @@ def test_a_weight_update_is_visible_in_the_next_generation(host: EngineHost) -> 
             assert max(abs(a - b) for a, b in zip(restored.logprobs, before.logprobs, strict=True)) < 1e-4
 
     host.run(body)
+
+
+def test_after_a_reload_no_cached_prefix_of_the_old_weights_is_reused(host: EngineHost) -> None:
+    # A long prompt fills whole prefix-cache blocks under the first weights; after a reload of the
+    # second, the same prompt must be computed afresh: the log-probs are the second weights' exactly.
+    if not (host.kind.float32 and "path" in (host.engine.info.weight_formats if host.engine else ())):
+        return
+    first, second = host.checkpoints
+    probe = lambda rid: request(rid, 16, seed=5, ids=LONG_PROMPT, replay=16)  # noqa: E731
+
+    async def body() -> dict[str, Completion]:
+        engine = host.engine
+        assert engine is not None
+        start = await current_version(engine)
+        await collect(engine, [probe("cached-first"), probe("cached-first-again")])
+        await engine.update_weights(WeightUpdate(start + 1, path=second))
+        try:
+            return await collect(engine, [probe("after-reload")])
+        finally:
+            await engine.update_weights(WeightUpdate(start + 2, path=first))
+
+    done = host.run(body)
+    gaps = trainer_gaps(second, [probe("after-reload")], done)
+    assert max(gaps) < 1e-4, max(gaps)
 
 
 # ----------------------------------------------------------------------------- shutdown (last)

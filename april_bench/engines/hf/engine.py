@@ -176,6 +176,7 @@ class HFEngine(Configurable):
             model=config.model,
             weight_formats=("state_dict", "path", "none"),
             inflight_updates=True,
+            dtype=str(self.dtype).removeprefix("torch."),
         )
 
     # ------------------------------------------------------------ protocol

