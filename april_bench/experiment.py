@@ -129,7 +129,7 @@ def run(
 
 def check_drivers(config: ExperimentConfig, components: Components) -> None:
     """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
-    cannot (vLLM and SGLang adapters: use weight_update=drain or one-step-off)."""
+    cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off)."""
     from april_bench.rollout.registry import STRATEGIES
 
     for arm in config.arms:
@@ -138,7 +138,7 @@ def check_drivers(config: ExperimentConfig, components: Components) -> None:
         if (
             driver.asynchronous
             and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT
-            and not components.engine_spec.inflight_updates
+            and not components.engine_spec.updates_in_flight(components.engine_args)
         ):
             raise ConfigError(
                 f"arm {arm.label!r}: engine {components.engine_name!r} cannot update weights with requests "

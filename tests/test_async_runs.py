@@ -192,3 +192,12 @@ def test_a_rollout_that_stalls_in_an_async_arm_is_one_line_not_a_hang(arm: str, 
     assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "rejected by dynamic sampling" in errors[0]
+
+
+def test_vllm_updates_in_flight_in_process_and_its_server_variant_does_not() -> None:
+    from april_bench.engines import ENGINES
+
+    spec = ENGINES.get("vllm")
+    assert spec.updates_in_flight({}) and spec.updates_in_flight({"server": False})
+    assert not spec.updates_in_flight({"server": True})
+    assert not spec.updates_in_flight({"url": "http://127.0.0.1:8000"})

