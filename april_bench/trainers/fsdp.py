@@ -32,7 +32,7 @@ import torch
 from april_bench.config import ConfigError, Configurable, param
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import RankGroup, free_address, serve
+from april_bench.trainers.ranks import RankGroup, free_address, place_ranks, serve
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -86,15 +86,12 @@ class FSDPTrainer(Configurable):
 
     def __init__(self, config: Config, *, model: PolicySpec) -> None:
         self.config = config
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda" and torch.cuda.device_count() < config.world_size:
-            raise ConfigError(
-                f"--trainer-arg world_size={config.world_size} needs that many GPUs; "
-                f"{torch.cuda.device_count()} visible"
-            )
-        backend = config.backend if config.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        device, backend = place_ranks(
+            config.device,
+            config.backend,
+            config.world_size,
+            f"--trainer-arg world_size={config.world_size} needs that many GPUs",
+        )
         self._ranks = RankGroup(
             _rank_main,
             (config, device, backend, free_address(), model),

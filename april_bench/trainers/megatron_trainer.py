@@ -53,7 +53,7 @@ from april_bench.trainers.fsdp import PolicySpec
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.megatron import MegatronLayout, ModelShape, hf_to_mcore, mcore_to_hf, shard, unshard
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import RankGroup, free_address, serve
+from april_bench.trainers.ranks import RankGroup, free_address, place_ranks, serve
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -113,15 +113,12 @@ class MegatronTrainer(Configurable):
         self.layout = MegatronLayout(tp=config.tp, pp=config.pp)
         self.shape = padded_shape(ModelShape.of(hf), config.tp)
         self.layout.check(self.shape)
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda" and torch.cuda.device_count() < config.world_size:
-            raise ConfigError(
-                f"--trainer-arg tp={config.tp} pp={config.pp} needs {config.world_size} GPUs; "
-                f"{torch.cuda.device_count()} visible"
-            )
-        backend = config.backend if config.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        device, backend = place_ranks(
+            config.device,
+            config.backend,
+            config.world_size,
+            f"--trainer-arg tp={config.tp} pp={config.pp} needs {config.world_size} GPUs",
+        )
         self._ranks = RankGroup(
             _rank_main,
             (config, device, backend, free_address(), model),

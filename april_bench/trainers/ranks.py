@@ -90,6 +90,20 @@ class RankGroup:
         return replies
 
 
+def place_ranks(device: str, backend: str, world: int, needs: str) -> tuple[str, str]:
+    """The ranks' device and process-group backend: ``auto`` picks CUDA where visible (nccl), else the
+    CPU (gloo).  ``needs`` names the setting that asked for ``world`` GPUs, for the error."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and torch.cuda.device_count() < world:
+        from april_bench.config import ConfigError
+
+        raise ConfigError(f"{needs}; {torch.cuda.device_count()} visible")
+    return device, (backend if backend != "auto" else ("nccl" if device == "cuda" else "gloo"))
+
+
 def free_address() -> str:
     """A ``tcp://`` rendezvous address on a free local port."""
     with socket.socket() as probe:
