@@ -65,13 +65,13 @@ def paper(hardware: str = "mi300x", **overrides: Any) -> ExperimentConfig:
     mem_fraction_static 0.6: the simulator's defaults), 32 groups x 8, over-sampling 64, 16,384 tokens,
     temperature 0.8 (``RolloutConfig``'s defaults), the sync arm as the scripted baseline (waves of
     rollout_batch_size, DAPO's filter when ``--algo dapo``), lengths from the one evidence-based model
-    (``april_bench.sim.length_evidence``).  ``--algo``/``--dataset`` pick the paper's row."""
+    (``april_bench.sim.length_evidence``).  ``--algo``/``--dataset`` pick the paper's row (``--algo dapo``
+    on the default data set is its DAPO-Math-17k row)."""
     from april_bench.sim.paper_settings import STEPS
 
     settings: dict[str, Any] = {
         "hardware": hardware,
         "model": "qwen3-4b",
-        "algorithm": "dapo",
         "dataset": "dapo-math-17k",
         "steps": STEPS,
     }
