@@ -287,7 +287,7 @@ def _status(path: Path) -> str | None:
 def render_tables(
     config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
 ) -> str:
-    kind = "SIMULATED (simulator with published-evidence parameters; no accuracy)" if simulated else "MEASURED"
+    kind = "SIMULATED (simulator, published-evidence parameters; no accuracy)" if simulated else "MEASURED"
     columns, rows, assumes = results_table(config, summary, simulated)
     paper = render_markdown(columns, rows) + (f"\n\n{assumes}" if assumes else "")
     detail = render_markdown(DETAIL_COLUMNS, detail_table(summary))
