@@ -88,10 +88,9 @@ def results_table(
     columns[at:at] = ["Paper (APRIL README)", "Sim - paper"]
     for row, (arm, m) in zip(rows, summary.items(), strict=True):
         gain = m.get("throughput_gain")
-        is_april = arm == "april" and gain is not None
         row[at:at] = (
             [f"{reference.paper_gain * 100:+.0f}%", f"{(gain - reference.paper_gain) * 100:+.1f} pt"]
-            if is_april
+            if arm == "april" and gain is not None
             else ["", ""]
         )
     lengths = MODEL_LENGTHS[reference.model]
