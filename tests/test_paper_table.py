@@ -140,3 +140,20 @@ def test_cli_recipe_flag_starts_from_the_paper_row_and_applies_flags_on_top():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --recipe paper-deepmath simulates 8 GPUs")
     assert "Traceback" not in proc.stderr
+
+
+def test_headline_command_prints_the_paper_figure_and_no_one_pair_interval(tmp_path, capsys):
+    from april_bench.cli import main
+
+    out = tmp_path / "head"
+    assert main(["run", "--hw", "mi300x", "--algo", "dapo", "--no-progress", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    table = text.split("###")[0]
+    assert "| DAPO " in table and "Paper (APRIL README)" in table and "+17%" in table
+    assert "(1 pair)" not in text and "Paired median" not in table
+    assert "docs/calibration.md" in table  # the one line saying what the simulator assumes
+    april = next(line for line in table.splitlines() if "| april " in line)
+    cells = [c.strip() for c in april.split("|")]
+    gain = float(cells[cells.index("+17%") - 1].rstrip("%")) / 100
+    diff = float(cells[cells.index("+17%") + 1].removesuffix(" pt")) / 100
+    assert diff == pytest.approx(gain - 0.17, abs=0.0011)
