@@ -249,6 +249,7 @@ def _limits(engine: Engine) -> dict[str, int]:
     chunk = getattr(config, "max_prefill_tokens", None) or getattr(config, "max_num_batched_tokens", None)
     running = int(slots) if slots else _UNLIMITED
     return {
+        "context_tokens": int(context) if context else _UNLIMITED,
         "max_running": running,
         "kv_capacity_tokens": int(running * context) if slots and context else _UNLIMITED,
         "chunk_tokens": int(chunk) if chunk else _UNLIMITED,
@@ -311,6 +312,12 @@ async def measure_cost_curve(
     limits = _limits(engine)
     top = min(limits["max_running"], max(batches))
     batches = sorted({min(b, top) for b in batches})
+    # every measured request must fit one sequence of the engine (prompt + new tokens)
+    room = limits["context_tokens"] - new_tokens
+    if room < 1:
+        raise ConfigError(f"the engine holds {limits['context_tokens']} tokens per sequence: too few to time")
+    contexts = sorted({min(c, room) for c in contexts})
+    prefill_lengths = sorted({min(p, room) for p in prefill_lengths})
     virtual = engine.info.virtual_time
 
     async def median(tag: str, batch: int, context: int, k: int) -> float:
