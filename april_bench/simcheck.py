@@ -73,15 +73,16 @@ def engine_forward_passes_per_step(
     engine_metrics: Sequence[Mapping[str, Any]], arm: str, steps: int
 ) -> float | None:
     """Forward passes (decode steps + prefill batches) per training step of ``arm``, from the engine's
-    own counters at step ends, averaged over repeats; None when the engine reports no counters.
+    own counters (snapshots at ``rollout_end``, and ``step_end`` on pipelined arms), averaged over
+    repeats; None when the engine reports no counters.
 
-    Each session starts a fresh engine, so the last ``step_end`` snapshot of a session holds the
-    session's total.  (Issue 21 adds per-step engine iteration accounting to the records; this is the
-    one function to swap for it.)
+    Each session starts a fresh engine and a weight update runs no forward pass, so the largest
+    snapshot of a session holds the session's total.  (Issue 21 adds per-step engine iteration
+    accounting to the records; this is the one function to swap for it.)
     """
     totals: dict[int, float] = {}
     for row in engine_metrics:
-        if row["arm"] != arm or row["phase"] != "step_end":
+        if row["arm"] != arm:
             continue
         m = row["metrics"]
         if "decode_steps" not in m:

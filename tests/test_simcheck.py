@@ -127,7 +127,12 @@ def test_forward_passes_per_step_from_engine_counters():
             "repeat": 0,
             "metrics": {"decode_steps": 30, "prefill_batches": 4},
         },
-        {"arm": "april", "phase": "rollout_end", "repeat": 0, "metrics": {"decode_steps": 99}},
+        {
+            "arm": "april",
+            "phase": "rollout_end",
+            "repeat": 0,
+            "metrics": {"decode_steps": 40, "prefill_batches": 4},
+        },
         {
             "arm": "april",
             "phase": "step_end",
@@ -136,7 +141,7 @@ def test_forward_passes_per_step_from_engine_counters():
         },
         {"arm": "sync", "phase": "step_end", "repeat": 0, "metrics": {"decode_steps": 1}},
     ]
-    assert engine_forward_passes_per_step(rows, "april", steps=2) == pytest.approx((34 + 30) / 2 / 2)
+    assert engine_forward_passes_per_step(rows, "april", steps=2) == pytest.approx((44 + 30) / 2 / 2)
     assert engine_forward_passes_per_step(rows, "missing", steps=2) is None
     assert engine_forward_passes_per_step([{**rows[0], "metrics": {"running": 1}}], "april", 2) is None
 
