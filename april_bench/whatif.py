@@ -55,13 +55,7 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[Any]]:
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.rollout.loop import RolloutConfig
 
-    if setup.cost_curve is not None:
-        # The seam: a measured decode-step/prefill cost curve replaces the roofline profile of --hw.
-        # april_bench/sim/cost_curve.py (the simcheck measurement) is not in this tree yet.
-        raise ConfigError(
-            f"--cost-curve {setup.cost_curve}: measured cost curves are not wired into whatif yet; "
-            "drop it to use the roofline profile of --hw (docs/whatif.md)"
-        )
+    _check_cost_curve(setup)
     if setup.ratio < 1:
         raise ConfigError(f"--ratio must be >= 1 (N'/N), got {setup.ratio}")
     groups = trace.groups_per_step()
@@ -106,6 +100,16 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[Any]]:
     return config, arms
 
 
+def _check_cost_curve(setup: WhatIf) -> None:
+    if setup.cost_curve is not None:
+        # The seam: a measured decode-step/prefill cost curve replaces the roofline profile of --hw.
+        # april_bench/sim/cost_curve.py (the simcheck measurement) is not in this tree yet.
+        raise ConfigError(
+            f"--cost-curve {setup.cost_curve}: measured cost curves are not wired into whatif yet; "
+            "drop it to use the roofline profile of --hw (docs/whatif.md)"
+        )
+
+
 def run_whatif(
     trace_path: Path,
     setup: WhatIf,
@@ -124,6 +128,7 @@ def run_whatif(
     from april_bench.results.resume import RunStatus, session_key
     from april_bench.results.store import RunWriter, write_json_atomic
 
+    _check_cost_curve(setup)
     trace = read_trace(trace_path, arm=setup.arm)
     config, arms = whatif_config(trace, setup)
     components = build_components(config, progress=progress)
