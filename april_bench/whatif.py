@@ -121,8 +121,8 @@ def run_whatif(
     """Replay the trace under every arm into the run directory ``out``; returns the result
     (also written as ``out/whatif.json``, ``whatif.md`` and, with matplotlib, ``whatif.png``)."""
     from april_bench.backends import build_components
-    from april_bench.profiles.hardware import hardware_profile
     from april_bench.experiment import check_drivers, run
+    from april_bench.profiles.hardware import hardware_profile
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import RunRecorder
     from april_bench.results.resume import RunStatus, session_key
@@ -218,7 +218,8 @@ def render_whatif(result: dict[str, Any]) -> str:
         f"gains against {result['baseline']})",
         "",
         *header.lines(),
-        f"replayed: {result['steps']} steps of {r['groups_per_step']} groups x {r['samples_per_prompt']} samples "
+        f"replayed: {result['steps']} steps of {r['groups_per_step']} groups x "
+        f"{r['samples_per_prompt']} samples "
         f"(N' = {r['over_sampling_batch_size']}), response limit {r['max_response_len']}; the trace has "
         f"{s['groups']} groups in {s['steps']} steps, median response {s['response_median']:g} tokens, "
         f"p99 {s['response_p99']}, {s['truncated_share']:.0%} truncated",
@@ -265,7 +266,9 @@ def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
         ("end_to_end_gain", "end-to-end gain"),
     )
     for i, (key, label) in enumerate(bars):
-        ax.barh([y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label)
+        ax.barh(
+            [y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label
+        )
     ax.set_yticks(ys, [r["arm"] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
@@ -274,7 +277,8 @@ def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
     ax2.barh(ys, [100 * (r.get("off_policy_share") or 0.0) for r in rows], color="grey")
     ax2.set_xlabel("off-policy share of trained tokens, %")
     fig.suptitle(
-        f"What-if (simulated): {result['trace']['source']} replayed on {result['model']} / {result['hardware']}",
+        f"What-if (simulated): {result['trace']['source']} replayed on "
+        f"{result['model']} / {result['hardware']}",
         fontsize=9,
     )
     fig.tight_layout()

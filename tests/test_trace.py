@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from trace_fixtures import Opaque, slime_dump, verl_dump
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -43,8 +44,14 @@ def test_a_written_trace_reads_back_with_its_groups_in_step_order(tmp_path: Path
     ("line", "message"),
     [
         ("not json", "line 2: not JSON"),
-        ('{"step": 0, "prompt_id": "a", "sample_index": 0}', r"line 2: not a trace row \(missing response_tokens"),
-        ('{"step": -1, "prompt_id": "a", "sample_index": 0, "response_tokens": 3}', "line 2: step must be >= 0"),
+        (
+            '{"step": 0, "prompt_id": "a", "sample_index": 0}',
+            r"line 2: not a trace row \(missing response_tokens",
+        ),
+        (
+            '{"step": -1, "prompt_id": "a", "sample_index": 0, "response_tokens": 3}',
+            "line 2: step must be >= 0",
+        ),
         ('{"step": 0, "prompt_id": "a", "sample_index": 0, "response_tokens": 3, "finish": "eos"}', "finish"),
         ('{"step": 0, "prompt_id": "a", "sample_index": 0, "response_tokens": 3, "reward": "1"}', "reward"),
     ],
@@ -64,7 +71,7 @@ def test_a_file_without_the_header_or_with_a_repeated_sample_is_refused(tmp_path
     with pytest.raises(ConfigError, match="line 1: not an april-bench trace"):
         read_trace(path)
     path.write_text(json.dumps(HEADER.to_json()) + "\n" + json.dumps(row) + "\n" + json.dumps(row) + "\n")
-    with pytest.raises(ConfigError, match="line 3: .*repeats line 2"):
+    with pytest.raises(ConfigError, match=r"line 3: .*repeats line 2"):
         read_trace(path)
 
 
@@ -77,30 +84,10 @@ def test_the_cli_names_file_and_line_and_exits_2(tmp_path: Path, capsys: pytest.
 
 
 # ----------------------------------------------------------------------------- verl
-def _verl_dump(root: Path) -> Path:
-    """verl's rollout_data_dir: {step}.jsonl written by RayPPOTrainer._dump_generations (balanced batch
-    order: a group's samples are not consecutive)."""
-    root.mkdir()
-    for step in (1, 2):
-        entries = []
-        for j in range(2):
-            for g, problem in enumerate(("What is 2+2?", "Integrate x dx from 0 to 1.")):
-                entries.append(
-                    {
-                        "input": f"user: {problem} assistant:",
-                        "output": "x" * (35 * (g + 1) * (j + 1)) + (" y" * 200 if (g, j) == (1, 1) else ""),
-                        "gts": "4",
-                        "score": float(j),
-                        "step": step,
-                        "acc": bool(j),
-                    }
-                )
-        (root / f"{step}.jsonl").write_text("\n".join(json.dumps(e) for e in entries[::-1]) + "\n")
-    return root
 
 
 def test_verl_dumps_import_with_groups_from_the_prompt_text(tmp_path: Path) -> None:
-    header, rows = import_verl(_verl_dump(tmp_path / "verl"), token_counter(None), max_response_len=150)
+    header, rows = import_verl(verl_dump(tmp_path / "verl"), token_counter(None), max_response_len=150)
     assert header.source == "verl rollout dump" and "estimate" in header.token_counts
     assert len(rows) == 8 and {r.step for r in rows} == {1, 2}
     by_group: dict[tuple[int, str], list[TraceRow]] = {}
@@ -124,48 +111,10 @@ def test_a_verl_row_without_output_names_file_and_line(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- slime
-def _slime_sample(group: int, index: int, response: int, status: str, reward: object) -> dict[str, object]:
-    """``Sample.to_dict()`` of slime (slime/utils/types.py): plain values only."""
-    prompt = [1, 2, 3, 4, 5]
-    return {
-        "group_index": group,
-        "index": index,
-        "prompt": "What is 2+2?",
-        "tokens": prompt + list(range(response)),
-        "multimodal_inputs": None,
-        "response": "four",
-        "response_length": response,
-        "label": "4",
-        "reward": reward,
-        "loss_mask": [1] * response,
-        "weight_versions": ["1"],
-        "rollout_log_probs": [-0.5] * response,
-        "remove_sample": False,
-        "status": status,
-        "metadata": {"raw": "x"},
-        "train_metadata": None,
-        "session_id": None,
-        "non_generation_time": 0.0,
-        "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0},
-        "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 5},
-    }
-
-
-def _slime_dump(path: Path, rollout_id: int, *, reward: object = 1.0) -> Path:
-    import torch
-
-    samples = [
-        _slime_sample(g, 4 * g + j, 7 * (g + 1) + j, "truncated" if (g, j) == (1, 3) else "completed", reward)
-        for g in range(2)
-        for j in range(4)
-    ]
-    samples.append(_slime_sample(2, 8, 3, "aborted", reward))
-    torch.save({"rollout_id": rollout_id, "samples": samples}, path)
-    return path
 
 
 def test_slime_dumps_import_exact_counts_groups_and_truncation(tmp_path: Path) -> None:
-    files = [_slime_dump(tmp_path / "d_1.pt", 1), _slime_dump(tmp_path / "d_0.pt", 0)]
+    files = [slime_dump(tmp_path / "d_1.pt", 1), slime_dump(tmp_path / "d_0.pt", 0)]
     header, rows = import_slime(files, token_counter(None))
     assert header.token_counts.startswith("exact") and any("2 unfinished" in n for n in header.notes)
     assert [r.step for r in rows][:8] == [0] * 8  # rollout order, whatever order the files came in
@@ -176,8 +125,8 @@ def test_slime_dumps_import_exact_counts_groups_and_truncation(tmp_path: Path) -
 
 
 def test_a_slime_dict_reward_needs_a_key(tmp_path: Path) -> None:
-    path = _slime_dump(tmp_path / "d.pt", 0, reward={"acc": 1.0, "format": 0.5})
-    with pytest.raises(ConfigError, match="reward is a dict .*--reward-key"):
+    path = slime_dump(tmp_path / "d.pt", 0, reward={"acc": 1.0, "format": 0.5})
+    with pytest.raises(ConfigError, match=r"reward is a dict .*--reward-key"):
         import_slime([path], token_counter(None))
     _, rows = import_slime([path], token_counter(None), reward_key="format")
     assert {r.reward for r in rows} == {0.5}
@@ -187,21 +136,16 @@ def test_a_slime_dump_with_arbitrary_objects_is_refused_not_unpickled(tmp_path: 
     import torch
 
     path = tmp_path / "evil.pt"
-    torch.save({"rollout_id": 0, "samples": [_Opaque()]}, path)
-    with pytest.raises(ConfigError, match="refused: .*never unpickles"):
+    torch.save({"rollout_id": 0, "samples": [Opaque()]}, path)
+    with pytest.raises(ConfigError, match=r"refused: .*never unpickles"):
         import_slime([path], token_counter(None))
-
-
-class _Opaque:
-    """Stands for any object a weights-only load must refuse."""
 
 
 # ----------------------------------------------------------------------------- W&B / CSV
 def test_per_step_stats_synthesize_samples_matching_each_mean_and_say_so(tmp_path: Path) -> None:
     path = tmp_path / "wandb.csv"
     path.write_text(
-        "Step,run-1 - response_length/mean,run-1 - response_length/mean__MIN\n"
-        "1,400,300\n2,,\n3,900,800\n"
+        "Step,run-1 - response_length/mean,run-1 - response_length/mean__MIN\n1,400,300\n2,,\n3,900,800\n"
     )
     header, rows = import_stats(path, groups_per_step=8, samples_per_prompt=4, max_response_len=4096)
     assert "weakest" in header.evidence and header.max_response_len == 4096
@@ -224,7 +168,15 @@ def test_trace_import_verl_writes_a_trace_whatif_can_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "verl-trace.jsonl"
-    argv = ["trace", "import-verl", str(_verl_dump(tmp_path / "verl")), "--max-response-len", "150", "-o", str(out)]
+    argv = [
+        "trace",
+        "import-verl",
+        str(verl_dump(tmp_path / "verl")),
+        "--max-response-len",
+        "150",
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0
     assert "verl rollout dump" in capsys.readouterr().out
     assert read_trace(out).summary()["groups"] == 4

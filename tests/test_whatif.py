@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from trace_fixtures import slime_dump, verl_dump
 
 from april_bench.cli import main
 from april_bench.cli.whatif import example_trace
@@ -25,7 +26,9 @@ def _trace(path: Path, *, clustered: bool) -> Path:
         for g in range(GROUPS):
             for j in range(N):
                 long = g == 0 if clustered else (j == 0 and g < N)
-                rows.append(TraceRow(step, f"s{step}p{g}", j, 120, LONG if long else SHORT + 10 * j, "stop", 1.0))
+                rows.append(
+                    TraceRow(step, f"s{step}p{g}", j, 120, LONG if long else SHORT + 10 * j, "stop", 1.0)
+                )
     header = TraceHeader(source="test", evidence="per-sample", token_counts="exact", max_response_len=LIMIT)
     write_trace(path, header, rows)
     return path
@@ -53,7 +56,10 @@ def test_the_shipped_example_replays_under_the_zoo_labelled_simulated(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = read_trace(example_trace())
-    assert trace.header.source.startswith("april-bench run") and trace.header.provenance["result_kind"] == "measured"
+    assert (
+        trace.header.source.startswith("april-bench run")
+        and trace.header.provenance["result_kind"] == "measured"
+    )
     out = tmp_path / "wi"
     argv = ["whatif", "example", "--hw", "h100", "--model", "qwen3-4b", "--gpus", "8", "--steps", "2"]
     assert main([*argv, "--out", str(out), "--no-progress"]) == 0
@@ -63,7 +69,9 @@ def test_the_shipped_example_replays_under_the_zoo_labelled_simulated(
     arms = {row["arm"] for row in result["rows"]}
     drivers = {row["driver"] for row in result["rows"]}
     assert {"sync", "tail-batching", "length-aware"} <= {row["strategy"] for row in result["rows"]}
-    assert {"sync", "one-step-off", "stale (eta=1)", "stale (eta=2)"} <= drivers and len(arms) == len(result["rows"])
+    assert {"sync", "one-step-off", "stale (eta=1)", "stale (eta=2)"} <= drivers and len(arms) == len(
+        result["rows"]
+    )
     assert all(row["off_policy_share"] is not None for row in result["rows"])
     assert result["result_kind"] == "simulated" and result["num_gpus"] == 8
     # the replay is an ordinary run directory: its own trace is the replayed one, group for group
@@ -72,17 +80,30 @@ def test_the_shipped_example_replays_under_the_zoo_labelled_simulated(
 
 
 def test_verl_and_slime_dumps_run_through_whatif(tmp_path: Path) -> None:
-    from tests.test_trace import _slime_dump, _verl_dump
-
     verl = tmp_path / "verl.jsonl"
-    assert main(["trace", "import-verl", str(_verl_dump(tmp_path / "v")), "--max-response-len", "150", "-o", str(verl)]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "import-verl",
+                str(verl_dump(tmp_path / "v")),
+                "--max-response-len",
+                "150",
+                "-o",
+                str(verl),
+            ]
+        )
+        == 0
+    )
     slime = tmp_path / "slime.jsonl"
-    dumps = [str(_slime_dump(tmp_path / f"d_{i}.pt", i)) for i in range(2)]
+    dumps = [str(slime_dump(tmp_path / f"d_{i}.pt", i)) for i in range(2)]
     assert main(["trace", "import-slime", *dumps, "-o", str(slime)]) == 0
     for name, trace in (("verl", verl), ("slime", slime)):
         # verl's groups mix rewards 0 and 1, so DAPO's filter keeps them; slime's fixture rewards all 1
         algorithm = "dapo" if name == "verl" else "grpo"
-        setup = WhatIf(strategies=("sync", "april"), drivers=({"driver": "one-step-off"},), algorithm=algorithm)
+        setup = WhatIf(
+            strategies=("sync", "april"), drivers=({"driver": "one-step-off"},), algorithm=algorithm
+        )
         result = run_whatif(trace, setup, tmp_path / f"wi-{name}")
         pairs = {(row["strategy"], row["driver"]) for row in result["rows"]}
         assert pairs == {(s, d) for s in ("sync", "april") for d in ("sync", "one-step-off")}
@@ -97,17 +118,23 @@ def test_a_trace_without_rewards_cannot_drive_dapo(tmp_path: Path) -> None:
         run_whatif(path, WhatIf(strategies=("sync",), drivers=(), algorithm="dapo"), tmp_path / "o")
 
 
-def test_a_cost_curve_is_refused_until_it_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_cost_curve_is_refused_until_it_is_wired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     curve = tmp_path / "curve.json"
     curve.write_text("{}")
     assert main(["whatif", "example", "--cost-curve", str(curve), "--out", str(tmp_path / "o")]) == 2
     assert "not wired" in capsys.readouterr().err
 
 
-def test_a_malformed_trace_is_one_error_line_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_malformed_trace_is_one_error_line_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "bad.jsonl"
     header = TraceHeader(source="x", evidence="per-sample", token_counts="exact").to_json()
-    path.write_text(json.dumps(header) + '\n{"step": 0, "prompt_id": "a", "sample_index": 0, "response_tokens": -4}\n')
+    path.write_text(
+        json.dumps(header) + '\n{"step": 0, "prompt_id": "a", "sample_index": 0, "response_tokens": -4}\n'
+    )
     assert main(["whatif", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {path}, line 2: response_tokens must be >= 0, got -4"]

@@ -30,7 +30,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--hw", default="h100", help="hardware profile to simulate (ls hardware; default h100)")
     p.add_argument("--model", default="qwen3-4b", help="model profile (ls models; default qwen3-4b)")
     p.add_argument("--gpus", type=int, default=None, help="rollout GPUs (default: one node of --hw)")
-    p.add_argument("--algo", default="grpo", help="grpo, or dapo (dynamic sampling: needs rewards in the trace)")
+    p.add_argument(
+        "--algo", default="grpo", help="grpo, or dapo (dynamic sampling: needs rewards in the trace)"
+    )
     p.add_argument("--strategies", default=None, metavar="LIST", help="arms (default: ablate's whole zoo)")
     p.add_argument(
         "--drivers",
@@ -91,7 +93,9 @@ def add_parsers(sub: Any) -> None:
 
 
 def _common(p: argparse.ArgumentParser, *, limit_help: str) -> None:
-    p.add_argument("--tokenizer", default=None, metavar="PATH", help="a local tokenizer directory for exact counts")
+    p.add_argument(
+        "--tokenizer", default=None, metavar="PATH", help="a local tokenizer directory for exact counts"
+    )
     p.add_argument("--max-response-len", type=int, default=None, help=limit_help)
     p.add_argument("-o", "--out", type=Path, required=True, help="the trace file to write")
 

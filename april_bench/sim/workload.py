@@ -161,7 +161,9 @@ class SimWorkload(Configurable):
             if self.solve_rate is not None and not 0 < self.solve_rate < 1:
                 raise ConfigError(f"solve_rate must be in (0, 1), got {self.solve_rate}")
             if self.trace is not None and (self.length_trace is not None or self.data_path is not None):
-                raise ConfigError("workload trace= replays prompt and response lengths; drop length_trace=/data_path=")
+                raise ConfigError(
+                    "workload trace= replays prompt and response lengths; drop length_trace=/data_path="
+                )
             if self.trace_arm is not None and self.trace is None:
                 raise ConfigError("workload trace_arm= picks an arm of trace=; set both")
             if self.tokenizer is not None and self.data_path is None:

@@ -229,7 +229,9 @@ def _parse_header(data: Any, where: str) -> TraceHeader:
             "trace import-verl|import-slime|import-stats` (docs/whatif.md)"
         )
     if data.get("version") != TRACE_VERSION:
-        raise ConfigError(f"{where}: trace version {data.get('version')!r}; this april-bench reads {TRACE_VERSION}")
+        raise ConfigError(
+            f"{where}: trace version {data.get('version')!r}; this april-bench reads {TRACE_VERSION}"
+        )
     for key in ("source", "evidence", "token_counts"):
         if not isinstance(data.get(key), str):
             raise ConfigError(f"{where}: the header needs a {key!r} string")
@@ -268,8 +270,8 @@ def _check_unique(rows: Iterable[tuple[int, TraceRow]], path: Path) -> list[Trac
         key = (row.step, row.prompt_id, row.sample_index)
         if key in seen:
             raise ConfigError(
-                f"{path}, line {number}: step {row.step}, prompt {row.prompt_id!r}, sample {row.sample_index} "
-                f"repeats line {seen[key]}"
+                f"{path}, line {number}: step {row.step}, prompt {row.prompt_id!r}, "
+                f"sample {row.sample_index} repeats line {seen[key]}"
             )
         seen[key] = number
         out.append(row)

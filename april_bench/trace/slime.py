@@ -55,7 +55,9 @@ def load_slime_dump(path: Path) -> tuple[int, list[dict[str, Any]]]:
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
         raise ConfigError(f"{path}: not a torch.save file ({str(exc).splitlines()[0][:160]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
-        raise ConfigError(f"{path}: not slime debug rollout data (expected a dict with 'rollout_id' and 'samples')")
+        raise ConfigError(
+            f"{path}: not slime debug rollout data (expected a dict with 'rollout_id' and 'samples')"
+        )
     rollout_id = data.get("rollout_id")
     if isinstance(rollout_id, bool) or not isinstance(rollout_id, int):
         raise ConfigError(f"{path}: 'rollout_id' must be a whole number, got {rollout_id!r}")
@@ -72,7 +74,7 @@ def import_slime(
     """The trace of slime rollout dumps (one ``.pt`` per rollout), in rollout order."""
     if not files:
         raise ConfigError("give at least one slime rollout dump (.pt)")
-    dumps = sorted((load_slime_dump(p) + (Path(p),) for p in files), key=lambda d: d[0])
+    dumps = sorted(((*load_slime_dump(p), Path(p)) for p in files), key=lambda d: d[0])
     rows: list[TraceRow] = []
     unfinished = 0
     estimated_prompts = 0
@@ -158,7 +160,9 @@ def _prompt_text(prompt: Any) -> str:
 def _reward(value: Any, key: str | None, where: str) -> float | None:
     if isinstance(value, dict):
         if key is None:
-            raise ConfigError(f"{where}: the reward is a dict ({', '.join(map(str, value))}); pick one with --reward-key")
+            raise ConfigError(
+                f"{where}: the reward is a dict ({', '.join(map(str, value))}); pick one with --reward-key"
+            )
         if key not in value:
             raise ConfigError(f"{where}: reward has no {key!r} (it has {', '.join(map(str, value))})")
         value = value[key]

@@ -66,7 +66,9 @@ def import_stats(
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such CSV file")
     if min(groups_per_step, samples_per_prompt, max_response_len, prompt_tokens) < 1:
-        raise ConfigError("--groups-per-step, --samples-per-prompt, --max-response-len and --prompt-tokens must be >= 1")
+        raise ConfigError(
+            "--groups-per-step, --samples-per-prompt, --max-response-len and --prompt-tokens must be >= 1"
+        )
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         columns = list(reader.fieldnames or [])

@@ -49,5 +49,8 @@ def token_counter(tokenizer: str | Path | None) -> TokenCounter:
     def count(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
-    return TokenCounter(label=f"re-tokenized with {path.name} (decoded text, special tokens not counted)",
-                        exact=True, _count=count)
+    return TokenCounter(
+        label=f"re-tokenized with {path.name} (decoded text, special tokens not counted)",
+        exact=True,
+        _count=count,
+    )

@@ -75,7 +75,9 @@ def import_verl(
             where = f"{path}, line {number}"
             for key in ("input", "output"):
                 if not isinstance(entry.get(key), str):
-                    raise ConfigError(f"{where}: a verl dump row needs an {key!r} string (is this a verl dump?)")
+                    raise ConfigError(
+                        f"{where}: a verl dump row needs an {key!r} string (is this a verl dump?)"
+                    )
             step = entry.get("step", file_step)
             if isinstance(step, bool) or not isinstance(step, int):
                 raise ConfigError(f"{where}: 'step' must be a whole number, got {step!r}")
@@ -142,7 +144,8 @@ def _entries(path: Path) -> Any:
 def _reward(entry: dict[str, Any], key: str, where: str) -> float | None:
     if key not in entry:
         raise ConfigError(
-            f"{where}: no {key!r} field (this row has {', '.join(sorted(entry))}); choose one with --reward-key"
+            f"{where}: no {key!r} field (this row has {', '.join(sorted(entry))}); "
+            "choose one with --reward-key"
         )
     value = entry[key]
     if value is None:
