@@ -180,3 +180,22 @@ def test_trace_import_verl_writes_a_trace_whatif_can_read(
     assert main(argv) == 0
     assert "verl rollout dump" in capsys.readouterr().out
     assert read_trace(out).summary()["groups"] == 4
+
+
+def test_every_run_writes_its_finished_samples_as_its_trace(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = ["run", "--hw", "h100", "--algo", "dapo", "--strategies", "sync,april", "--steps", "3"]
+    argv += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--max-response-len", "4096"]
+    assert main([*argv, "--no-progress", "--out", str(out)]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    finished = [s for s in samples if s["status"] in ("completed", "truncated")]
+    key = ("arm", "step", "sample_index", "response_len")
+    assert sorted((t["arm"], t["step"], t["sample_index"], t["response_tokens"]) for t in trace) == sorted(
+        tuple(s[k] for k in key) for s in finished
+    )
+    assert any(s["reason"] == "filter_rejected" for s in finished)  # rejected groups are in the trace too
+    assert any(s["status"] == "aborted" for s in samples if s["arm"] != "sync")  # partials are not
+    replay = read_trace(out)  # the baseline arm by default, with a header from the run
+    assert replay.arm == "sync" and replay.header.source == "april-bench run, arm sync"
+    assert "simulated" in replay.header.token_counts and replay.header.max_response_len == 4096
