@@ -344,6 +344,11 @@ def trace_from_run(run_dir: Path, *, arm: str | None = None) -> Trace:
             "dataset": config.get("dataset"),
             "hardware": config.get("hardware"),
             "commit": git.get("commit") if isinstance(git, dict) else None,
+            "command": provenance.get("command"),
+            "machine": {
+                k: (provenance.get("machine") or {}).get(k)
+                for k in ("cpu", "cpu_count", "load_average_start", "load_average_end")
+            },
         },
     )
     return Trace(header, rows, file, arm=chosen)
