@@ -82,7 +82,7 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[Any]]:
 
     # The data-set profile is unused by a replay (the trace gives every length); name the source's
     # when the simulator knows it, so tables say what was replayed.
-    source_dataset = trace.header.provenance.get("dataset")
+    source_dataset = str(trace.header.provenance.get("dataset"))
     config = ExperimentConfig(
         dataset=source_dataset if source_dataset in DATASETS else "dapo-math-17k",
         hardware=setup.hardware,

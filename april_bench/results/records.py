@@ -1,4 +1,4 @@
-"""Tidy records: one row per request segment, sample fate, step, evaluation and engine-metric sample.
+"""Tidy records: one row per request segment, sample fate, step, evaluation, engine metric, trace sample.
 
 Every table and metric in april-bench is a pure function of these rows
 (:mod:`april_bench.results.summary`), and the rows are written as JSON Lines
