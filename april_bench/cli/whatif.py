@@ -127,6 +127,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         cost_curve=args.cost_curve,
     )
     trace = _source(args.trace)
+    from april_bench.trace.format import read_trace
+    from april_bench.whatif import whatif_config
+
+    whatif_config(read_trace(trace, arm=args.arm), setup)  # bad input fails before a directory is made
     name = f"whatif-{trace.stem if trace.is_file() else trace.name}-{args.hw}"
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
     result = run_whatif(
