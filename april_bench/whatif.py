@@ -2,9 +2,9 @@
 
 Replays a trace (:mod:`april_bench.trace.format`: a user's own rollouts, imported from verl or slime,
 or an april-bench run's) on the simulator under every strategy and driver of the zoo - the arms of
-``ablate``'s grid at one N'/N ratio - on a hardware and model profile, and reports each arm's
-generated-token, useful-token and end-to-end gain against sync and the off-policy share it would
-introduce.  Every number is simulated and printed with the trace's provenance.
+``ablate``'s grid (:mod:`april_bench.zoo`) at one N'/N ratio - on a hardware and model profile, and
+reports each arm's generated-token, useful-token and end-to-end gain against sync and the off-policy
+share it would introduce.  Every number is simulated and printed with the trace's provenance.
 
 The replay keeps the trace's groups, its length-reward coupling and its step order
 (:mod:`april_bench.sim.trace_replay`); the batch shape comes from the trace (groups per step, samples
@@ -25,6 +25,7 @@ from typing import Any
 
 from april_bench.config import ConfigError
 from april_bench.trace.format import Trace, read_trace
+from april_bench.zoo import DEFAULT_DRIVERS, ZOO, AblationArm, grid_arms, parse_drivers
 
 __all__ = ["WhatIf", "render_whatif", "run_whatif", "whatif_config", "whatif_figure"]
 
@@ -49,9 +50,8 @@ class WhatIf:
     seed: int = 0
 
 
-def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[Any]]:
+def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     """The simulated experiment replaying ``trace`` under every arm, and the arms (ablate's grid)."""
-    from april_bench.cli.ablate import DEFAULT_DRIVERS, ZOO, _drivers, grid_arms
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.rollout.loop import RolloutConfig
 
@@ -64,7 +64,7 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[Any]]:
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     strategies = setup.strategies if setup.strategies is not None else ZOO
-    drivers = setup.drivers if setup.drivers is not None else tuple(_drivers(DEFAULT_DRIVERS))
+    drivers = setup.drivers if setup.drivers is not None else tuple(parse_drivers(DEFAULT_DRIVERS))
     arms = grid_arms(
         strategies,
         target_groups=groups,
@@ -183,7 +183,7 @@ def run_whatif(
     return result
 
 
-def _row(arm: Any, m: dict[str, Any], target_groups: int) -> dict[str, Any]:
+def _row(arm: AblationArm, m: dict[str, Any], target_groups: int) -> dict[str, Any]:
     return {
         "arm": arm.label,
         "strategy": arm.strategy,

@@ -105,14 +105,14 @@ def _source(text: str) -> Path:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from april_bench.cli.ablate import _drivers
     from april_bench.config import ConfigError
     from april_bench.results.rundir import claim_run_dir
     from april_bench.whatif import WhatIf, parse_strategies, run_whatif
+    from april_bench.zoo import parse_drivers
 
     try:
-        drivers = None if args.drivers is None else tuple(_drivers(args.drivers))
-    except argparse.ArgumentTypeError as exc:
+        drivers = None if args.drivers is None else tuple(parse_drivers(args.drivers))
+    except ConfigError as exc:
         raise ConfigError(f"--drivers: {exc}") from None
     setup = WhatIf(
         hardware=args.hw,
