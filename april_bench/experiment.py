@@ -57,7 +57,7 @@ from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
 from april_bench.vtime import VirtualTimeLoop, run_real, run_virtual
 
-__all__ = ["ExperimentConfig", "RunResult", "check_drivers", "load_config", "run", "schedule"]
+__all__ = ["ExperimentConfig", "RunResult", "check_drivers", "load_config", "run", "schedule", "validate"]
 
 
 @dataclass(slots=True)
@@ -84,9 +84,11 @@ def run(
 ) -> RunResult:
     """Run every session of ``config`` and return the tidy records (also streamed to ``recorder``'s
     sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
-    from the steps ``status`` says they completed."""
-    components = components or build_components(config, progress=progress)
-    check_drivers(config, components)
+    from the steps ``status`` says they completed.  ``components`` given are already validated
+    (:func:`april_bench.runner.prepare`); without them they are built and validated here."""
+    if components is None:
+        components = build_components(config, progress=progress)
+        validate(config, components)
     for note in components.notes:
         if echo:
             echo(note)
@@ -125,6 +127,14 @@ def run(
         engine_version=first.engine_version,
         engine_dtype=first.engine_dtype,
     )
+
+
+def validate(config: ExperimentConfig, components: Components) -> None:
+    """The one validation of a run (``run``, ``validate``, ``ablate``, a resume and the library call it
+    once): every engine, trainer and telemetry option, and every arm's driver on this engine.  Raises
+    ``ConfigError`` naming the fix; nothing heavy runs."""
+    components.check(config.telemetry)
+    check_drivers(config, components)
 
 
 def check_drivers(config: ExperimentConfig, components: Components) -> None:
@@ -302,12 +312,7 @@ class ArmSession:
         assert self._rollout is not None
         engine, trainer, sync = self._engine, self._trainer, self._sync
         partial = bool(getattr(self._rollout.strategy, "partial_rollout", False))
-        driver = self.arm.driver
-        if driver.update_mode(partial) is WeightUpdateMode.INFLIGHT and not engine.info.inflight_updates:
-            raise ConfigError(
-                f"arm {self.arm.label!r}: engine {engine.info.name!r} cannot update weights with requests "
-                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
-            )
+        driver = self.arm.driver  # validated before any engine started (check_drivers)
 
         async def push(version: int) -> None:
             await sync.push(trainer, engine, version)

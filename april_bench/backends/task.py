@@ -137,7 +137,7 @@ def sim_workload(config: ExperimentConfig, *, token_ids: bool = False) -> Any:
 
 def _lengths_task(config: ExperimentConfig, *, produces_tokens: bool) -> Task:
     if produces_tokens:
-        from april_bench.engines.hf.models import model_config
+        from april_bench.models.zoo import model_config
 
         model_config(config.model)  # an unknown architecture fails here, before anything runs
     workload = sim_workload(config, token_ids=produces_tokens)
@@ -164,7 +164,7 @@ def _lengths_task(config: ExperimentConfig, *, produces_tokens: bool) -> Task:
 
 
 def _synthetic_task(config: ExperimentConfig, *, progress: bool) -> Task:
-    from april_bench.engines.hf.models import model_config
+    from april_bench.models.zoo import model_config
     from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask, synthetic_evaluator
     from april_bench.tasks.warmstart import WarmStart
     from april_bench.tasks.workload import SyntheticWorkload
@@ -285,8 +285,8 @@ def _checkpoint_of(
     model: str, vocab: int | None, weights: Callable[[], Any], *, key: str, seed: int = 0
 ) -> str:
     """A cached checkpoint directory of a named architecture with the given starting weights."""
-    from april_bench.engines.hf.checkpoint import save_state_dict
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.checkpoint import save_state_dict
+    from april_bench.models.zoo import build_model
     from april_bench.tasks.warmstart import cache_dir
 
     path = cache_dir() / "checkpoints" / f"{model}-{key}"

@@ -141,7 +141,7 @@ def _options(settings: TrainerSettings, args: Mapping[str, Any]) -> dict[str, An
 
 def _starting_module(settings: TrainerSettings) -> Any:
     """The seeded model with the task's starting weights loaded (what every torch trainer starts from)."""
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
 
     module = build_model(settings.model, vocab_size=settings.vocab_size, seed=settings.seed)
     start = settings.initial_weights() if settings.initial_weights is not None else None

@@ -223,7 +223,7 @@ def _rank_main(
 def _build_rank(rank: int, config: FSDPTrainer.Config, device: str, model: PolicySpec) -> _RankTrainer:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
 
     module = build_model(model.name, vocab_size=model.vocab_size, seed=model.seed)
     module.load_state_dict(model.weights)

@@ -144,8 +144,8 @@ class MegatronTrainer(Configurable):
 
     def save(self, path: str) -> str:
         """The policy as a Hugging Face checkpoint directory, for an engine in another process."""
-        from april_bench.engines.hf.checkpoint import save_state_dict
-        from april_bench.engines.hf.models import build_model
+        from april_bench.models.checkpoint import save_state_dict
+        from april_bench.models.zoo import build_model
 
         spec = self.model_spec
         module = build_model(spec.name, vocab_size=spec.vocab_size, seed=spec.seed)
@@ -180,7 +180,7 @@ def policy_config(model: PolicySpec) -> Any:
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(model.name)
-    from april_bench.engines.hf.models import model_config
+    from april_bench.models.zoo import model_config
 
     return model_config(model.name, vocab_size=model.vocab_size)
 
