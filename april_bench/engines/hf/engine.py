@@ -47,7 +47,6 @@ import torch
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.hf.cache import SlotKVCache
-from april_bench.models.zoo import build_model
 from april_bench.engines.hf.sampling import position_uniform, sample
 from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
@@ -60,6 +59,7 @@ from april_bench.engines.protocol import (
     WeightUpdate,
 )
 from april_bench.engines.stream import CompletionStream
+from april_bench.models.zoo import build_model
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
