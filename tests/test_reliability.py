@@ -350,9 +350,10 @@ def test_a_run_without_a_sync_arm_says_what_its_gains_are_against(tmp_path: Path
 
 
 def test_a_data_file_that_loses_most_rows_is_refused_with_counts(tmp_path: Path, capsys) -> None:
-    from april_bench.backends.task import check_loaded, sim_workload
     from april_bench.config import ConfigError
     from april_bench.experiment_config import ExperimentConfig
+    from april_bench.tasks.base import check_loaded
+    from april_bench.tasks.lengths import sim_workload
 
     rows = [{"problem": "What is 1+1?", "answer": "2"}, {"problem": "What is 2+2?", "answer": "4"}]
     rows += [{"problem": "", "answer": str(i)} for i in range(3)] + [{"problem": f"q{i}"} for i in range(3)]
