@@ -7,7 +7,7 @@ Three independent choices, each from a registry:
   formula: the longest prompt plus the response limit);
 * the **task** (data set and model): :func:`april_bench.backends.task.build_task`
   - workload, evaluator, stop tokens, starting weights;
-* the **trainer** (``--trainer``): :data:`april_bench.backends.trainers.TRAINERS`.
+* the **trainer** (``--trainer``): :data:`april_bench.trainers.registry.TRAINERS`.
 
 Any engine pairs with any trainer that fits it; the weight-sync seam
 (:mod:`april_bench.backends.weights`) carries weights between them in the form
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from april_bench.backends.resolve import resolve_engine
 from april_bench.backends.task import Task, build_task
-from april_bench.backends.trainers import TrainerSettings, TrainerSpec, resolve_trainer
 from april_bench.config import ConfigError
 from april_bench.engines import ENGINES, EngineSpec
 from april_bench.engines.protocol import Engine, EngineSettings
 from april_bench.evaluation import Evaluator
 from april_bench.trainers.protocol import Trainer
+from april_bench.trainers.registry import TrainerSettings, TrainerSpec, resolve_trainer
 from april_bench.workload import Workload
 
 if TYPE_CHECKING:

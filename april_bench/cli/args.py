@@ -56,7 +56,6 @@ def _int(text: str) -> int:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Every flag of ``run`` and ``validate`` (the two take the same flags)."""
     from april_bench.algorithms import ALGORITHMS, OFF_POLICY_MODES
-    from april_bench.backends.trainers import TRAINERS
     from april_bench.data.specs import training_sets
     from april_bench.engines import ENGINES
     from april_bench.experiment_config import ExperimentConfig
@@ -66,6 +65,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from april_bench.rollout.registry import STRATEGIES
     from april_bench.rollout.strategy import RefillMode
     from april_bench.telemetry.sampler import BACKENDS, TelemetryConfig
+    from april_bench.trainers.registry import TRAINERS
 
     exp, roll = ExperimentConfig.field_help(), RolloutConfig.field_help()
     what = p.add_argument_group(
@@ -259,11 +259,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.engine not in (None, "auto"):
         from april_bench.engines import ENGINES
 
-        if args.engine in ENGINES and ENGINES.get(args.engine).simulated:
-            # the recipe's trainer settings are for a real trainer; a fake engine pairs with the sim's
-            base = base.replace(trainer_args={})
-    if args.engine == "vllm" and args.model is None and base.model == "tiny":
-        base = base.replace(model="tiny32")  # vLLM's CPU attention takes heads of 32 and up, not tiny's 24
+        if args.engine in ENGINES:  # the engine's own rules (EngineSpec.recipe_changes)
+            rules = ENGINES.get(args.engine).recipe_changes(base.model, model_given=args.model is not None)
+            base = base.replace(**rules) if rules else base
     changes: dict[str, Any] = {
         k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
     }
