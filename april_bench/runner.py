@@ -35,7 +35,6 @@ __all__ = [
     "RunOutcome",
     "check_reference_run",
     "execute",
-    "new_status",
     "prepare",
     "resume",
     "run",
@@ -68,13 +67,10 @@ class RunOutcome:
 
 
 def prepare(config: ExperimentConfig, *, progress: bool = False) -> Components:
-    """Build the run's components and validate them (the one validation of a run; no heavy work)."""
+    """The run's components, validated (the one validation of a run; no heavy work)."""
     from april_bench.backends import build_components
-    from april_bench.experiment import validate
 
-    components = build_components(config, progress=progress)
-    validate(config, components)
-    return components
+    return build_components(config, progress=progress)
 
 
 def run(
@@ -120,22 +116,13 @@ def run_into(
     echo: Echo | None = None,
 ) -> RunOutcome:
     """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it."""
-    from april_bench.results.rundir import claim_run_dir, default_run_name
+    from april_bench.results.rundir import default_run_name, start_run_dir
 
     components = components or prepare(config, progress=progress)
     check_reference_run(out, allow_dirty=allow_dirty)
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
-    claimed = claim_run_dir(out, default_name=name, overwrite=overwrite)
-    return execute(config, components, claimed, new_status(claimed), progress=progress, echo=echo)
-
-
-def new_status(out: Path) -> RunStatus:
-    """A fresh run's ``status.json`` (written now: the directory is taken)."""
-    from april_bench.results.resume import RunStatus
-
-    status = RunStatus(path=out / "status.json")
-    status.save()
-    return status
+    status = start_run_dir(out, default_name=name, overwrite=overwrite)
+    return execute(config, components, status.path.parent, status, progress=progress, echo=echo)
 
 
 def resume(out: str | Path, *, progress: bool = True, echo: Echo | None = _stderr) -> RunOutcome:

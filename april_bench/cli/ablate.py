@@ -232,7 +232,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from april_bench.cli.args import config_from_args
     from april_bench.cli.commands import print_outcome
     from april_bench.config import ConfigError
-    from april_bench.results.rundir import claim_run_dir, default_run_name
+    from april_bench.results.rundir import claim_run_dir, default_run_name, start_run_dir
     from april_bench.results.store import load_run
 
     if args.resume is not None:
@@ -269,8 +269,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     simulated = True
     for mode in modes:
         run_dir = out / mode
-        run_dir.mkdir(parents=True, exist_ok=True)
-        status = runner.new_status(run_dir)
+        status = start_run_dir(run_dir, default_name=mode)
         tick = time.monotonic()
         outcome = runner.execute(
             configs[mode], components[mode], run_dir, status, progress=not args.no_progress, echo=_echo

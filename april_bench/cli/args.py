@@ -255,6 +255,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The hardware's recipe, with every flag the user set applied on top."""
     from april_bench.recipes import recipe_for
 
+    strategies = None if args.strategies is None else _split(args.strategies)
+    devices = None if args.telemetry_devices is None else _devices(args.telemetry_devices)
+    eval_datasets = None if args.eval_datasets is None else _split(args.eval_datasets)
     base = recipe_for(args.hw, getattr(args, "recipe", None))
     if args.engine not in (None, "auto"):
         from april_bench.engines import ENGINES
@@ -265,8 +268,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     changes: dict[str, Any] = {
         k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
     }
-    if args.strategies is not None:
-        changes["strategies"] = _split(args.strategies)
+    if strategies is not None:
+        changes["strategies"] = strategies
     if "steps" in changes and "warmup_steps" not in changes and base.warmup_steps >= changes["steps"]:
         changes["warmup_steps"] = 0  # the recipe's warm-up is for its own length; a shorter run keeps all
     rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
@@ -295,7 +298,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         for k, v in (
             ("backend", args.telemetry),
             ("rate_hz", args.telemetry_rate),
-            ("devices", None if args.telemetry_devices is None else _devices(args.telemetry_devices)),
+            ("devices", devices),
         )
         if v is not None
     }
@@ -303,8 +306,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         changes["telemetry"] = base.telemetry.replace(**telemetry)
     if args.data_path:
         changes["data_paths"] = {**base.data_paths, **dict(args.data_path)}
-    if args.eval_datasets is not None:
-        changes["eval_datasets"] = _split(args.eval_datasets)
+    if eval_datasets is not None:
+        changes["eval_datasets"] = eval_datasets
     return base.replace(**changes)
 
 

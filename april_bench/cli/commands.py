@@ -21,24 +21,11 @@ def _echo(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from april_bench import runner
-    from april_bench.cli.args import config_from_args
-
-    if args.resume is not None:
-        return _resume(args)
-    config = config_from_args(args)
-    outcome = runner.run_into(
-        config,
-        args.out,
-        overwrite=args.overwrite,
-        allow_dirty=args.allow_dirty,
-        progress=not args.no_progress,
-        echo=_echo,
-    )
+    outcome = _resume(args) if args.resume is not None else _run(args)
     return print_outcome(outcome)
 
 
-def _resume(args: argparse.Namespace) -> int:
+def _resume(args: argparse.Namespace) -> RunOutcome:
     """Continue an interrupted run from its checkpoints, with the run's own configuration."""
     from april_bench import runner
     from april_bench.cli.args import flags_set
@@ -48,7 +35,21 @@ def _resume(args: argparse.Namespace) -> int:
     extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
     if extra:
         raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
-    return print_outcome(runner.resume(out, progress=not args.no_progress, echo=_echo))
+    return runner.resume(out, progress=not args.no_progress, echo=_echo)
+
+
+def _run(args: argparse.Namespace) -> RunOutcome:
+    from april_bench import runner
+    from april_bench.cli.args import config_from_args
+
+    return runner.run_into(
+        config_from_args(args),
+        args.out,
+        overwrite=args.overwrite,
+        allow_dirty=args.allow_dirty,
+        progress=not args.no_progress,
+        echo=_echo,
+    )
 
 
 def print_outcome(outcome: RunOutcome) -> int:

@@ -36,16 +36,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from april_bench.backends import Components, build_components
-from april_bench.config import ConfigError
 from april_bench.experiment.session import ArmSession, Bars
 from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.records import RunRecorder
 from april_bench.results.resume import RunStatus
-from april_bench.rollout.driver import WeightUpdateMode
 from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.vtime import run_real, run_virtual
 
-__all__ = ["ExperimentConfig", "RunResult", "check_drivers", "load_config", "run", "schedule", "validate"]
+__all__ = ["ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
 
 
 @dataclass(slots=True)
@@ -73,10 +71,9 @@ def run(
     """Run every session of ``config`` and return the tidy records (also streamed to ``recorder``'s
     sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
     from the steps ``status`` says they completed.  ``components`` given are already validated
-    (:func:`april_bench.runner.prepare`); without them they are built and validated here."""
+    (:func:`april_bench.backends.build_components` validates what it builds)."""
     if components is None:
         components = build_components(config, progress=progress)
-        validate(config, components)
     for note in components.notes:
         if echo:
             echo(note)
@@ -115,33 +112,6 @@ def run(
         engine_version=first.engine_version,
         engine_dtype=first.engine_dtype,
     )
-
-
-def validate(config: ExperimentConfig, components: Components) -> None:
-    """The one validation of a run (``run``, ``validate``, ``ablate``, a resume and the library call it
-    once): every engine, trainer and telemetry option, and every arm's driver on this engine.  Raises
-    ``ConfigError`` naming the fix; nothing heavy runs."""
-    components.check(config.telemetry)
-    check_drivers(config, components)
-
-
-def check_drivers(config: ExperimentConfig, components: Components) -> None:
-    """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
-    cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off)."""
-    from april_bench.rollout.registry import STRATEGIES
-
-    for arm in config.arms:
-        driver = arm.driver
-        partial = bool(STRATEGIES.get(arm.strategy).partial_rollout)
-        if (
-            driver.asynchronous
-            and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT
-            and not components.engine_spec.updates_in_flight(components.engine_args)
-        ):
-            raise ConfigError(
-                f"arm {arm.label!r}: engine {components.engine_name!r} cannot update weights with requests "
-                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
-            )
 
 
 def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range]]:

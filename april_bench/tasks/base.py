@@ -9,13 +9,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from april_bench.config import ConfigError
 from april_bench.evaluation import Evaluator
 from april_bench.workload import Workload
 
-__all__ = ["Task", "check_loaded", "checkpoint_of", "looks_like_path", "random_checkpoint"]
+if TYPE_CHECKING:
+    from april_bench.experiment_config import ExperimentConfig
+
+__all__ = [
+    "Task",
+    "check_loaded",
+    "check_model",
+    "check_options_used",
+    "checkpoint_of",
+    "looks_like_path",
+    "random_checkpoint",
+]
 
 
 @dataclass(slots=True)
@@ -36,6 +47,45 @@ class Task:
     checkpoint: Callable[[], str] | None = None
     #: Lines for the user and the provenance (rows a data file lost, ...).
     notes: list[str] = field(default_factory=list)
+
+
+#: The options each kind of task reads; any other kind given them is a mistake worth an error.
+_TASK_OPTIONS = {
+    "synthetic": ("task_args", "warmstart_args"),
+    "math": ("task_args",),
+    "lengths": ("workload_args",),
+}
+_FLAG = {"task_args": "--task-arg", "warmstart_args": "--warmstart-arg", "workload_args": "--workload-arg"}
+
+
+def check_model(config: ExperimentConfig) -> str:
+    """``--model``: a named architecture, or a checkpoint directory that exists (returned as given)."""
+    model = config.model
+    if looks_like_path(model) and not Path(model).expanduser().is_dir():
+        raise ConfigError(
+            f"--model {model}: no such checkpoint directory (a named architecture is one of "
+            "`python -m april_bench ls models`)"
+        )
+    return model
+
+
+def check_options_used(config: ExperimentConfig, kind: str) -> None:
+    """Options the chosen task never reads are a mistake: say which task reads them."""
+    for name, flag in _FLAG.items():
+        if getattr(config, name) and name not in _TASK_OPTIONS[kind]:
+            readers = [k for k, used in _TASK_OPTIONS.items() if name in used]
+            raise ConfigError(
+                f"{flag} is not used by this run's {kind} task (it applies to the {' and '.join(readers)} "
+                f"task{'s' if len(readers) > 1 else ''}); drop it"
+            )
+    used = {config.dataset, *config.eval_datasets}
+    unused = sorted(set(config.data_paths) - used)
+    if unused:
+        raise ConfigError(
+            f"--data-path {', '.join(unused)} is not used: the run trains on {config.dataset}"
+            + (f" and evaluates on {', '.join(config.eval_datasets)}" if config.eval_datasets else "")
+            + "; add it to --eval-datasets or drop it"
+        )
 
 
 def check_loaded(name: str, report: Any, *, min_share: float = 0.5, notes: list[str]) -> None:
