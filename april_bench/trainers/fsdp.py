@@ -32,7 +32,7 @@ import torch
 from april_bench.config import ConfigError, Configurable, param
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import RankGroup, free_address, place_ranks, serve
+from april_bench.trainers.ranks import serve, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -86,18 +86,12 @@ class FSDPTrainer(Configurable):
 
     def __init__(self, config: Config, *, model: PolicySpec) -> None:
         self.config = config
-        device, backend = place_ranks(
-            config.device,
-            config.backend,
-            config.world_size,
-            f"--trainer-arg world_size={config.world_size} needs that many GPUs",
-        )
-        self._ranks = RankGroup(
+        self._ranks = start_ranks(
             _rank_main,
-            (config, device, backend, free_address(), model),
-            world=config.world_size,
+            config,
+            model,
             name="fsdp",
-            start_timeout_s=config.start_timeout_s,
+            needs=f"--trainer-arg world_size={config.world_size} needs that many GPUs",
         )
 
     # ------------------------------------------------------------ trainer protocol

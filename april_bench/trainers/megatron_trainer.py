@@ -53,7 +53,7 @@ from april_bench.trainers.fsdp import PolicySpec
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.megatron import MegatronLayout, ModelShape, hf_to_mcore, mcore_to_hf, shard, unshard
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import RankGroup, free_address, place_ranks, serve
+from april_bench.trainers.ranks import serve, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -113,18 +113,12 @@ class MegatronTrainer(Configurable):
         self.layout = MegatronLayout(tp=config.tp, pp=config.pp)
         self.shape = padded_shape(ModelShape.of(hf), config.tp)
         self.layout.check(self.shape)
-        device, backend = place_ranks(
-            config.device,
-            config.backend,
-            config.world_size,
-            f"--trainer-arg tp={config.tp} pp={config.pp} needs {config.world_size} GPUs",
-        )
-        self._ranks = RankGroup(
+        self._ranks = start_ranks(
             _rank_main,
-            (config, device, backend, free_address(), model),
-            world=config.world_size,
+            config,
+            model,
             name="megatron",
-            start_timeout_s=config.start_timeout_s,
+            needs=f"--trainer-arg tp={config.tp} pp={config.pp} needs {config.world_size} GPUs",
         )
 
     # ------------------------------------------------------------ trainer protocol
