@@ -35,7 +35,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from april_bench.backends import Components, build_components
+from april_bench.backends import Components, build_components, check_drivers, validate
 from april_bench.experiment.session import ArmSession, Bars
 from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.records import RunRecorder
@@ -43,7 +43,18 @@ from april_bench.results.resume import RunStatus
 from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.vtime import run_real, run_virtual
 
-__all__ = ["ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
+#: ``check_drivers`` and ``validate`` live with the wiring (``build_components`` calls them once); they
+#: are named here too, where they were before.
+__all__ = [
+    "ArmSession",
+    "ExperimentConfig",
+    "RunResult",
+    "check_drivers",
+    "load_config",
+    "run",
+    "schedule",
+    "validate",
+]
 
 
 @dataclass(slots=True)
