@@ -119,45 +119,32 @@ def _check_cost_curve(setup: WhatIf) -> None:
 def run_whatif(
     trace_path: Path,
     setup: WhatIf,
-    out: Path,
+    out: Path | None = None,
     *,
+    overwrite: bool = False,
     progress: bool = False,
     echo: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Replay the trace under every arm into the run directory ``out``; returns the result
-    (also written as ``out/whatif.json``, ``whatif.md`` and, with matplotlib, ``whatif.png``)."""
-    from april_bench.backends import build_components
-    from april_bench.experiment import check_drivers, run
+    """Replay the trace under every arm into a run directory (``out``; ``None``: a fresh one under
+    ``runs/``), through the runner like any run; returns the result (also written as ``whatif.json``,
+    ``whatif.md`` and, with matplotlib, ``whatif.png``).  An interruption is saved, then re-raised as
+    ``KeyboardInterrupt``."""
+    from april_bench import runner
     from april_bench.profiles.hardware import hardware_profile
-    from april_bench.results.provenance import collect_provenance
-    from april_bench.results.records import RunRecorder
-    from april_bench.results.resume import RunStatus, session_key
-    from april_bench.results.store import RunWriter, write_json_atomic
+    from april_bench.results.rundir import start_run_dir
 
     _check_cost_curve(setup)
     trace = read_trace(trace_path, arm=setup.arm)
     config, arms = whatif_config(trace, setup)
-    components = build_components(config, progress=progress)
-    components.check(config.telemetry)
-    check_drivers(config, components)
-    out.mkdir(parents=True, exist_ok=True)
-    provenance = collect_provenance(simulated=True, engine=components.engine_name, notes=components.notes)
-    provenance["trace"] = trace.header.to_json()
-    write_json_atomic(out / "config.json", config.to_dict())
-    write_json_atomic(out / "provenance.json", provenance)
-    writer = RunWriter(out)
-    recorder = RunRecorder(sink=writer)
-    try:
-        run(config, progress=progress, echo=echo, recorder=recorder, components=components)
-    finally:
-        writer.close()
-    stored = writer.finish(config.to_dict(), provenance, recorder.tables)
-    RunStatus(
-        path=out / "status.json",
-        state="complete",
-        completed={session_key(a.label, 0): config.steps for a in arms},
-        finished=[session_key(a.label, 0) for a in arms],
-    ).save()
+    components = runner.prepare(config, progress=progress)  # validated before a directory is claimed
+    name = f"whatif-{trace.path.stem if trace.arm is None else trace.path.parent.name}-{config.hardware}"
+    status = start_run_dir(out, default_name=name, overwrite=overwrite)
+    outcome = runner.execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+    if outcome.stored is None:
+        stopped = outcome.interrupted_by
+        raise KeyboardInterrupt(f"stopped by {stopped}; the replay in {outcome.out} is cut short")
+    out = outcome.out
+    stored = outcome.stored
     summary = stored.summary()
     result = {
         "result_kind": "simulated",
@@ -174,6 +161,7 @@ def run_whatif(
             "max_response_len": config.rollout.max_response_len,
         },
         "trace": {**trace.header.to_json(), "summary": trace.summary(), "path": str(trace.path)},
+        "out": str(out),
         "rows": [_row(arm, summary[arm.label], config.rollout.rollout_batch_size) for arm in arms],
     }
     (out / "whatif.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -106,7 +106,6 @@ def _source(text: str) -> Path:
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
-    from april_bench.results.rundir import claim_run_dir
     from april_bench.whatif import WhatIf, parse_strategies, run_whatif
     from april_bench.zoo import parse_drivers
 
@@ -126,21 +125,26 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         arm=args.arm,
         cost_curve=args.cost_curve,
     )
-    trace = _source(args.trace)
-    from april_bench.trace.format import read_trace
-    from april_bench.whatif import whatif_config
-
-    whatif_config(read_trace(trace, arm=args.arm), setup)  # bad input fails before a directory is made
-    name = f"whatif-{trace.stem if trace.is_file() else trace.name}-{args.hw}"
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
-    result = run_whatif(
-        trace, setup, out, progress=not args.no_progress, echo=lambda line: print(line, file=sys.stderr)
-    )
+    try:
+        result = run_whatif(
+            _source(args.trace),
+            setup,
+            args.out,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+            echo=lambda line: print(line, file=sys.stderr),
+        )
+    except KeyboardInterrupt as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return 130
     from april_bench.whatif import render_whatif
 
     print(render_whatif(result))
     figure = result.get("figure")
-    print(f"\nwhatif directory: {out}" + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)"))
+    print(
+        f"\nwhatif directory: {result['out']}"
+        + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
+    )
     return 0
 
 
