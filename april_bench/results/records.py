@@ -140,6 +140,18 @@ class StepRecord:
     repeat: int = 0
     #: A warm-up step (``--warmup-steps``): run and recorded, left out of the paired gain statistics.
     warmup: bool = False
+    #: The engine's own work during this step's rollout (``None``: the engine does not count it;
+    #: :class:`april_bench.engines.protocol.EngineWork`): forward passes, of them decode steps, the
+    #: tokens those decode steps sampled (/ decode_iterations = mean batch occupancy), input tokens
+    #: prefilled, and of them those of resumed requests (prompt + partial response, computed again).
+    engine_iterations: int | None = None
+    decode_iterations: int | None = None
+    decode_tokens: int | None = None
+    prefill_tokens: int | None = None
+    reprefill_tokens: int | None = None
+    #: True when the counts depend only on the requests and seeds (april-bench's engines); False
+    #: when the engine's schedule depends on timing (vLLM).
+    work_deterministic: bool | None = None
 
 
 @dataclass(slots=True)

@@ -16,6 +16,19 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
 ``useful_gain``, ``end_to_end_gain``
     the same ratio for useful tokens per rollout second, and for trained tokens
     per step second (rollout + train + weight sync).
+``engine_iterations``, ``decode_iterations``, ``decode_tokens``, ``prefill_tokens``, ``reprefill_tokens``
+    the engine's own work over the arm's rollouts (step rows; ``None`` when the engine does not
+    count it): forward passes, decode steps, tokens they sampled, input tokens prefilled, and of
+    them those of resumed requests.  ``work_deterministic``: the counts depend on the requests and
+    seeds alone (april-bench's engines), not on timing (vLLM).
+``mean_decode_batch``
+    decode tokens / decode iterations: the batch occupancy of the average decode step.
+``generated_tokens_per_iteration``, ``useful_tokens_per_iteration``
+    generated (trained) tokens per engine iteration: the hardware-neutral rates.  On a
+    memory-bound accelerator a decode step costs about the same at any batch size, so these are
+    the part of a strategy's throughput that its schedule buys (docs/measured.md: their limits).
+``iteration_throughput_gain``, ``iteration_useful_gain``
+    the same ratio against the baseline arm, in those units: exact for deterministic engines.
 ``rollout_efficiency``
     generated tokens / sum over steps of (rollout time x the engine's saturated
     tokens/s at the step's peak concurrency and mean context): 1 means no tail.
@@ -66,7 +79,7 @@ from typing import Any
 from april_bench.results.engine_report import engine_report
 from april_bench.results.stats import latency_percentiles, paired_gains
 
-__all__ = ["default_baseline", "summarize"]
+__all__ = ["WORK_FIELDS", "default_baseline", "summarize"]
 
 Row = Mapping[str, Any]
 
@@ -97,6 +110,8 @@ def summarize(
         metrics["throughput_gain"] = _gain(metrics, base, "generated_tokens_per_s")
         metrics["useful_gain"] = _gain(metrics, base, "useful_tokens_per_s")
         metrics["end_to_end_gain"] = _gain(metrics, base, "trained_tokens_per_step_s")
+        metrics["iteration_throughput_gain"] = _gain(metrics, base, "generated_tokens_per_iteration")
+        metrics["iteration_useful_gain"] = _gain(metrics, base, "useful_tokens_per_iteration")
         metrics["accuracy_improvement"] = _accuracy_gain(metrics, base, "accuracy")
         metrics["accuracy_improvement_equal_time"] = _accuracy_gain(metrics, base, "accuracy_equal_time")
     engine = engine_report(tables)
@@ -182,6 +197,7 @@ def _arm_metrics(steps: Sequence[Row], requests: Sequence[Row], samples: Sequenc
         "generated_tokens_per_s": generated / rollout if rollout else None,
         "useful_tokens_per_s": trained_tokens / rollout if rollout else None,
         "trained_tokens_per_step_s": trained_tokens / step_time if step_time else None,
+        **_work(steps, generated, trained_tokens),
         "rollout_efficiency": _efficiency(steps, generated),
         "tail_time_share": _tail_share(steps, requests),
         "off_policy_token_ratio": off_policy / trained_tokens if trained_tokens else None,
@@ -200,6 +216,32 @@ def _arm_metrics(steps: Sequence[Row], requests: Sequence[Row], samples: Sequenc
         "bookkeeping_share_of_engine_time": sum(s["bookkeeping_s"] for s in steps) / rollout
         if rollout
         else None,
+    }
+
+
+WORK_FIELDS = (
+    "engine_iterations",
+    "decode_iterations",
+    "decode_tokens",
+    "prefill_tokens",
+    "reprefill_tokens",
+)
+
+
+def _work(steps: Sequence[Row], generated: int, trained: int) -> dict[str, Any]:
+    """The engine's work totals and the per-iteration rates (``None`` unless every step counted it)."""
+    counted = bool(steps) and all(s.get("engine_iterations") is not None for s in steps)
+    totals: dict[str, Any] = {
+        name: sum(int(s[name]) for s in steps) if counted else None for name in WORK_FIELDS
+    }
+    iterations = totals["engine_iterations"]
+    decode = totals["decode_iterations"]
+    return {
+        **totals,
+        "work_deterministic": all(bool(s.get("work_deterministic")) for s in steps) if counted else None,
+        "mean_decode_batch": totals["decode_tokens"] / decode if decode else None,
+        "generated_tokens_per_iteration": generated / iterations if iterations else None,
+        "useful_tokens_per_iteration": trained / iterations if iterations else None,
     }
 
 
