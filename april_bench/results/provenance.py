@@ -117,6 +117,20 @@ def _load_average() -> list[float] | None:
         return None
 
 
+def _torch_threads() -> dict[str, Any] | None:
+    """The intra-op threads this process used, and who chose them (``None`` without torch)."""
+    from april_bench.threads import threads_in_use
+
+    used = threads_in_use()
+    if used is None:
+        return None
+    return {
+        "intra_op": used,
+        "rule": "1 per engine/trainer process on CPU unless --engine-arg threads= / --trainer-arg threads= "
+        "(config.json's engine_args / trainer_args say whether the user set them)",
+    }
+
+
 def collect_provenance(
     *,
     simulated: bool,
@@ -137,6 +151,7 @@ def collect_provenance(
         done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         done["machine"] = {**started["machine"], "load_average_end": _load_average()}
         done["notes"] = notes or []
+        done["torch_threads"] = _torch_threads()
         return done
     accel = detect_accelerators()
     return {

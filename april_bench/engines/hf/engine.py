@@ -62,6 +62,7 @@ from april_bench.engines.protocol import (
 )
 from april_bench.engines.stream import CompletionStream
 from april_bench.seeding import sample_seed
+from april_bench.threads import choose_threads
 from april_bench.types import FinishReason
 
 __all__ = ["HFEngine", "from_settings"]
@@ -101,7 +102,10 @@ class HFEngine(Configurable):
         max_prefill_tokens: int = param(4096, help="padded tokens per extend (prefill) batch")
         eos_token_ids: tuple[int, ...] = param((), help="stop tokens (default: the model config's EOS)")
         seed: int = param(0, help="base of the per-request seeds of requests that carry none")
-        threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
+        threads: int | None = param(
+            None,
+            help="torch intra-op threads (default: 1 on a CPU, for a shared machine; torch's choice on cuda)",
+        )
         decode_path: str = param(
             "auto", help="eager, static (device-side state, CUDA graphs), or auto (static on cuda)"
         )
@@ -135,9 +139,10 @@ class HFEngine(Configurable):
         weights: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.config = config
-        if config.threads:
-            torch.set_num_threads(config.threads)
         self.device = _device(config.device)
+        self.threads = choose_threads(config.threads, self.device.type)
+        if self.threads is not None:  # the process's setting: engine and trainer share it in-process
+            torch.set_num_threads(self.threads)
         self.dtype = _dtype(config.dtype, self.device)
         # a transformers PreTrainedModel (typed Any: nn.Module's attribute typing does not know it)
         self.model: Any = (
