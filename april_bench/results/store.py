@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from april_bench.config import ConfigError
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
+from april_bench.results.headline import HEADLINE_COLUMNS, WORK_COLUMNS, has_work, headline_table, work_table
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
@@ -309,7 +310,20 @@ def render_tables(
             "smaller --block-steps"
         )
     label = kind.split()[0].lower()
-    text = f"## Results: {kind}\n\n{setup}\n\n{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    text = f"## Results: {kind}\n\n{setup}\n\n"
+    if not simulated:  # the paired median leads; the ratio of totals is secondary
+        headline = render_markdown(HEADLINE_COLUMNS, headline_table(summary))
+        text += (
+            f"### Headline (measured): paired median gain against {baseline}, 95% bootstrap interval\n\n"
+            f"{headline}\n\n"
+        )
+    text += f"{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    if has_work(summary):
+        work = render_markdown(WORK_COLUMNS, work_table(summary))
+        text += (
+            f"\n\n### Engine work: forward passes and tokens per iteration ({label}; counted, "
+            f"hardware-neutral; docs/measured.md)\n\n{work}"
+        )
     if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
         engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))
         text += f"\n\n### Engine: re-prefill on resume and log-prob gap to the trainer ({label})\n\n{engine}"
