@@ -71,7 +71,7 @@ class Rule:
     tolerance: float | None
 
     def __str__(self) -> str:
-        amount = "ci" if self.tolerance is None else f"{self.tolerance * 100:g}%"
+        amount = "ci" if self.tolerance is None else f"{self.tolerance * 100:g}%" if self.tolerance else "0"
         return f"{self.view}:{amount}"
 
 
