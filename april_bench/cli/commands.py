@@ -106,7 +106,7 @@ def _execute(
     """Run (or continue) the experiment into ``out``, streaming rows; stop cleanly on SIGINT/SIGTERM."""
     from april_bench.experiment import run
     from april_bench.results.provenance import collect_provenance
-    from april_bench.results.records import RunRecorder
+    from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, render_tables, write_json_atomic
 
     simulated = components.engine_spec.simulated
@@ -121,7 +121,9 @@ def _execute(
         provenance = json.loads(provenance_path.read_text())
         provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
     writer = RunWriter(out)
-    recorder = RunRecorder(sink=writer)
+    # a virtual-time run's requests and samples stay on disk only (its memory does not grow with its
+    # steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
+    recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
     if kept:
         recorder.preload(kept)
     received: list[str] = []
@@ -155,10 +157,10 @@ def _execute(
         started=provenance,
     )
     write_json_atomic(provenance_path, provenance)
-    stored = writer.finish(config.to_dict(), provenance, recorder.tables)
+    summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
+    stored = writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
     status.state = "complete"
     status.save()
-    summary = stored.summary()
     print(render_tables(stored.config, summary, stored.simulated))
     print(f"\nrun directory: {out}")
     final: dict[str, Any] = {

@@ -132,9 +132,15 @@ class RunWriter:
         self._files.clear()
 
     def finish(
-        self, config: Mapping[str, Any], provenance: Mapping[str, Any], tables: Mapping[str, Iterable[Any]]
+        self,
+        config: Mapping[str, Any],
+        provenance: Mapping[str, Any],
+        tables: Mapping[str, Iterable[Any]],
+        *,
+        summary: dict[str, dict[str, Any]] | None = None,
     ) -> RunDirectory:
-        """Close the row files, then write the summary and tables of the complete run."""
+        """Close the row files, then write the summary and tables of the complete run.  ``summary``:
+        the run's, accumulated as it ran (``tables`` may then hold only the small tables)."""
         self.close()
         run = RunDirectory(
             self.out,
@@ -142,13 +148,15 @@ class RunWriter:
             dict(provenance),
             {name: [as_row(r) for r in records] for name, records in tables.items()},
         )
-        write_summary(run)
+        write_summary(run, summary)
         return run
 
 
-def write_summary(run: RunDirectory) -> dict[str, dict[str, Any]]:
-    """Write ``summary.json`` and ``table.md`` of a run directory from its rows."""
-    summary = run.summary()
+def write_summary(
+    run: RunDirectory, summary: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Write ``summary.json`` and ``table.md`` of a run directory from its rows (or ``summary``)."""
+    summary = run.summary() if summary is None else summary
     write_json_atomic(
         run.path / "summary.json", {"result_kind": run.provenance.get("result_kind"), "arms": summary}
     )
