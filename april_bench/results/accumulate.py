@@ -32,7 +32,7 @@ __all__ = ["EXACT_LATENCIES", "LatencyValues", "SummaryAccumulator"]
 Row = Mapping[str, Any]
 
 #: Finished requests per arm whose latencies are kept exactly; past it, a 0.1% log histogram.
-EXACT_LATENCIES = 100_000
+EXACT_LATENCIES = 16_384
 _LOG_STEP = math.log1p(1e-3)
 _FATES = {"trained": 1, "dropped": 2, "buffered": 4}
 #: Prompt uids below this are tracked in a byte array (one byte each); others in a dict.

@@ -233,9 +233,10 @@ class RowSink(Protocol):
     def write(self, table: str, row: dict[str, Any]) -> None: ...
 
 
-#: The tables whose rows grow with a step's requests and samples (or with time, for telemetry):
-#: a recorder streaming to disk can leave them there (``RunRecorder(keep=SMALL_TABLES)``).
-SMALL_TABLES = ("steps", "evals", "engine_metrics", "events")
+#: The tables a summary reads as rows (the others it accumulates): a recorder streaming to disk
+#: can leave the rest there (``RunRecorder(keep=SMALL_TABLES)``), and then holds a few rows per
+#: evaluation and engine-metric snapshot rather than every request, sample, step and event.
+SMALL_TABLES = ("evals", "engine_metrics")
 
 
 class RunRecorder:
