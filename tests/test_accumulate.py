@@ -6,12 +6,12 @@ import math
 import random
 
 import pytest
+from helpers import fake_arm
 
 from april_bench.results.accumulate import LatencyValues
 from april_bench.results.records import SMALL_TABLES, RunRecorder
 from april_bench.results.summary import summarize
 from april_bench.rollout.registry import build_strategy
-from helpers import fake_arm
 
 
 def _length(uid: int, index: int) -> int:
