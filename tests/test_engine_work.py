@@ -160,3 +160,14 @@ def test_steps_without_engine_counts_give_no_iteration_rates() -> None:
     metrics = summarize(tables)["sync"]
     assert metrics["engine_iterations"] is None and metrics["useful_tokens_per_iteration"] is None
     assert summarize(recorder.rows())["sync"]["useful_tokens_per_iteration"] > 0
+
+
+def test_an_exact_iteration_rule_does_not_gate_an_engine_whose_schedule_depends_on_timing() -> None:
+    def run(gain: float, deterministic: bool) -> dict[str, dict[str, Any]]:
+        arm = {"baseline": "sync", "iteration_useful_gain": gain, "work_deterministic": deterministic}
+        return {"sync": {"baseline": "sync"}, "april": arm}
+
+    rows = compare_runs(run(1.0, False), run(0.9, False), [parse_rule("iterations:0")])
+    assert not any(c.regressed for c in rows) and "depends on timing" in rows[1].why
+    assert compare_runs(run(1.0, False), run(0.9, False), [parse_rule("iterations:5%")])[1].regressed
+    assert compare_runs(run(1.0, True), run(0.9, True), [parse_rule("iterations:0")])[1].regressed

@@ -142,6 +142,13 @@ def _compare(arm: str, gain: str, rule: Rule, base: Mapping[str, Any], new: Mapp
         b_ci, n_ci = b_stats.get("ci"), n_stats.get("ci")
     if b is None or n is None:
         return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "not measured in both runs")
+    if (
+        rule.view == "iterations"
+        and not rule.tolerance
+        and not (base.get("work_deterministic") and new.get("work_deterministic"))
+    ):
+        why = "the engine's schedule depends on timing (vLLM): not gated exactly; use e.g. iterations:5%"
+        return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, why)
     if rule.tolerance is not None:
         regressed = n < b - rule.tolerance - 1e-12
         why = (
