@@ -27,9 +27,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EXACT_LATENCIES", "LatencyValues", "SummaryAccumulator"]
+__all__ = ["EXACT_LATENCIES", "WORK_FIELDS", "LatencyValues", "SummaryAccumulator"]
 
 Row = Mapping[str, Any]
+
+#: The engine-work fields of a step row (:class:`april_bench.engines.protocol.EngineWork`'s counts).
+WORK_FIELDS = (
+    "engine_iterations",
+    "decode_iterations",
+    "decode_tokens",
+    "prefill_tokens",
+    "reprefill_tokens",
+)
 
 #: Finished requests per arm whose latencies are kept exactly; past it, a 0.1% log histogram.
 EXACT_LATENCIES = 16_384
@@ -259,8 +268,6 @@ class SummaryAccumulator:
         if s.get("engine_iterations") is None:
             arm.work_counted = False
         else:
-            from april_bench.results.summary import WORK_FIELDS
-
             for key in WORK_FIELDS:
                 arm.work[key] = arm.work.get(key, 0) + int(s[key])
             arm.work_deterministic = arm.work_deterministic and bool(s.get("work_deterministic"))
@@ -298,8 +305,6 @@ class SummaryAccumulator:
         generated = a.generated
         counted = bool(n) and a.work_counted
         work: dict[str, Any] = {}
-        from april_bench.results.summary import WORK_FIELDS
-
         for key in WORK_FIELDS:
             work[key] = a.work.get(key, 0) if counted else None
         iterations, decode = work["engine_iterations"], work["decode_iterations"]

@@ -77,7 +77,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from april_bench.results.accumulate import SummaryAccumulator
+from april_bench.results.accumulate import WORK_FIELDS, SummaryAccumulator
 from april_bench.results.stats import paired_gains
 
 __all__ = ["WORK_FIELDS", "default_baseline", "summarize", "summary_of"]
@@ -174,15 +174,6 @@ def _accuracy_gain(metrics: Mapping[str, Any], base: Mapping[str, Any] | None, k
     if base is None or metrics.get(key) is None or base.get(key) is None:
         return None
     return metrics[key] - base[key]
-
-
-WORK_FIELDS = (
-    "engine_iterations",
-    "decode_iterations",
-    "decode_tokens",
-    "prefill_tokens",
-    "reprefill_tokens",
-)
 
 
 def _gpu(tables: Mapping[str, Iterable[Row]], telemetry: list[Row]) -> dict[str, Any]:
