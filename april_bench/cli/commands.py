@@ -108,6 +108,7 @@ def _execute(
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, render_tables, write_json_atomic
+    from april_bench.threads import thread_choice
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
@@ -155,6 +156,7 @@ def _execute(
         engine_dtype=result.engine_dtype,
         notes=result.notes,
         started=provenance,
+        torch_threads=thread_choice(config.engine_args, config.trainer_args),
     )
     write_json_atomic(provenance_path, provenance)
     summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)

@@ -117,20 +117,6 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def _torch_threads() -> dict[str, Any] | None:
-    """The intra-op threads this process used, and who chose them (``None`` without torch)."""
-    from april_bench.threads import threads_in_use
-
-    used = threads_in_use()
-    if used is None:
-        return None
-    return {
-        "intra_op": used,
-        "rule": "1 per engine/trainer process on CPU unless --engine-arg threads= / --trainer-arg threads= "
-        "(config.json's engine_args / trainer_args say whether the user set them)",
-    }
-
-
 def collect_provenance(
     *,
     simulated: bool,
@@ -139,10 +125,12 @@ def collect_provenance(
     engine_version: str | None = None,
     started: dict[str, Any] | None = None,
     engine_dtype: str | None = None,
+    torch_threads: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The provenance block of a run.  Called at the start of a run and again at its end with
     ``started`` (the first block): the machine's load average is then recorded at both ends.
-    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it)."""
+    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it);
+    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run."""
     if started is not None:
         done = dict(started)
         done["result_kind"] = "simulated" if simulated else "measured"
@@ -151,7 +139,7 @@ def collect_provenance(
         done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         done["machine"] = {**started["machine"], "load_average_end": _load_average()}
         done["notes"] = notes or []
-        done["torch_threads"] = _torch_threads()
+        done["torch_threads"] = torch_threads  # the engine's and trainer's (april_bench.threads)
         return done
     accel = detect_accelerators()
     return {

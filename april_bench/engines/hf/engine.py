@@ -62,7 +62,7 @@ from april_bench.engines.protocol import (
 )
 from april_bench.engines.stream import CompletionStream
 from april_bench.seeding import sample_seed
-from april_bench.threads import choose_threads
+from april_bench.threads import choose_threads, torch_threads
 from april_bench.types import FinishReason
 
 __all__ = ["HFEngine", "from_settings"]
@@ -140,9 +140,8 @@ class HFEngine(Configurable):
     ) -> None:
         self.config = config
         self.device = _device(config.device)
+        # set around each forward, not for the process: a trainer in the same process has its own
         self.threads = choose_threads(config.threads, self.device.type)
-        if self.threads is not None:  # the process's setting: engine and trainer share it in-process
-            torch.set_num_threads(self.threads)
         self.dtype = _dtype(config.dtype, self.device)
         # a transformers PreTrainedModel (typed Any: nn.Module's attribute typing does not know it)
         self.model: Any = (
@@ -358,9 +357,11 @@ class HFEngine(Configurable):
             while True:
                 self._return_aborted(loop.time())
                 if self._waiting and len(self._active) < self.config.max_running_requests:
-                    self._prefill(loop)
+                    with torch_threads(self.threads):
+                        self._prefill(loop)
                 elif self._active:
-                    self._decode(loop)
+                    with torch_threads(self.threads):
+                        self._decode(loop)
                 else:
                     self._wake.clear()
                     await self._wake.wait()
