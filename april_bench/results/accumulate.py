@@ -299,7 +299,7 @@ class SummaryAccumulator:
         return list(self._step_arms)
 
     def arm_metrics(self, name: str) -> dict[str, Any]:
-        """What ``summary._arm_metrics`` computes from an arm's rows."""
+        """An arm's metrics (the ``summarize`` fields that come from its own rows)."""
         a = self._arms[name]
         n = a.steps
         generated = a.generated

@@ -63,6 +63,8 @@ class RunDirectory:
     config: dict[str, Any]
     provenance: dict[str, Any]
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The summary accumulated while the run ran (its large tables then stay on disk, not in ``tables``).
+    accumulated: dict[str, dict[str, Any]] | None = None
 
     @property
     def simulated(self) -> bool:
@@ -72,6 +74,8 @@ class RunDirectory:
         return self.tables.get(table, [])
 
     def summary(self) -> dict[str, dict[str, Any]]:
+        if self.accumulated is not None:
+            return self.accumulated
         return summarize(
             self.tables, baseline=self.config.get("baseline"), block_steps=self.config.get("block_steps")
         )
@@ -147,6 +151,7 @@ class RunWriter:
             dict(config),
             dict(provenance),
             {name: [as_row(r) for r in records] for name, records in tables.items()},
+            accumulated=summary,
         )
         write_summary(run, summary)
         return run
