@@ -1,4 +1,4 @@
-"""The measured CI gate (tox.ini): a short embedded run against results/runs/ci-embedded-gate, on the
+"""The measured CI gate (tox.ini): a short embedded run against results/gates/ci-embedded-gate, on the
 gains per engine iteration.  Unchanged code passes it; an injected scheduling regression fails it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from april_bench.cli import main
 from april_bench.rollout.registry import build_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "results" / "runs" / "ci-embedded-gate"
+REFERENCE = ROOT / "results" / "gates" / "ci-embedded-gate"
 
 
 def _gate_args() -> list[str]:
