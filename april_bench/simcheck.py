@@ -15,7 +15,8 @@ any measured arm runs):
    passes: decode iterations + extend batches);
 4. **measurement**: the experiment itself, arms interleaved and repeated as
    ``run`` does: ``measured_gain`` (the paired median), ``measured_ci``,
-   ``measured_iterations_per_step`` (the engine's own counters).
+   ``measured_iterations_per_step`` (the step rows' ``engine_iterations``, the engine's own
+   accounting: exact for hf and fake, not deterministic for vLLM; docs/measured.md).
 
 ``simcheck.json`` and ``simcheck.md`` go to the output directory beside the
 three inputs and the measured run's rows.
@@ -35,8 +36,9 @@ from april_bench.engines.protocol import Engine
 from april_bench.experiment_config import ExperimentConfig
 
 __all__ = [
+    "MeasuredIterations",
     "SimcheckResult",
-    "engine_forward_passes_per_step",
+    "measured_iterations_per_step",
     "render_simcheck",
     "run_simcheck",
     "trace_rows",
@@ -69,29 +71,28 @@ def trace_rows(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def engine_forward_passes_per_step(
-    engine_metrics: Sequence[Mapping[str, Any]], arm: str, steps: int
-) -> float | None:
-    """Forward passes (decode steps + prefill batches) per training step of ``arm``, from the engine's
-    own counters (snapshots at ``rollout_end``, and ``step_end`` on pipelined arms), averaged over
-    repeats; None when the engine reports no counters.
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeasuredIterations:
+    """An arm's engine iterations per training step, from the step rows' engine accounting."""
 
-    Each session starts a fresh engine and a weight update runs no forward pass, so the largest
-    snapshot of a session holds the session's total.  (Issue 21 adds per-step engine iteration
-    accounting to the records; this is the one function to swap for it.)
-    """
-    totals: dict[int, float] = {}
-    for row in engine_metrics:
-        if row["arm"] != arm:
-            continue
-        m = row["metrics"]
-        if "decode_steps" not in m:
-            return None
-        passes = float(m["decode_steps"]) + float(m.get("prefill_batches", 0.0))
-        totals[row["repeat"]] = max(totals.get(row["repeat"], 0.0), passes)
-    if not totals:
-        return None
-    return sum(totals.values()) / len(totals) / steps
+    per_step: float | None
+    #: True when the counts depend on the requests and seeds alone (hf, fake); False for vLLM, whose
+    #: scheduler batches whatever has arrived when it steps; None when the engine does not count.
+    deterministic: bool | None
+
+
+def measured_iterations_per_step(steps: Sequence[Mapping[str, Any]], arm: str) -> MeasuredIterations:
+    """Engine iterations (forward passes: decode steps + prefill forwards) per training step of
+    ``arm``: the step rows' ``engine_iterations`` (docs/measured.md) summed over every step of every
+    repeat (warm-up steps included, as the prediction counts them) and divided by the number of
+    step rows.  None when the arm has no rows or the engine does not count its work."""
+    rows = [s for s in steps if s["arm"] == arm]
+    if not rows or any(s.get("engine_iterations") is None for s in rows):
+        return MeasuredIterations(None, None)
+    return MeasuredIterations(
+        sum(int(s["engine_iterations"]) for s in rows) / len(rows),
+        all(bool(s.get("work_deterministic")) for s in rows),
+    )
 
 
 def _measure_curve(components: Any, config: ExperimentConfig) -> Any:
@@ -210,7 +211,7 @@ def run_simcheck(
     say("simcheck 4/4: measuring every arm (interleaved, repeated as `run` does)")
     measured_run = run(config, progress=progress)
     measured = measured_run.recorder.summary()
-    metrics = [dataclasses.asdict(r) for r in measured_run.recorder.tables.get("engine_metrics", [])]
+    step_rows = [dataclasses.asdict(r) for r in measured_run.recorder.tables["steps"]]
     arms = []
     for arm in config.arms:
         label = arm.label
@@ -218,7 +219,8 @@ def run_simcheck(
         if label == m.get("baseline"):
             continue
         paired = m.get("paired_gains", {}).get("throughput", {})
-        measured_passes = engine_forward_passes_per_step(metrics, label, config.steps)
+        measured_passes = measured_iterations_per_step(step_rows, label)
+        baseline_passes = measured_iterations_per_step(step_rows, m["baseline"])
         arms.append(
             {
                 "arm": label,
@@ -231,11 +233,10 @@ def run_simcheck(
                 "measured_pairs": paired.get("pairs"),
                 "measured_ratio_gain": m["throughput_gain"],
                 "predicted_iterations_per_step": predicted_passes[label],
-                "measured_iterations_per_step": measured_passes,
+                "measured_iterations_per_step": measured_passes.per_step,
+                "measured_iterations_deterministic": measured_passes.deterministic,
                 "baseline_predicted_iterations_per_step": predicted_passes[m["baseline"]],
-                "baseline_measured_iterations_per_step": engine_forward_passes_per_step(
-                    metrics, m["baseline"], config.steps
-                ),
+                "baseline_measured_iterations_per_step": baseline_passes.per_step,
             }
         )
     result = SimcheckResult(
@@ -265,6 +266,12 @@ def _with_errors(arm: dict[str, Any]) -> dict[str, Any]:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:+.1f}%"
+
+
+def _iterations(per_step: float | None, deterministic: bool | None) -> str:
+    if per_step is None:
+        return "n/a (engine does not count)"
+    return f"{per_step:.1f}" + ("" if deterministic else " (not deterministic)")
 
 
 def render_simcheck(data: Mapping[str, Any]) -> str:
@@ -309,9 +316,7 @@ def render_simcheck(data: Mapping[str, Any]) -> str:
                     "n/a" if a["gain_error_pt"] is None else f"{a['gain_error_pt']:+.1f} pt",
                     {True: "yes", False: "no", None: "n/a"}[a["predicted_inside_ci"]],
                     f"{a['predicted_iterations_per_step']:.1f}",
-                    "n/a (engine has no counters)"
-                    if a["measured_iterations_per_step"] is None
-                    else f"{a['measured_iterations_per_step']:.1f}",
+                    _iterations(a["measured_iterations_per_step"], a["measured_iterations_deterministic"]),
                     "n/a" if a["iterations_error"] is None else f"{a['iterations_error'] * 100:+.1f}%",
                 ]
                 for a in data["arms"]

@@ -8,7 +8,7 @@ import pytest
 
 from april_bench.config import ConfigError
 from april_bench.sim.cost_curve import CostCurve, MeasuredCost
-from april_bench.simcheck import engine_forward_passes_per_step, run_simcheck, trace_rows
+from april_bench.simcheck import measured_iterations_per_step, run_simcheck, trace_rows
 
 FAKE_RUN = [
     "--engine",
@@ -61,7 +61,14 @@ def test_prediction_on_the_fake_engine_is_exact(fake_check):
     assert arm["predicted_ratio_gain"] == pytest.approx(arm["measured_ratio_gain"], rel=1e-9)
     assert arm["predicted_inside_ci"] is True
     assert arm["predicted_iterations_per_step"] > 0
-    assert arm["measured_iterations_per_step"] is None  # the fake engine keeps no iteration counters
+    # the fake engine counts its work exactly (docs/measured.md), and so does the simulator: equal
+    predicted = arm["predicted_iterations_per_step"]
+    assert arm["measured_iterations_per_step"] == pytest.approx(predicted, rel=1e-12)
+    assert arm["baseline_measured_iterations_per_step"] == pytest.approx(
+        arm["baseline_predicted_iterations_per_step"], rel=1e-12
+    )
+    assert arm["measured_iterations_deterministic"] is True
+    assert arm["iterations_error"] == pytest.approx(0.0, abs=1e-12)
     saved = json.loads((out / "simcheck.json").read_text())
     assert saved["arms"][0]["arm"] == "april" and "predicted_gain" in saved["arms"][0]
     assert "| april" in (out / "simcheck.md").read_text()
@@ -113,37 +120,28 @@ def test_measured_cost_prices_a_decode_run_as_the_sum_of_its_steps():
     assert cost.prefill_time([(0, 10), (5, 20)]) == pytest.approx(0.5 + 0.3)
 
 
-def test_forward_passes_per_step_from_engine_counters():
+def test_measured_iterations_per_step_from_step_rows():
     rows = [
-        {
-            "arm": "april",
-            "phase": "step_end",
-            "repeat": 0,
-            "metrics": {"decode_steps": 10, "prefill_batches": 2},
-        },
-        {
-            "arm": "april",
-            "phase": "step_end",
-            "repeat": 0,
-            "metrics": {"decode_steps": 30, "prefill_batches": 4},
-        },
-        {
-            "arm": "april",
-            "phase": "rollout_end",
-            "repeat": 0,
-            "metrics": {"decode_steps": 40, "prefill_batches": 4},
-        },
-        {
-            "arm": "april",
-            "phase": "step_end",
-            "repeat": 1,
-            "metrics": {"decode_steps": 26, "prefill_batches": 4},
-        },
-        {"arm": "sync", "phase": "step_end", "repeat": 0, "metrics": {"decode_steps": 1}},
+        {"arm": "april", "repeat": 0, "engine_iterations": 10, "work_deterministic": True},
+        {"arm": "april", "repeat": 0, "engine_iterations": 30, "work_deterministic": True},
+        {"arm": "april", "repeat": 1, "engine_iterations": 26, "work_deterministic": True},
+        {"arm": "april", "repeat": 1, "engine_iterations": 14, "work_deterministic": True},
+        {"arm": "sync", "repeat": 0, "engine_iterations": 1, "work_deterministic": False},
+        {"arm": "sim", "repeat": 0, "engine_iterations": None, "work_deterministic": None},
     ]
-    assert engine_forward_passes_per_step(rows, "april", steps=2) == pytest.approx((44 + 30) / 2 / 2)
-    assert engine_forward_passes_per_step(rows, "missing", steps=2) is None
-    assert engine_forward_passes_per_step([{**rows[0], "metrics": {"running": 1}}], "april", 2) is None
+    april = measured_iterations_per_step(rows, "april")
+    assert april.per_step == pytest.approx((10 + 30 + 26 + 14) / 4) and april.deterministic is True
+    assert measured_iterations_per_step(rows, "sync").deterministic is False  # vLLM: not deterministic
+    assert measured_iterations_per_step(rows, "sim").per_step is None  # the engine does not count
+    assert measured_iterations_per_step(rows, "missing").per_step is None
+
+
+def test_render_says_when_iterations_are_not_deterministic():
+    from april_bench.simcheck import _iterations
+
+    assert _iterations(12.0, False) == "12.0 (not deterministic)"
+    assert _iterations(12.0, True) == "12.0"
+    assert _iterations(None, None).startswith("n/a")
 
 
 def test_trace_rows_keep_trained_samples_only():
