@@ -10,9 +10,11 @@ The replay keeps the trace's groups, its length-reward coupling and its step ord
 (:mod:`april_bench.sim.trace_replay`); the batch shape comes from the trace (groups per step, samples
 per group, the response limit), so the what-if is the source run's setting on other hardware.
 
-The engine's cost per iteration is the simulator's roofline profile of ``--hw``.  A measured cost
-curve (``--cost-curve``, the ``simcheck`` measurement) plugs in at :func:`whatif_config`'s
-``cost_curve`` seam, which is not wired yet: until it is, a given curve is refused, not ignored.
+The engine's cost per iteration is the simulator's roofline profile of ``--hw`` and ``--model``, or,
+with ``--cost-curve FILE`` (the ``simcheck`` measurement, :mod:`april_bench.sim.cost_curve`), that
+engine's measured decode-step and prefill costs: the simulator then runs as one measured replica with
+the engine's own slot and prefill limits (``--engine-arg cost_curve=FILE`` of ``--engine sim``, as
+``simcheck`` predicts), and the training side is priced on the curve's hardware and model profile.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ DEFAULT_RATIO = 2.0
 class WhatIf:
     """What to replay a trace on: the deployment and the arms."""
 
-    hardware: str = "h100"
-    model: str = "qwen3-4b"
+    hardware: str | None = None  # None: h100, or the cost curve's
+    model: str | None = None  # None: qwen3-4b, or the cost curve's
     num_gpus: int | None = None
     algorithm: str = "grpo"
     strategies: tuple[str, ...] | None = None  # None: ablate's zoo
@@ -46,8 +48,35 @@ class WhatIf:
     ratio: float = DEFAULT_RATIO
     steps: int | None = None  # None: the trace's steps
     arm: str | None = None  # which arm of a run directory to replay
+    #: A measured engine cost curve (``simcheck``'s ``cost_curve.json``) instead of the roofline profile.
     cost_curve: Path | None = None
     seed: int = 0
+
+
+#: The deployment a what-if simulates when neither the user nor a cost curve names one.
+DEFAULT_HARDWARE, DEFAULT_MODEL = "h100", "qwen3-4b"
+
+
+def _deployment(setup: WhatIf) -> tuple[str, str, int | None, dict[str, Any]]:
+    """Hardware, model, GPUs and simulator engine arguments: the roofline profile of ``--hw`` and
+    ``--model``, or one engine priced by the measured cost curve (on the curve's hardware and model)."""
+    if setup.cost_curve is None:
+        return setup.hardware or DEFAULT_HARDWARE, setup.model or DEFAULT_MODEL, setup.num_gpus, {}
+    from april_bench.sim.cost_curve import CostCurve
+
+    curve = CostCurve.load_file(setup.cost_curve)  # a bad file is one ConfigError line
+    named = (("--hw", setup.hardware, curve.hardware), ("--model", setup.model, curve.model))
+    for flag, given, measured in named:
+        if given is not None and given != measured:
+            raise ConfigError(
+                f"{flag} {given}: the cost curve {setup.cost_curve} was measured with {measured}; "
+                f"drop {flag} (the curve names it) or drop --cost-curve"
+            )
+    if setup.num_gpus not in (None, 1):
+        raise ConfigError(
+            f"--gpus {setup.num_gpus}: a measured cost curve prices one engine; drop --gpus or --cost-curve"
+        )
+    return curve.hardware, curve.model, None, {"cost_curve": str(setup.cost_curve)}
 
 
 def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
@@ -55,7 +84,7 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.rollout.loop import RolloutConfig
 
-    _check_cost_curve(setup)
+    hardware, model, num_gpus, engine_args = _deployment(setup)
     if setup.ratio < 1:
         raise ConfigError(f"--ratio must be >= 1 (N'/N), got {setup.ratio}")
     groups = trace.groups_per_step()
@@ -85,16 +114,16 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     source_dataset = str(trace.header.provenance.get("dataset"))
     config = ExperimentConfig(
         dataset=source_dataset if source_dataset in DATASETS else "dapo-math-17k",
-        hardware=setup.hardware,
+        hardware=hardware,
         algorithm=setup.algorithm,
-        model=setup.model,
+        model=model,
         engine="sim",
         trainer="sim",
         strategies=tuple(a.label for a in arms),
         baseline=baseline,
         steps=steps,
         seed=setup.seed,
-        num_gpus=setup.num_gpus,
+        num_gpus=num_gpus,
         rollout=RolloutConfig(
             rollout_batch_size=groups,
             n_samples_per_prompt=trace.group_size(),
@@ -102,18 +131,9 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
             max_response_len=limit,
         ),
         workload_args=workload,
+        engine_args=engine_args,
     )
     return config, arms
-
-
-def _check_cost_curve(setup: WhatIf) -> None:
-    if setup.cost_curve is not None:
-        # The seam: a measured decode-step/prefill cost curve replaces the roofline profile of --hw.
-        # april_bench/sim/cost_curve.py (the simcheck measurement) is not in this tree yet.
-        raise ConfigError(
-            f"--cost-curve {setup.cost_curve}: measured cost curves are not wired into whatif yet; "
-            "drop it to use the roofline profile of --hw (docs/whatif.md)"
-        )
 
 
 def run_whatif(
@@ -133,7 +153,6 @@ def run_whatif(
     from april_bench.profiles.hardware import hardware_profile
     from april_bench.results.rundir import start_run_dir
 
-    _check_cost_curve(setup)
     trace = read_trace(trace_path, arm=setup.arm)
     config, arms = whatif_config(trace, setup)
     components = runner.prepare(config, progress=progress)  # validated before a directory is claimed
@@ -150,7 +169,10 @@ def run_whatif(
         "result_kind": "simulated",
         "hardware": config.hardware,
         "model": config.model,
-        "num_gpus": config.num_gpus or hardware_profile(config.hardware).gpus_per_node,
+        "num_gpus": 1
+        if setup.cost_curve is not None
+        else config.num_gpus or hardware_profile(config.hardware).gpus_per_node,
+        "cost_curve": None if setup.cost_curve is None else _curve_note(setup.cost_curve),
         "algorithm": config.algorithm,
         "baseline": config.baseline,
         "steps": config.steps,
@@ -169,6 +191,20 @@ def run_whatif(
     figure = whatif_figure(result, out / "whatif.png")
     result["figure"] = None if figure is None else str(figure)
     return result
+
+
+def _curve_note(path: Path) -> dict[str, Any]:
+    from april_bench.sim.cost_curve import CostCurve
+
+    curve = CostCurve.load_file(path)
+    return {
+        "path": str(path),
+        "engine": curve.engine,
+        "model": curve.model,
+        "hardware": curve.hardware,
+        "load": None if curve.load is None else list(curve.load),
+        "utc": curve.utc,
+    }
 
 
 def _row(arm: AblationArm, m: dict[str, Any], target_groups: int) -> dict[str, Any]:
@@ -207,11 +243,20 @@ def render_whatif(result: dict[str, Any]) -> str:
     )
     s, r = t["summary"], result["rollout"]
     gpus = result["num_gpus"]
+    curve = result.get("cost_curve")
+    engine = (
+        f"one {curve['engine']} engine priced by its measured cost curve {curve['path']} "
+        f"(measured {curve['utc']}, "
+        + ("on a virtual clock: exact)" if curve["load"] is None else f"load {curve['load']})")
+        if curve
+        else "the simulator's roofline profile"
+    )
     lines = [
         f"## What-if: SIMULATED ({result['model']} on {gpus} x {result['hardware']}, {result['algorithm']}; "
         f"gains against {result['baseline']})",
         "",
         *header.lines(),
+        f"engine cost: {engine}",
         f"replayed: {result['steps']} steps of {r['groups_per_step']} groups x "
         f"{r['samples_per_prompt']} samples "
         f"(N' = {r['over_sampling_batch_size']}), response limit {r['max_response_len']}; the trace has "

@@ -118,13 +118,59 @@ def test_a_trace_without_rewards_cannot_drive_dapo(tmp_path: Path) -> None:
         run_whatif(path, WhatIf(strategies=("sync",), drivers=(), algorithm="dapo"), tmp_path / "o")
 
 
-def test_a_cost_curve_is_refused_until_it_is_wired(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.fixture(scope="module")
+def fake_curve(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake engine's cost curve, measured as simcheck measures it (one token per virtual second)."""
+    from april_bench.backends import build_components
+    from april_bench.cli import build_parser
+    from april_bench.cli.args import config_from_args
+    from april_bench.simcheck import _measure_curve
+
+    config = config_from_args(build_parser().parse_args(["run", "--engine", "fake", "--steps", "1"]))
+    path: Path = tmp_path_factory.mktemp("curve") / "cost_curve.json"
+    _measure_curve(build_components(config, progress=False), config).save(path)
+    return path
+
+
+def test_a_measured_cost_curve_prices_the_replay_as_that_engine(tmp_path: Path, fake_curve: Path) -> None:
+    # The fake engine makes every running request a token per second whatever the batch, so a sync
+    # step's rollout lasts exactly as many seconds as its longest response has tokens.
+    lengths = {0: [30, 12, 8, 9, 5, 7, 11, 6], 1: [4, 25, 9, 10, 8, 6, 7, 13]}
+    rows = [
+        TraceRow(step, f"s{step}p{k // 2}", k % 2, 16, length, "stop", 1.0)
+        for step, ls in lengths.items()
+        for k, length in enumerate(ls)
+    ]
+    trace = tmp_path / "t.jsonl"
+    header = TraceHeader(source="test", evidence="per-sample", token_counts="exact", max_response_len=64)
+    write_trace(trace, header, rows)
+    setup = WhatIf(strategies=("sync", "april"), drivers=(), cost_curve=fake_curve)
+    result = run_whatif(trace, setup, tmp_path / "o")
+    assert result["cost_curve"]["engine"] == "fake" and result["num_gpus"] == 1
+    steps = [json.loads(line) for line in (tmp_path / "o" / "steps.jsonl").read_text().splitlines()]
+    sync = sorted(
+        (s["step"], s["rollout_time_s"], s["generated_tokens"]) for s in steps if s["arm"] == "sync"
+    )
+    assert [(t, n) for _, t, n in sync] == [
+        (pytest.approx(max(ls), rel=1e-9), sum(ls)) for ls in lengths.values()
+    ]
+    april = next(r for r in result["rows"] if r["strategy"] == "april")
+    assert april["generated_gain"] > 0  # APRIL trains short groups while the 30- and 25-token ones wait
+    assert "measured cost curve" in (tmp_path / "o" / "whatif.md").read_text()
+
+
+def test_a_cost_curve_refuses_another_deployment_and_bad_files_with_one_line(
+    tmp_path: Path, fake_curve: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    curve = tmp_path / "curve.json"
-    curve.write_text("{}")
-    assert main(["whatif", "example", "--cost-curve", str(curve), "--out", str(tmp_path / "o")]) == 2
-    assert "not wired" in capsys.readouterr().err
+    bad = tmp_path / "curve.json"
+    bad.write_text("{}")
+    out = str(tmp_path / "o")
+    assert main(["whatif", "example", "--cost-curve", str(bad), "--out", out]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {bad} is not an april-bench")
+    assert main(["whatif", "example", "--cost-curve", str(fake_curve), "--hw", "h100", "--out", out]) == 2
+    assert "was measured with" in capsys.readouterr().err
+    assert main(["whatif", "example", "--cost-curve", str(fake_curve), "--gpus", "8", "--out", out]) == 2
+    assert "prices one engine" in capsys.readouterr().err
 
 
 def test_a_malformed_trace_is_one_error_line_with_exit_2(

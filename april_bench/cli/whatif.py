@@ -27,8 +27,12 @@ def add_parsers(sub: Any) -> None:
         f"TRACE `{EXAMPLE}` is the trace shipped with april-bench. Docs: docs/whatif.md.",
     )
     p.add_argument("trace", metavar="TRACE", help=f"a trace file, a run directory, or `{EXAMPLE}`")
-    p.add_argument("--hw", default="h100", help="hardware profile to simulate (ls hardware; default h100)")
-    p.add_argument("--model", default="qwen3-4b", help="model profile (ls models; default qwen3-4b)")
+    p.add_argument(
+        "--hw", default=None, help="hardware profile to simulate (ls hardware; default h100, or the curve's)"
+    )
+    p.add_argument(
+        "--model", default=None, help="model profile (ls models; default qwen3-4b, or the curve's)"
+    )
     p.add_argument("--gpus", type=int, default=None, help="rollout GPUs (default: one node of --hw)")
     p.add_argument(
         "--algo", default="grpo", help="grpo, or dapo (dynamic sampling: needs rewards in the trace)"
@@ -48,7 +52,8 @@ def add_parsers(sub: Any) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="a measured engine cost curve (JSON) instead of the roofline profile: not wired yet, refused",
+        help="price the engine by a measured cost curve (simcheck's cost_curve.json: one engine, its own "
+        "limits) instead of the roofline profile of --hw",
     )
     p.add_argument("--out", type=Path, default=None, help="run directory to write (default: runs/whatif-...)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
