@@ -18,8 +18,9 @@ any measured arm runs):
    ``measured_iterations_per_step`` (the step rows' ``engine_iterations``, the engine's own
    accounting: exact for hf and fake, not deterministic for vLLM; docs/measured.md).
 
-``simcheck.json`` and ``simcheck.md`` go to the output directory beside the
-three inputs and the measured run's rows.
+``simcheck.json`` (with the measured run's provenance) and ``simcheck.md`` go to the output
+directory beside the three inputs; the measured run is an ordinary run directory in ``measured/``
+(rows, provenance, ``trace.jsonl``).
 """
 
 from __future__ import annotations
@@ -209,7 +210,11 @@ def run_simcheck(
     )
 
     say("simcheck 4/4: measuring every arm (interleaved, repeated as `run` does)")
-    measured_run = run(config, progress=progress)
+    from april_bench import runner
+
+    # an ordinary run directory (config, provenance, rows, trace.jsonl): `whatif OUT/measured --cost-curve
+    # OUT/cost_curve.json` replays the measured run's own trace with the engine's own curve
+    measured_run = runner.run(config, out=out / "measured", overwrite=True, progress=progress)
     measured = measured_run.recorder.summary()
     step_rows = [dataclasses.asdict(r) for r in measured_run.recorder.tables["steps"]]
     arms = []
@@ -239,10 +244,12 @@ def run_simcheck(
                 "baseline_measured_iterations_per_step": baseline_passes.per_step,
             }
         )
+    provenance = json.loads((out / "measured" / "provenance.json").read_text())
     result = SimcheckResult(
         {
             "result_kind": "measured and simulated",
             "engine": components.engine_name,
+            "provenance": {k: provenance.get(k) for k in ("git", "utc", "utc_end", "machine", "command")},
             "config": config.to_dict(),
             "trace": {"seed": seed, "steps": steps, "samples": len(rows)},
             "cost_curve": curve.to_json(),

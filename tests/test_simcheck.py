@@ -73,6 +73,9 @@ def test_prediction_on_the_fake_engine_is_exact(fake_check):
     assert saved["arms"][0]["arm"] == "april" and "predicted_gain" in saved["arms"][0]
     assert "| april" in (out / "simcheck.md").read_text()
     assert (out / "trace.jsonl").read_text().strip()
+    # the measured arms are an ordinary run directory, with the trace whatif replays, and its provenance
+    assert (out / "measured" / "trace.jsonl").read_text().strip()
+    assert saved["provenance"]["git"] == json.loads((out / "measured" / "provenance.json").read_text())["git"]
 
 
 def test_cost_curve_json_round_trips_and_refuses_foreign_files(tmp_path):
