@@ -148,7 +148,9 @@ def _predict(config: ExperimentConfig, progress: bool) -> tuple[dict[str, Any], 
         return engine
 
     components = dataclasses.replace(components, engine=recording)
-    summary = run(config, progress=progress, components=components).recorder.summary()
+    recorder = run(config, progress=progress, components=components).recorder
+    # paired over the same blocks as the measured side (and as the run directory's summary.json)
+    summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
     labels = [arm.label for arm in config.arms]
     if len(built) != len(labels):  # one fresh engine per arm session, in arm order (virtual time)
         raise ConfigError(f"simcheck: expected {len(labels)} simulated engines, got {len(built)}")
@@ -215,7 +217,8 @@ def run_simcheck(
     # an ordinary run directory (config, provenance, rows, trace.jsonl): `whatif OUT/measured --cost-curve
     # OUT/cost_curve.json` replays the measured run's own trace with the engine's own curve
     measured_run = runner.run(config, out=out / "measured", overwrite=True, progress=progress)
-    measured = measured_run.recorder.summary()
+    # the run directory's own statistic: paired over interleaved blocks (measured/summary.json)
+    measured = measured_run.recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
     step_rows = [dataclasses.asdict(r) for r in measured_run.recorder.tables["steps"]]
     arms = []
     for arm in config.arms:

@@ -25,6 +25,8 @@ FAKE_RUN = [
     "64",
     "--workload-arg",
     "drift_per_step=0",
+    "--block-steps",  # paired over blocks: simcheck must use the run's own statistic
+    "2",
 ]
 
 
@@ -75,6 +77,8 @@ def test_prediction_on_the_fake_engine_is_exact(fake_check):
     assert (out / "trace.jsonl").read_text().strip()
     # the measured arms are an ordinary run directory, with the trace whatif replays, and its provenance
     assert (out / "measured" / "trace.jsonl").read_text().strip()
+    stored = json.loads((out / "measured" / "summary.json").read_text())["arms"]["april"]
+    assert arm["measured_gain"] == stored["paired_gains"]["throughput"]["median"]  # the run's own statistic
     assert saved["provenance"]["git"] == json.loads((out / "measured" / "provenance.json").read_text())["git"]
 
 
