@@ -18,7 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from april_bench.whatif import WhatIf, run_whatif
+from april_bench.simcheck import _predict, measured_iterations_per_step
+from april_bench.trace.format import read_trace
+from april_bench.whatif import WhatIf, run_whatif, whatif_config
 
 ROWS = (
     ("Generated-token gain (ratio of totals)", "throughput_gain", "generated_gain"),
@@ -76,6 +78,17 @@ def compare(check: Path, out: Path) -> str:
         error = "n/a" if m is None or p is None else f"{(p - m) * 100:+.1f}"
         show = _share if m_key == "off_policy_token_ratio" else _pct
         lines.append(f"| {label} | {show(m)} | {show(p)} | {error} |")
+    # engine iterations per step: the replay's forward passes (the same simulation again, deterministic)
+    # against the measured engine's own accounting (steps.jsonl)
+    replay, _ = whatif_config(read_trace(measured_dir, arm="sync"), setup)
+    _, passes = _predict(replay, progress=False)
+    steps = [json.loads(line) for line in (measured_dir / "steps.jsonl").read_text().splitlines()]
+    for arm in ("sync", "april"):
+        m_it = measured_iterations_per_step(steps, arm).per_step
+        p_it = next(v for k, v in passes.items() if k.split("[")[0] == arm)
+        error = "n/a" if not m_it else f"{(p_it / m_it - 1) * 100:+.1f}%"
+        shown = "n/a" if m_it is None else f"{m_it:.1f}"
+        lines.append(f"| Engine iterations per step, {arm} | {shown} | {p_it:.1f} | {error} (relative) |")
     median, ci = paired.get("median"), paired.get("ci")
     if median is not None and ci is not None:
         p = predicted["generated_gain"]
