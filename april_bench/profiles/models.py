@@ -145,3 +145,20 @@ MODELS.register(
     ),
     "the embedded default: a 3-layer Qwen3 with 0.3 M parameters",
 )
+MODELS.register(
+    "tiny32",
+    ModelProfile(
+        name="tiny32",
+        hf_id="(april_bench.models.zoo.TINY32)",
+        layers=3,
+        hidden=96,
+        ffn=288,
+        q_heads=4,
+        kv_heads=2,
+        head_dim=32,
+        vocab=17,
+        tied_embeddings=True,
+        source="april_bench.models.zoo.TINY32: tiny with 32-wide heads (vLLM's CPU attention needs them)",
+    ),
+    "tiny with 32-wide heads: what --engine vllm trains on a CPU (simcheck predicts it with this profile)",
+)
