@@ -216,6 +216,10 @@ class ReplicaRouter:
     def info(self) -> EngineInfo:
         return self._info
 
+    def describe(self, **changes: Any) -> None:
+        """Fill in what the pool learns once its replicas started (their weight formats, version)."""
+        self._info = dataclasses.replace(self._info, **changes)
+
     @property
     def alive(self) -> list[bool]:
         return [s.alive for s in self._slots]
