@@ -237,9 +237,11 @@ class ReplicaRouter:
         return engines[0].info
 
     async def close(self) -> None:
-        for task in [self._monitor, *self._background, *(s.restarting for s in self._slots)]:
+        for task in [self._monitor, *(s.restarting for s in self._slots)]:
             if task is not None:
                 task.cancel()
+        # dead replicas still being stopped (bounded by health_timeout_s): their processes must end
+        await asyncio.gather(*self._background, return_exceptions=True)
         for slot in self._slots:
             for task in slot.tasks:
                 task.cancel()
@@ -319,7 +321,7 @@ class ReplicaRouter:
                 task.cancel()
         dead, slot.engine = slot.engine, None
         if dead is not None:
-            self._spawn(self._bounded(dead.close()))  # release what it holds; it may never answer
+            self._spawn(self._release(dead))
         lost = [t for t in self._tracked.values() if t.replica == i]
         self._event("replica_failed", i, requests=len(lost), detail=reason)
         survivors = [j for j, s in enumerate(self._slots) if s.alive]
@@ -484,6 +486,13 @@ class ReplicaRouter:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _release(self, dead: Engine) -> None:
+        """Free what a dead replica holds (its process, its GPU, its placement bundle): killed first
+        when it can be (a hung one never answers a polite close), then closed, each bounded."""
+        if isinstance(dead, Killable):
+            await self._bounded(dead.kill())
+        await self._bounded(dead.close())
+
     async def _bounded(self, call: Awaitable[Any]) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(call, self._faults.health_timeout_s)
@@ -569,6 +578,7 @@ class InProcessReplica:
             self.engine.restore_state(state)
 
     async def kill(self) -> None:
+        self._hung = False
         self._dead = EngineError("replica killed (fault injection)")
         for stream in self._streams:
             stream.fail(self._dead)
