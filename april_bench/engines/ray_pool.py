@@ -157,6 +157,7 @@ class RayEnginePool(Configurable):
         self.placement = [p for p in self.placement if p["replica"] != index]
         self.placement.append({"replica": index, "bundle": index, **where})
         self.placement.sort(key=lambda p: p["replica"])
+        self._router.record("replica_placed", index, f"node {where['node_ip']} {where['node_id']}")
         return replica
 
     async def close(self) -> None:

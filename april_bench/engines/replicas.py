@@ -475,6 +475,10 @@ class ReplicaRouter:
             if saved is not None and isinstance(slot.engine, EngineState):
                 slot.engine.restore_state(saved)
 
+    def record(self, kind: str, replica: int, detail: str) -> None:
+        """An event of the pool's own (``replica_placed``: where a replica started) for the watchers."""
+        self._event(kind, replica, detail=detail)
+
     # ------------------------------------------------------------ helpers
     def _event(self, kind: str, replica: int, **fields: Any) -> None:
         event = FaultEvent(kind=kind, t=asyncio.get_running_loop().time(), replica=replica, **fields)
