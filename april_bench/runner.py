@@ -244,6 +244,8 @@ def execute(
         notes=result.notes,
         started=provenance,
     )
+    if result.placement:
+        provenance["placement"] = result.placement
     write_json_atomic(provenance_path, provenance)
     stored = writer.finish(config.to_dict(), provenance, recorder.tables)
     status.state = "complete"

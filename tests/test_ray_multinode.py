@@ -68,6 +68,9 @@ def test_replicas_spread_over_nodes_and_survive_a_killed_one(three_nodes: Any, t
         # the restarted replica went back to its own node's bundle
         again = placed[2:]
         assert again and all(str(e["detail"]).split()[-1] == first[int(str(e["replica"]))] for e in again)
+    placement = json.loads((out / "provenance.json").read_text())["placement"]
+    for arm in ("sync", "april"):  # the provenance has where each replica ran at the end
+        assert {p["node_id"] for p in placement[f"{arm}#0"]} == workers
     served = {(r["arm"], r["replica"]) for r in _rows(out, "requests")}
     assert served == {(a, i) for a in ("sync", "april") for i in (0, 1)}
     assert json.loads((out / "status.json").read_text())["state"] == "complete"

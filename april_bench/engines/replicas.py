@@ -67,6 +67,7 @@ __all__ = [
     "FaultReport",
     "FaultSchedule",
     "Killable",
+    "Placed",
     "ReplicaRouter",
     "fake_pool_from_settings",
 ]
@@ -150,6 +151,14 @@ class FaultReport(Protocol):
     """An engine that reports its failure handling as it happens (the replica pools)."""
 
     def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None: ...
+
+
+@runtime_checkable
+class Placed(Protocol):
+    """A pool that knows where its replicas run (the Ray pools): one dict per replica, written into
+    the run's provenance."""
+
+    placement: list[dict[str, Any]]
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ import april_bench.experiment.checkpoint as checkpoint
 from april_bench.backends import Components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
 from april_bench.engines.protocol import Engine, EngineMetrics
-from april_bench.engines.replicas import FaultEvent, FaultReport
+from april_bench.engines.replicas import FaultEvent, FaultReport, Placed
 from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
@@ -73,6 +73,8 @@ class ArmSession:
         self.name = arm.label if config.repeats == 1 else f"{arm.label} #{repeat}"
         self.simulated = True
         self.engine_version: str | None = None
+        #: Where the engine's replicas run (a Ray pool's placement; empty for other engines).
+        self.placement: list[dict[str, Any]] = []
         self.engine_dtype: str | None = None
         self._engine: Engine | None = None
         self._trainer: Trainer | None = None
@@ -117,6 +119,8 @@ class ArmSession:
         await engine.start()
         info = engine.info  # known once started
         self.simulated, self.engine_version, self.engine_dtype = info.simulated, info.version, info.dtype
+        if isinstance(engine, Placed):
+            self.placement = engine.placement  # the pool's own list: restarts update it
         self._trainer = make_trainer()
         self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
