@@ -92,6 +92,9 @@ class FaultOptions(BaseConfig):
         256, help="fault injection: faults fire at token counts drawn from 1..this many delivered tokens"
     )
     chaos_mode: str = param("kill", help=f"fault injection: {', '.join(CHAOS_MODES)} (hang: stop answering)")
+    chaos_at_tokens: tuple[int, ...] = param(
+        (), help="fault injection: fire at these delivered-token counts (not drawn ones; with chaos_seed)"
+    )
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE:
@@ -104,12 +107,16 @@ class FaultOptions(BaseConfig):
         for name in ("max_restarts", "chaos_faults"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--engine-arg {name} must be >= 0, got {getattr(self, name)}")
+        if any(t < 1 for t in self.chaos_at_tokens):
+            raise ConfigError("--engine-arg chaos_at_tokens must be token counts >= 1")
         if self.chaos_window_tokens < 1:
             raise ConfigError("--engine-arg chaos_window_tokens must be >= 1")
 
     def schedule(self) -> FaultSchedule | None:
         if self.chaos_seed is None or self.chaos_faults == 0:
             return None
+        if self.chaos_at_tokens:
+            return FaultSchedule(tuple(sorted(self.chaos_at_tokens)), self.chaos_seed, self.chaos_mode)
         return FaultSchedule.seeded(
             self.chaos_seed, self.chaos_faults, self.chaos_window_tokens, self.chaos_mode
         )
