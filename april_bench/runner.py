@@ -190,8 +190,9 @@ def execute(
     on SIGINT/SIGTERM."""
     from april_bench.experiment import run as run_sessions
     from april_bench.results.provenance import collect_provenance
-    from april_bench.results.records import RunRecorder
+    from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
+    from april_bench.threads import thread_choice
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
@@ -205,7 +206,9 @@ def execute(
         provenance = json.loads(provenance_path.read_text())
         provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
     writer = RunWriter(out)
-    recorder = RunRecorder(sink=writer)
+    # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not grow
+    # with its steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
+    recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
     if kept:
         recorder.preload(kept)
     received: list[str] = []
@@ -243,11 +246,13 @@ def execute(
         engine_dtype=result.engine_dtype,
         notes=result.notes,
         started=provenance,
+        torch_threads=thread_choice(config.engine_args, config.trainer_args),
     )
     if result.placement:
         provenance["placement"] = result.placement
     write_json_atomic(provenance_path, provenance)
-    stored = writer.finish(config.to_dict(), provenance, recorder.tables)
+    summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
+    stored = writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
     status.state = "complete"
     status.save()
     return RunOutcome(out=out, result=result, stored=stored)
