@@ -151,11 +151,11 @@ ENGINES.register(
     "fake-pool",
     EngineSpec(
         "fake-pool",
-        "april_bench.engines.replicas:fake_pool_from_settings",
+        "april_bench.engines.fake_pool:fake_pool_from_settings",
         produces_tokens=True,
         simulated=True,
         virtual_time=True,
-        checker="april_bench.engines.replicas:check_fake_pool",
+        checker="april_bench.engines.fake_pool:check_fake_pool",
         inflight_updates=True,
     ),
     "fake engine replicas in process behind the fault-tolerant replica router (virtual time, chaos)",
