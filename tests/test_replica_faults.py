@@ -96,6 +96,11 @@ def test_killed_replicas_lose_no_prompt_in_sync_and_april(seed: int, tmp_path: P
         # every failure with requests out re-queued all of them; the tokens re-prefilled are theirs
         assert [e["requests"] for e in requeued] == [e["requests"] for e in failed if e["requests"]]
         assert requeued and all(int(str(e["tokens"])) > 0 for e in requeued)
+        if arm == "sync":  # sync resumes nothing: its engines' re-prefill is the failures' alone
+            steps = [s for s in _rows(out, "steps") if s["arm"] == arm]
+            engines = sum(int(str(s["reprefill_tokens"])) for s in steps)
+            # a request moved twice (its first survivor died before starting it) is prefilled once
+            assert 0 < engines <= sum(int(str(e["tokens"])) for e in requeued)
     # the schedule is keyed on tokens, not time: the same seed gives the same run
     again = tmp_path / "again"
     assert main([*argv, "--out", str(again)]) == 0

@@ -18,11 +18,13 @@ from april_bench.config import BaseConfig, ConfigError, Configurable, config_fro
 from april_bench.engines.protocol import (
     Completion,
     Engine,
+    EngineAccounting,
     EngineError,
     EngineInfo,
     EngineLoad,
     EngineSettings,
     EngineState,
+    EngineWork,
     GenerateRequest,
     WeightUpdate,
 )
@@ -98,6 +100,10 @@ class InProcessReplica:
     async def update_weights(self, update: WeightUpdate) -> None:
         await self._gate()
         await self.engine.update_weights(update)
+
+    def work(self) -> EngineWork:
+        assert isinstance(self.engine, EngineAccounting)
+        return self.engine.work()
 
     def export_state(self) -> dict[str, Any]:
         return self.engine.export_state() if isinstance(self.engine, EngineState) else {}
@@ -186,6 +192,13 @@ class FakeReplicaPool(Configurable):
 
     def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None:
         self._router.watch_faults(callback)
+
+    def work(self) -> EngineWork:
+        """The replicas' work summed (:class:`~april_bench.engines.protocol.EngineAccounting`): the
+        re-prefill of re-queued requests shows in the step rows' ``reprefill_tokens``."""
+        work = self._router.work()
+        assert work is not None  # fake engines count their work
+        return work
 
     def export_state(self) -> dict[str, Any]:
         return self._router.export_state()

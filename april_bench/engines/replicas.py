@@ -46,11 +46,13 @@ from april_bench.config import BaseConfig, ConfigError, param
 from april_bench.engines.protocol import (
     Completion,
     Engine,
+    EngineAccounting,
     EngineError,
     EngineInfo,
     EngineLoad,
     EngineLost,
     EngineState,
+    EngineWork,
     GenerateRequest,
     HealthCheck,
     WeightUpdate,
@@ -220,6 +222,7 @@ class ReplicaRouter:
         self._hit: set[tuple[int, int]] = set()
         self._rng = random.Random(self._schedule.seed if self._schedule else 0)
         self._restarts = 0
+        self._retired = EngineWork()
         self._lost: EngineLost | None = None
         self._busy = asyncio.Event()
         self._monitor: asyncio.Task[None] | None = None
@@ -334,6 +337,8 @@ class ReplicaRouter:
             if task is not current:
                 task.cancel()
         dead, slot.engine = slot.engine, None
+        if isinstance(dead, EngineAccounting):  # its work stays counted after it is gone
+            self._retired = _plus(self._retired, dead.work())
         if dead is not None:
             self._spawn(self._release(dead))
         lost = [t for t in self._tracked.values() if t.replica == i]
@@ -347,7 +352,9 @@ class ReplicaRouter:
             slot.restarting = asyncio.ensure_future(self._restart(i))
         for t in lost:
             del self._tracked[t.request.request_id]
-            t.request = dataclasses.replace(t.request, priority=self._front)
+            # prefix_len = its whole input: the survivor computes again what the dead replica had
+            # computed, so an engine that counts its work (EngineAccounting) counts it as re-prefill
+            t.request = dataclasses.replace(t.request, priority=self._front, prefix_len=t.request.input_len)
         if lost:
             self._event(
                 "requests_requeued",
@@ -472,6 +479,18 @@ class ReplicaRouter:
         await self._each("update_weights", lambda e: e.update_weights(update))
         self._router.forget_prefixes()
 
+    def work(self) -> EngineWork | None:
+        """Every replica's work counters summed, the dead ones' up to their failure (``None`` when a
+        replica does not count its work)."""
+        total = self._retired
+        for slot in self._slots:
+            if slot.engine is None:
+                continue
+            if not isinstance(slot.engine, EngineAccounting):
+                return None
+            total = _plus(total, slot.engine.work())
+        return total
+
     def export_state(self) -> dict[str, Any]:
         """The replicas' own states (a resumed run continues them) and the current weights' version."""
         return {
@@ -514,6 +533,17 @@ class ReplicaRouter:
     async def _bounded(self, call: Awaitable[Any]) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(call, self._faults.health_timeout_s)
+
+
+def _plus(a: EngineWork, b: EngineWork) -> EngineWork:
+    return EngineWork(
+        engine_iterations=a.engine_iterations + b.engine_iterations,
+        decode_iterations=a.decode_iterations + b.decode_iterations,
+        decode_tokens=a.decode_tokens + b.decode_tokens,
+        prefill_tokens=a.prefill_tokens + b.prefill_tokens,
+        reprefill_tokens=a.reprefill_tokens + b.reprefill_tokens,
+        deterministic=a.deterministic and b.deterministic,
+    )
 
 
 def _total(loads: Sequence[EngineLoad], name: str) -> int | None:
