@@ -32,7 +32,6 @@ its checkpoint when it completes, and an interrupted one restarts from step 0.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -50,6 +49,12 @@ from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
 from april_bench.results.resume import RunStatus, state_path
 from april_bench.results.store import write_json_atomic
+from april_bench.results.validate_files import (
+    load_trainer_state,
+    read_checkpoint,
+    save_trainer_state,
+    trainer_file,
+)
 from april_bench.rollout.driver import Pipeline, StepDone, WeightUpdateMode
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
@@ -574,8 +579,8 @@ class ArmSession:
         path.parent.mkdir(parents=True, exist_ok=True)
         trainer_file = None
         if isinstance(self._trainer, TrainerState):
-            trainer_file = str(path.with_suffix(".trainer.pt"))
-            self._trainer.save_state(trainer_file)
+            trainer_file = f"state/{path.with_suffix('.trainer.pt').name}"  # relative: a run dir moves
+            save_trainer_state(self._trainer, path.with_suffix(".trainer.pt"))
         write_json_atomic(
             path,
             {
@@ -604,11 +609,7 @@ class ArmSession:
         if not completed:
             return None
         path = state_path(self.status.path.parent, self.arm.label, self.repeat, completed)
-        try:
-            saved: dict[str, Any] = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise RuntimeError(f"{path}: the checkpoint of {self.name} cannot be read ({exc})") from None
-        return saved
+        return read_checkpoint(path, self.name, completed)
 
     async def _restore(self, saved: dict[str, Any]) -> None:
         assert self._rollout is not None and self._engine is not None and self._trainer is not None
@@ -616,7 +617,9 @@ class ArmSession:
         loop = asyncio.get_running_loop()
         self._done = saved["completed_steps"]
         if saved["trainer_file"] and isinstance(self._trainer, TrainerState):
-            self._trainer.load_state(saved["trainer_file"])
+            assert self.status is not None
+            stored = trainer_file(self.status.path.parent, saved["trainer_file"])
+            load_trainer_state(stored, self._trainer.load_state)
             await self._sync.push(self._trainer, self._engine, self._done)  # before the clock restarts
         if saved["engine"] is not None and isinstance(self._engine, EngineState):
             self._engine.restore_state(saved["engine"])

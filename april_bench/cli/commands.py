@@ -23,6 +23,7 @@ def _echo(line: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from april_bench.backends import build_components
     from april_bench.cli.args import config_from_args
+    from april_bench.results.lock import RunLock
     from april_bench.results.resume import RunStatus
     from april_bench.results.rundir import claim_run_dir, default_run_name
 
@@ -34,28 +35,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_drivers(config, components)
     _check_reference_run(args.out, allow_dirty=args.allow_dirty)
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
-    status = RunStatus(path=out / "status.json")
-    status.save()
-    return _execute(config, components, out, status, progress=not args.no_progress)
+    lock = RunLock()  # taken by claim_run_dir and held for the whole run: a second process is refused
+    try:
+        out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, lock=lock)
+        status = RunStatus(path=out / "status.json")
+        status.save()
+        return _execute(config, components, out, status, progress=not args.no_progress)
+    finally:
+        lock.release()
 
 
 def _check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
     """A run written into the checkout's ``results/`` is a committed reference: its provenance must name
     a commit that holds exactly the code that produced it."""
-    from april_bench.config import ConfigError
-    from april_bench.results.provenance import git_info, source_root
+    from april_bench.results.reference import check_reference_output
 
-    root = source_root()
-    if out is None or root is None or allow_dirty:
-        return
-    if not out.expanduser().resolve().is_relative_to((root / "results").resolve()):
-        return
-    if git_info(root).get("dirty"):
-        raise ConfigError(
-            f"{out} is a reference run under results/ but the checkout has uncommitted changes: "
-            "commit them first, or pass --allow-dirty"
-        )
+    check_reference_output(out, allow_dirty=allow_dirty)
 
 
 def check_drivers(config: Any, components: Any) -> None:
@@ -70,28 +65,38 @@ def _resume(args: argparse.Namespace) -> int:
     from april_bench.cli.args import flags_set
     from april_bench.config import ConfigError
     from april_bench.experiment_config import load_config
+    from april_bench.results.lock import RunLock
     from april_bench.results.resume import RunStatus, read_rows_for_resume
+    from april_bench.results.validate_files import check_resumable, read_json_object
 
     out = Path(args.resume).expanduser()
-    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
+    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress", "--allow-dirty")]
     if extra:
         raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
-    status = RunStatus.load(out)
-    if status.state == "complete":
-        raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
-    try:
-        config = load_config(json.loads((out / "config.json").read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
-    components = build_components(config, progress=not args.no_progress)
-    components.check(config.telemetry)
-    check_drivers(config, components)
-    kept = read_rows_for_resume(out, status, config.steps)
-    done = sum(status.completed.values())
-    _echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
-    status.state = "running"
-    status.save()
-    return _execute(config, components, out, status, progress=not args.no_progress, kept=kept)
+    if not out.is_dir():
+        raise ConfigError(f"--resume {out}: no such run directory")
+    _check_reference_run(out, allow_dirty=args.allow_dirty)
+    with RunLock(out) as _lock:  # held for the whole run: a second resume of this directory is refused
+        status = RunStatus.load(out)
+        if status.state == "complete":
+            raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
+        try:
+            config = load_config(read_json_object(out / "config.json", "run configuration"))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"{out}/config.json is not a configuration april-bench can read ({exc}); the run cannot "
+                "resume"
+            ) from None
+        check_resumable(out, status)
+        components = build_components(config, progress=not args.no_progress)
+        components.check(config.telemetry)
+        check_drivers(config, components)
+        kept = read_rows_for_resume(out, status, config.steps)
+        done = sum(status.completed.values())
+        _echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
+        status.state = "running"
+        status.save()
+        return _execute(config, components, out, status, progress=not args.no_progress, kept=kept)
 
 
 def _execute(
@@ -111,19 +116,22 @@ def _execute(
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
+    from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
+
     if kept is None or not provenance_path.exists():
         provenance = collect_provenance(
-            simulated=simulated, engine=components.engine_name, notes=components.notes
+            simulated=simulated, engine=components.engine_name, notes=components.notes, out=out
         )
         write_json_atomic(out / "config.json", config.to_dict())
         write_json_atomic(provenance_path, provenance)
     else:
-        provenance = json.loads(provenance_path.read_text())
-        provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
+        provenance = resumed_provenance(read_provenance(provenance_path), out)
     writer = RunWriter(out)
     recorder = RunRecorder(sink=writer)
     if kept:
         recorder.preload(kept)
+        writer.count_existing(kept)
+    status.counter = writer.counts  # each checkpoint records the rows it covers
     received: list[str] = []
     try:
         with _signals_as_interrupts(received):
@@ -131,7 +139,10 @@ def _execute(
                 config, progress=progress, echo=_echo, recorder=recorder, components=components, status=status
             )
     except BaseException as exc:
-        writer.close()
+        with contextlib.suppress(OSError):  # a full disk fails the last flush too
+            writer.close()
+        if write_failed(exc):  # full disk, file-size limit: what was checkpointed is safe
+            return _stopped_by_write_error(exc, out, status)
         # A signal raised inside the event loop's machinery can surface as another error (for example
         # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
         if not isinstance(exc, KeyboardInterrupt) and not received:
@@ -154,10 +165,13 @@ def _execute(
         notes=result.notes,
         started=provenance,
     )
-    write_json_atomic(provenance_path, provenance)
-    stored = writer.finish(config.to_dict(), provenance, recorder.tables)
-    status.state = "complete"
-    status.save()
+    try:
+        write_json_atomic(provenance_path, provenance)
+        stored = writer.finish(config.to_dict(), provenance, recorder.tables)
+        status.state = "complete"
+        status.save()
+    except OSError as exc:
+        return _stopped_by_write_error(exc, out, status)
     summary = stored.summary()
     print(render_tables(stored.config, summary, stored.simulated))
     print(f"\nrun directory: {out}")
@@ -169,6 +183,21 @@ def _execute(
     }
     print(json.dumps(final))
     return 0
+
+
+def _stopped_by_write_error(exc: BaseException, out: Path, status: Any) -> int:
+    """A write failed (disk full, file-size limit): the run stops as interrupted, with its resume line."""
+    reason = getattr(exc, "strerror", None) or str(exc)
+    status.state, status.message = "interrupted", f"a write failed: {reason}"
+    with contextlib.suppress(OSError):
+        status.save()
+    done = sum(status.completed.values())
+    print(
+        f"error: writing to {out} failed ({reason}); {done} step(s) are saved: free space (or raise the "
+        f"file-size limit), then continue with `python -m april_bench run --resume {out}`",
+        file=sys.stderr,
+    )
+    return 2
 
 
 @contextlib.contextmanager
