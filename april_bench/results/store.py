@@ -313,7 +313,7 @@ def check_run(run: RunDirectory) -> list[str]:
     Every launched prompt must end trained, dropped or buffered, exactly one of them; and for a
     complete run, every generated token is trained, wasted or still buffered at the end.
     """
-    problems = []
+    problems = _duplicates(run)
     steps, samples = run.rows("steps"), run.rows("samples")
     if steps and not samples:
         problems.append(f"{run.path}: {len(steps)} step rows but no sample rows (samples.jsonl empty)")
@@ -327,6 +327,31 @@ def check_run(run: RunDirectory) -> list[str]:
                 f"arm {arm}: {m['generated_tokens']:,} tokens generated but {balance:,} trained, wasted or "
                 "buffered: rows are missing"
             )
+    return problems
+
+
+#: What identifies a row of each table: two rows with one identity are one row recorded twice (row
+#: files concatenated, a resume that appended without dropping).
+_IDENTITY = {
+    "steps": ("arm", "repeat", "step"),
+    "evals": ("arm", "repeat", "step"),
+    "requests": ("arm", "repeat", "request_id", "t_submit"),
+    "samples": ("arm", "repeat", "group_uid", "sample_index", "step", "fate", "reason"),
+}
+
+
+def _duplicates(run: RunDirectory) -> list[str]:
+    problems = []
+    for table, fields in _IDENTITY.items():
+        seen: set[tuple[Any, ...]] = set()
+        twice = 0
+        for row in run.rows(table):
+            key = tuple(json.dumps(row.get(f), sort_keys=True) for f in fields)
+            if key in seen:
+                twice += 1
+            seen.add(key)
+        if twice:
+            problems.append(f"{twice:,} duplicated {table} rows (the same {', '.join(fields)})")
     return problems
 
 
