@@ -331,4 +331,3 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"note: {note}", file=sys.stderr)
     print(render_tables(run.config, run.summary(), run.simulated))
     return 0
-

@@ -201,6 +201,8 @@ def check_resumable(run_dir: Path, status: Any) -> None:
     found before anything starts, so a damaged file never leaves the status ``running``."""
     from april_bench.results.resume import state_path
 
+    if (run_dir / "provenance.json").exists():
+        read_provenance(run_dir / "provenance.json")
     for key, completed in sorted(status.completed.items()):
         if completed == 0:
             continue
