@@ -161,9 +161,9 @@ def _interrupts_cancel(
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            if signal.getsignal(sig) is on_signal:  # the caller's handler may have set SIG_IGN since
-                signal.signal(sig, handler)
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is on_signal:  # the caller's handler may have set SIG_IGN since
+                signal.signal(signum, handler)
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

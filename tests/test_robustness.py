@@ -8,6 +8,7 @@ directories, write errors, and a hostile-input suite: every damaged file a run r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pickle
@@ -679,3 +680,73 @@ def test_signals_cancel_the_loop_instead_of_raising_inside_it() -> None:
     assert finished == ["worker"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     time.sleep(0)  # nothing pending is left to run
+
+
+# ---------------------------------------------------------------- the vLLM server's dev routes
+
+
+async def _canned_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any], *, unix: str | None = None
+) -> asyncio.AbstractServer:
+    if unix is not None:
+        return await asyncio.start_unix_server(handle, path=unix)
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+async def _answer_200(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nfalse")
+    await writer.drain()
+    writer.close()
+
+
+def test_a_launched_vllm_server_listens_on_a_private_unix_socket() -> None:
+    from april_bench.engines.vllm.server import VLLMServerEngine, launch_command
+
+    engine = VLLMServerEngine.Config(model_path="/ckpt", max_model_len=64).build()
+    assert engine.server is not None and engine.server.unix_socket is not None
+    socket_dir = Path(engine.server.unix_socket).parent
+    assert socket_dir.stat().st_mode & 0o777 == 0o700  # this user only
+    assert "--uds" in engine.server.command and "--port" not in engine.server.command
+    assert engine.server.env["VLLM_SERVER_DEV_MODE"] == "1"
+    asyncio.run(engine.close())
+    assert not socket_dir.exists()  # removed with the engine
+    tcp = launch_command(VLLMServerEngine.Config(model_path="/ckpt", unix_socket=False), 8123)
+    assert "--uds" not in tcp and tcp[tcp.index("--port") + 1] == "8123"
+
+
+def test_the_http_client_speaks_over_a_unix_socket(tmp_path: Path) -> None:
+    from april_bench.engines.sglang.http import HTTPClient
+
+    async def body() -> int:
+        server = await _canned_server(_answer_200, unix=str(tmp_path / "s.sock"))
+        client = HTTPClient("http://localhost", unix_socket=str(tmp_path / "s.sock"))
+        try:
+            return (await client.get("/health", timeout=10)).status
+        finally:
+            await client.aclose()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(body()) == 200
+
+
+def test_attaching_to_a_server_with_open_dev_routes_warns(capsys) -> None:
+    from april_bench.engines.sglang.http import HTTPClient
+    from april_bench.engines.vllm.server import VLLMServerEngine
+
+    async def body() -> None:
+        server = await _canned_server(_answer_200)
+        port = server.sockets[0].getsockname()[1]
+        engine = VLLMServerEngine.Config(url=f"http://127.0.0.1:{port}").build()
+        engine._client = HTTPClient(engine.url)
+        try:
+            await engine._warn_if_dev_routes_open()
+        finally:
+            await engine._client.aclose()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(body())
+    err = capsys.readouterr().err
+    assert err.startswith("warning:") and "without authentication" in err

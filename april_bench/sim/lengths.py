@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -216,7 +216,7 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict[str, str]]]:
         raise ConfigError(f"length trace {path}, line {reader.line_num}: not CSV ({exc})") from None
 
 
-def _check_row(path: Path, line: int, row: dict[str, object]) -> None:
+def _check_row(path: Path, line: int, row: dict[str, Any]) -> None:
     """``length``: a whole number >= 1 (``12`` or ``"12"``; NaN, infinities, null, text refused);
     ``uid``, when present: a whole number; ``None`` keys (a CSV row longer than its header) refused."""
     where = f"length trace {path}, line {line}"

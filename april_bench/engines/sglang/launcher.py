@@ -116,8 +116,10 @@ class ServerProcess:
         health_timeout_s: float = 900.0,
         stop_timeout_s: float = 30.0,
         headers: Mapping[str, str] | None = None,
+        unix_socket: str | None = None,
     ) -> None:
         self.command = list(command)
+        self.unix_socket = unix_socket
         self.url = url
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path else None
@@ -126,6 +128,10 @@ class ServerProcess:
         self.headers = dict(headers or {})
         self.process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        #: The log is a temporary file of ours: removed at stop unless the server failed (it is named
+        #: in the error then).
+        self._temporary_log = False
+        self._keep_log = False
 
     @property
     def pid(self) -> int | None:
@@ -135,9 +141,10 @@ class ServerProcess:
         if self.process is not None:
             return
         if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
+            fd, name = tempfile.mkstemp(prefix=f"{Path(self.command[0]).name}-server-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
+            self._temporary_log = True
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             try:
@@ -155,6 +162,7 @@ class ServerProcess:
         try:
             await self._wait_healthy()
         except BaseException:
+            self._keep_log = True  # the error names it
             await self.stop()
             raise
 
@@ -162,7 +170,7 @@ class ServerProcess:
         assert self.process is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.health_timeout_s
-        client = HTTPClient(self.url, headers=self.headers, max_connections=1)
+        client = HTTPClient(self.url, headers=self.headers, max_connections=1, unix_socket=self.unix_socket)
         try:
             while True:
                 code = self.process.poll()
@@ -188,6 +196,8 @@ class ServerProcess:
         process, self.process = self.process, None
         if process is None:
             return
+        if process.poll() not in (None, 0):
+            self._keep_log = True  # it died on its own: its log says why
         pgid = process.pid
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
@@ -200,6 +210,8 @@ class ServerProcess:
             await asyncio.sleep(0.01)
         if self._finalizer is not None:
             self._finalizer.detach()
+        if self._temporary_log and not self._keep_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
 
     def _last_log_line(self) -> str:
         if self.log_path is None or not self.log_path.exists():
