@@ -48,6 +48,7 @@ from april_bench.engines.protocol import Engine, EngineMetrics, EngineState
 from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
 from april_bench.results.resume import RunStatus, state_path
+from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.results.store import write_json_atomic
 from april_bench.results.validate_files import (
     load_trainer_state,
@@ -278,7 +279,7 @@ class ArmSession:
         info = engine.info  # known once started
         self.simulated, self.engine_version, self.engine_dtype = info.simulated, info.version, info.dtype
         self._trainer = make_trainer()
-        self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
+        self._scratch = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch_root(self.status))
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
         rollout_config = self.config.rollout_config()
         if self.components.task.replay_lengths:

@@ -335,6 +335,9 @@ def test_a_copied_run_directory_resumes_on_its_own(
 ) -> None:
     moved = tmp_path / "elsewhere" / "moved"
     shutil.copytree(interrupted_run, moved)
+    stale = moved / "state" / "april-bench-weights-killed"  # what a SIGKILLed session leaves
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"x")
     cwd = Path.cwd()
     os.chdir(tmp_path / "elsewhere")
     try:
@@ -344,6 +347,8 @@ def test_a_copied_run_directory_resumes_on_its_own(
     for table in ("steps", "requests", "samples"):
         assert _rows(moved, table) == _rows(complete_run, table), table
     assert _state(interrupted_run) == "interrupted"  # the original is untouched
+    assert not stale.exists()
+    assert not list((moved / "state").glob("april-bench-weights-*"))  # the sessions' own were removed
 
 
 # ---------------------------------------------------------------- refusing results

@@ -67,6 +67,7 @@ def _resume(args: argparse.Namespace) -> int:
     from april_bench.experiment_config import load_config
     from april_bench.results.lock import RunLock
     from april_bench.results.resume import RunStatus, read_rows_for_resume
+    from april_bench.results.rundir import remove_stale_scratch
     from april_bench.results.validate_files import check_resumable, read_json_object
 
     out = Path(args.resume).expanduser()
@@ -88,6 +89,7 @@ def _resume(args: argparse.Namespace) -> int:
                 "resume"
             ) from None
         check_resumable(out, status)
+        remove_stale_scratch(out)  # a killed run's weights hand-over directory
         components = build_components(config, progress=not args.no_progress)
         components.check(config.telemetry)
         check_drivers(config, components)

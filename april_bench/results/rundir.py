@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from april_bench.config import ConfigError
 from april_bench.results.lock import LOCK_NAME, RunLock
 
-__all__ = ["claim_run_dir", "default_run_name"]
+__all__ = ["SCRATCH_PREFIX", "claim_run_dir", "default_run_name", "remove_stale_scratch", "scratch_root"]
+
+#: A session's scratch directory (weights handed to an engine in another process).
+SCRATCH_PREFIX = "april-bench-weights-"
 
 
 def default_run_name(hardware: str, algorithm: str, dataset: str) -> str:
@@ -94,8 +99,27 @@ def _clear_run(path: Path) -> None:
     for child in path.iterdir():
         if child.is_file() and (child.suffix in (".jsonl", ".json", ".md", ".gz", ".png", ".csv", ".tex")):
             child.unlink()
+    remove_stale_scratch(path)
     state = path / "state"  # the old run's checkpoints: a new run must never resume from them
     if state.is_dir():
         for child in state.iterdir():
             if child.is_file() and child.name.endswith((".json", ".trainer.pt")):
                 child.unlink()
+
+
+def scratch_root(status: Any) -> Path | None:
+    """Where a session's scratch directory goes: ``<run>/state/`` for a run with a directory (a kill
+    leaves it where the next ``--resume`` or ``--overwrite`` removes it), else the system's temp."""
+    if status is None:
+        return None
+    root = Path(status.path).parent / "state"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def remove_stale_scratch(run_dir: Path) -> None:
+    """Scratch directories a killed run left (the caller holds the run's lock: none is in use)."""
+    state = run_dir / "state"
+    if state.is_dir():
+        for child in state.glob(f"{SCRATCH_PREFIX}*"):
+            shutil.rmtree(child, ignore_errors=True)
