@@ -54,8 +54,8 @@ from april_bench.results.validate_files import (
     load_trainer_state,
     read_checkpoint,
     save_trainer_state,
-    trainer_file,
 )
+from april_bench.results.validate_files import trainer_file as stored_trainer_file
 from april_bench.rollout.driver import Pipeline, StepDone, WeightUpdateMode
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
@@ -619,7 +619,7 @@ class ArmSession:
         self._done = saved["completed_steps"]
         if saved["trainer_file"] and isinstance(self._trainer, TrainerState):
             assert self.status is not None
-            stored = trainer_file(self.status.path.parent, saved["trainer_file"])
+            stored = stored_trainer_file(self.status.path.parent, saved["trainer_file"])
             load_trainer_state(stored, self._trainer.load_state)
             await self._sync.push(self._trainer, self._engine, self._done)  # before the clock restarts
         if saved["engine"] is not None and isinstance(self._engine, EngineState):
