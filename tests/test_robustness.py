@@ -424,8 +424,10 @@ def test_untracked_files_make_the_checkout_dirty_and_the_run_dir_does_not(tmp_pa
         ["run", "--resume", "results/runs/sim-mi300x-dapo-dapo-math-17k"],
         ["ablate", "--hw", "h100", "--steps", "1", "--out", "results/ablations/never-written"],
         ["run", "--hw", "h100", "--steps", "1", "--out", "results/runs/never-written"],
+        ["eval", "--model", "/nonexistent", "--out", "results/runs/never-written"],
+        ["plot", "results/runs/sim-mi300x-dapo-dapo-math-17k", "--out", "results/runs/never-written"],
     ],
-    ids=["resume", "ablate", "run"],
+    ids=["resume", "ablate", "run", "eval", "plot"],
 )
 def test_every_command_writing_under_results_keeps_the_reference_rule(
     argv: list[str], capsys, monkeypatch
