@@ -115,11 +115,10 @@ def _execute(
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import RunRecorder
     from april_bench.results.store import RunWriter, render_tables, write_json_atomic
+    from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
-    from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
-
     if kept is None or not provenance_path.exists():
         provenance = collect_provenance(
             simulated=simulated, engine=components.engine_name, notes=components.notes, out=out
