@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.results.coverage import covered, row_key, session_key, state_path
 from april_bench.results.records import TABLES
 from april_bench.results.store import _umask, fsync_dir, write_json_atomic
 
@@ -42,24 +42,9 @@ __all__ = [
     "state_path",
 ]
 
-#: The states ``status.json`` may hold.
-STATES = ("running", "interrupted", "failed", "complete")
-
 #: ``(session_key, done)`` -> rows per table that the session's first ``done`` steps cover
 #: (``done=None``: the finished session's every row).  The run's :class:`RunWriter` answers it.
 RowCounts = Callable[[str, "int | None"], dict[str, int]]
-
-
-def session_key(arm: str, repeat: int) -> str:
-    return f"{arm}#{repeat}"
-
-
-def state_path(run_dir: Path, arm: str, repeat: int, completed: int) -> Path:
-    """The checkpoint of a session after ``completed`` steps.  One file per step count: the status
-    names the count, so an interrupt between writing a checkpoint and recording it in the status
-    resumes from the previous checkpoint, never from one the rows on disk do not match."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", arm).strip("_") or "arm"
-    return run_dir / "state" / f"{slug}-r{repeat}-s{completed}.json"
 
 
 @dataclass(slots=True)
@@ -119,24 +104,6 @@ class RunStatus:
         if self.counter is not None:
             self.rows[key] = self.counter(key, None)
         self.save()
-
-
-def covered(table: str, step: int, end_of_run: bool, done: int) -> bool:
-    """Whether a row of an unfinished session (at ``step``) is covered by its checkpoint after ``done``
-    steps.  The evaluation after step k-1 is part of checkpoint k; end-of-run rows belong to the
-    session's end, never to a checkpoint."""
-    if table == "evals":
-        return step <= done
-    return step < done and not (table == "samples" and end_of_run)
-
-
-def row_key(row: Mapping[str, Any]) -> tuple[str, int, bool]:
-    """``(session_key, step, end_of_run)`` of a row: what decides whether a checkpoint covers it."""
-    return (
-        session_key(row.get("arm", ""), row.get("repeat", 0)),
-        row.get("step", 0),
-        row.get("reason") == "end_of_run",
-    )
 
 
 def rows_to_keep(table: str, row: Mapping[str, Any], status: RunStatus, total_steps: int) -> bool:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from april_bench.config import ConfigError
+from april_bench.results.coverage import covered, row_key
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
@@ -152,8 +153,6 @@ class RunWriter:
                 self._count(table, row)
 
     def _count(self, table: str, row: Mapping[str, Any]) -> None:
-        from april_bench.results.resume import row_key
-
         key, step, end_of_run = row_key(row)
         per_step = self._counts.setdefault((table, key), {})
         per_step[(step, end_of_run)] = per_step.get((step, end_of_run), 0) + 1
@@ -161,8 +160,6 @@ class RunWriter:
     def counts(self, key: str, done: int | None) -> dict[str, int]:
         """Rows per table of session ``key`` that its checkpoint after ``done`` steps covers
         (``None``: every row of the finished session)."""
-        from april_bench.results.resume import covered
-
         out: dict[str, int] = {}
         for (table, session), per_step in self._counts.items():
             if session != key:

@@ -76,7 +76,7 @@ def _number(value: Any) -> bool:
 
 def read_status(path: Path) -> dict[str, Any]:
     """``status.json``: ``state``, ``completed``, ``finished``, ``message`` and ``rows``, type-checked."""
-    from april_bench.results.resume import STATES
+    from april_bench.results.coverage import STATES
 
     if not path.exists():
         raise ConfigError(f"{path.parent} has no status.json: it is not a run april-bench can resume")
@@ -199,7 +199,7 @@ def write_failed(exc: BaseException) -> bool:
 def check_resumable(run_dir: Path, status: Any) -> None:
     """Every checkpoint ``status.json`` names, and the trainer state files they name, are readable:
     found before anything starts, so a damaged file never leaves the status ``running``."""
-    from april_bench.results.resume import state_path
+    from april_bench.results.coverage import state_path
 
     if (run_dir / "provenance.json").exists():
         read_provenance(run_dir / "provenance.json")
