@@ -757,3 +757,40 @@ def test_attaching_to_a_server_with_open_dev_routes_warns(capsys) -> None:
     asyncio.run(body())
     err = capsys.readouterr().err
     assert err.startswith("warning:") and "without authentication" in err
+
+
+@pytest.mark.slow
+def test_a_copied_embedded_run_resumes_from_its_own_trainer_state(tmp_path: Path, monkeypatch) -> None:
+    """A real trainer's state file: the copy's checkpoint names it relative to the copy, so the resume
+    reads the copy's file (the original's is destroyed here and the resume still succeeds)."""
+    from april_bench import experiment
+
+    original = experiment.ArmSession._step
+
+    async def stop(self: Any, s: int) -> None:
+        if s == 1:
+            raise KeyboardInterrupt
+        await original(self, s)
+
+    tiny = [
+        "--strategies", "sync", "--steps", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--over-sampling-batch-size", "2", "--max-response-len", "32", "--warmstart-arg", "steps=5",
+        "--eval-every", "100", "--no-progress",
+    ]  # fmt: skip
+    monkeypatch.setenv("APRIL_BENCH_CACHE", os.environ.get("APRIL_BENCH_CACHE", str(tmp_path / "cache")))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(experiment.ArmSession, "_step", stop)
+    assert main(["run", *tiny, "--out", "first"]) == 130
+    monkeypatch.setattr(experiment.ArmSession, "_step", original)
+    saved = json.loads((tmp_path / "first" / "state" / "sync-r0-s1.json").read_text())
+    assert saved["trainer_file"] == "state/sync-r0-s1.trainer.pt"  # relative to the run directory
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copytree(tmp_path / "first", tmp_path / "elsewhere" / "copy")
+    (tmp_path / "first" / "state" / "sync-r0-s1.trainer.pt").write_bytes(b"destroyed")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["run", "--resume", "copy", "--no-progress"]) == 0
+    steps = [
+        json.loads(line)
+        for line in (tmp_path / "elsewhere" / "copy" / "steps.jsonl").read_text().splitlines()
+    ]
+    assert [s["step"] for s in steps] == [0, 1]
