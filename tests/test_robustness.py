@@ -723,7 +723,7 @@ def test_a_launched_vllm_server_listens_on_a_private_unix_socket() -> None:
 
 
 def test_the_http_client_speaks_over_a_unix_socket(tmp_path: Path) -> None:
-    from april_bench.engines.sglang.http import HTTPClient
+    from april_bench.engines.server.http import HTTPClient
 
     async def body() -> int:
         server = await _canned_server(_answer_200, unix=str(tmp_path / "s.sock"))
@@ -739,7 +739,7 @@ def test_the_http_client_speaks_over_a_unix_socket(tmp_path: Path) -> None:
 
 
 def test_attaching_to_a_server_with_open_dev_routes_warns(capsys) -> None:
-    from april_bench.engines.sglang.http import HTTPClient
+    from april_bench.engines.server.http import HTTPClient
     from april_bench.engines.vllm.server import VLLMServerEngine
 
     async def body() -> None:

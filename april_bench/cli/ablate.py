@@ -227,15 +227,14 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
+    from april_bench import runner
     from april_bench.algorithms import OFF_POLICY_MODES
-    from april_bench.backends import build_components
     from april_bench.cli.args import config_from_args
-    from april_bench.cli.commands import _execute
+    from april_bench.cli.commands import print_outcome
     from april_bench.config import ConfigError
     from april_bench.results.lock import RunLock
     from april_bench.results.reference import check_reference_output
-    from april_bench.results.resume import RunStatus
-    from april_bench.results.rundir import claim_run_dir, default_run_name
+    from april_bench.results.rundir import claim_run_dir, default_run_name, start_run_dir
     from april_bench.results.store import load_run
 
     if args.resume is not None:
@@ -263,13 +262,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         for mode in modes
     }
     components = {
-        mode: build_components(config, progress=not args.no_progress) for mode, config in configs.items()
+        mode: runner.prepare(config, progress=not args.no_progress) for mode, config in configs.items()
     }
-    from april_bench.experiment import check_drivers
-
-    for mode, built in components.items():
-        built.check(configs[mode].telemetry)
-        check_drivers(configs[mode], built)
     name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
     check_reference_output(args.out, allow_dirty=args.allow_dirty)  # results/ holds committed evidence
     lock = RunLock()  # held until the ablation ends: a second ablate into this --out is refused
@@ -279,11 +273,12 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     simulated = True
     for mode in modes:
         run_dir = out / mode
-        run_dir.mkdir(parents=True, exist_ok=True)
-        status = RunStatus(path=run_dir / "status.json")
-        status.save()
+        status = start_run_dir(run_dir, default_name=mode)
         tick = time.monotonic()
-        code = _execute(configs[mode], components[mode], run_dir, status, progress=not args.no_progress)
+        outcome = runner.execute(
+            configs[mode], components[mode], run_dir, status, progress=not args.no_progress, echo=_echo
+        )
+        code = print_outcome(outcome)
         if code != 0:
             return code
         _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")

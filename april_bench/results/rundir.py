@@ -7,12 +7,22 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from april_bench.config import ConfigError
 from april_bench.results.lock import LOCK_NAME, RunLock
 
-__all__ = ["SCRATCH_PREFIX", "claim_run_dir", "default_run_name", "remove_stale_scratch", "scratch_root"]
+if TYPE_CHECKING:
+    from april_bench.results.resume import RunStatus
+
+__all__ = [
+    "SCRATCH_PREFIX",
+    "claim_run_dir",
+    "default_run_name",
+    "remove_stale_scratch",
+    "scratch_root",
+    "start_run_dir",
+]
 
 #: A session's scratch directory (weights handed to an engine in another process).
 SCRATCH_PREFIX = "april-bench-weights-"
@@ -123,3 +133,21 @@ def remove_stale_scratch(run_dir: Path) -> None:
     if state.is_dir():
         for child in state.glob(f"{SCRATCH_PREFIX}*"):
             shutil.rmtree(child, ignore_errors=True)
+
+
+def start_run_dir(
+    out: Path | None,
+    *,
+    default_name: str,
+    root: Path = Path("runs"),
+    overwrite: bool = False,
+    lock: RunLock | None = None,
+) -> RunStatus:
+    """Claim the run directory (:func:`claim_run_dir`, taking ``lock``) and write its ``status.json``: the
+    run's status, whose ``path.parent`` is the directory."""
+    from april_bench.results.resume import RunStatus
+
+    claimed = claim_run_dir(out, default_name=default_name, root=root, overwrite=overwrite, lock=lock)
+    status = RunStatus(path=claimed / "status.json")
+    status.save()
+    return status
