@@ -191,9 +191,10 @@ def execute(
     on SIGINT/SIGTERM."""
     from april_bench.experiment import run as run_sessions
     from april_bench.results.provenance import collect_provenance
-    from april_bench.results.records import RunRecorder
+    from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
     from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
+    from april_bench.threads import thread_choice
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
@@ -206,7 +207,9 @@ def execute(
     else:
         provenance = resumed_provenance(read_provenance(provenance_path), out)
     writer = RunWriter(out)
-    recorder = RunRecorder(sink=writer)
+    # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not grow
+    # with its steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
+    recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
     if kept:
         recorder.preload(kept)
         writer.count_existing(kept)
@@ -245,10 +248,12 @@ def execute(
         engine_dtype=result.engine_dtype,
         notes=result.notes,
         started=provenance,
+        torch_threads=thread_choice(config.engine_args, config.trainer_args),
     )
     try:
         write_json_atomic(provenance_path, provenance)
-        stored = writer.finish(config.to_dict(), provenance, recorder.tables)
+        summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
+        stored = writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
         status.state = "complete"
         status.save()
     except OSError as exc:

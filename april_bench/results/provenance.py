@@ -137,12 +137,14 @@ def collect_provenance(
     engine_version: str | None = None,
     started: dict[str, Any] | None = None,
     engine_dtype: str | None = None,
+    torch_threads: dict[str, Any] | None = None,
     out: Path | None = None,
 ) -> dict[str, Any]:
     """The provenance block of a run.  Called at the start of a run and again at its end with
     ``started`` (the first block): the machine's load average is then recorded at both ends.
-    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it).
-    ``out`` (the run directory) is left out of the checkout's dirty check."""
+    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it);
+    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run.  ``out`` (the run
+    directory) is left out of the checkout's dirty check."""
     if started is not None:
         done = dict(started)
         done["result_kind"] = "simulated" if simulated else "measured"
@@ -151,6 +153,7 @@ def collect_provenance(
         done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         done["machine"] = {**started["machine"], "load_average_end": _load_average()}
         done["notes"] = notes or []
+        done["torch_threads"] = torch_threads  # the engine's and trainer's (april_bench.threads)
         return done
     accel = detect_accelerators()
     return {
