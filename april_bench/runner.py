@@ -14,14 +14,13 @@ Nothing here prints tables: the CLI renders :attr:`RunOutcome.stored`.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from april_bench.engines.protocol import EngineLost
 
@@ -125,55 +124,66 @@ def run_into(
     echo: Echo | None = None,
 ) -> RunOutcome:
     """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it."""
+    from april_bench.results.lock import RunLock
     from april_bench.results.rundir import default_run_name, start_run_dir
 
     components = components or prepare(config, progress=progress)
     check_reference_run(out, allow_dirty=allow_dirty)
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
-    status = start_run_dir(out, default_name=name, overwrite=overwrite)
-    return execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+    lock = RunLock()  # taken by the claim and held for the whole run: a second process is refused
+    try:
+        status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock)
+        return execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+    finally:
+        lock.release()
 
 
-def resume(out: str | Path, *, progress: bool = True, echo: Echo | None = _stderr) -> RunOutcome:
-    """Continue an interrupted run from its checkpoints, with the run's own configuration."""
+def resume(
+    out: str | Path, *, progress: bool = True, echo: Echo | None = _stderr, allow_dirty: bool = False
+) -> RunOutcome:
+    """Continue an interrupted run from its checkpoints, with the run's own configuration.  The run's
+    lock is held throughout (a second resume is refused), and every file the resume reads is checked
+    before the status says ``running``."""
     from april_bench.config import ConfigError
     from april_bench.experiment_config import load_config
+    from april_bench.results.lock import RunLock
     from april_bench.results.resume import RunStatus, read_rows_for_resume
+    from april_bench.results.rundir import remove_stale_scratch
+    from april_bench.results.validate_files import check_resumable, read_json_object
 
     out = Path(out).expanduser()
-    status = RunStatus.load(out)
-    if status.state == "complete":
-        raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
-    try:
-        config = load_config(json.loads((out / "config.json").read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
-    components = prepare(config, progress=progress)
-    kept = read_rows_for_resume(out, status, config.steps)
-    done = sum(status.completed.values())
-    if echo is not None:
-        echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
-    status.state = "running"
-    status.save()
-    return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+    if not out.is_dir():
+        raise ConfigError(f"--resume {out}: no such run directory")
+    check_reference_run(out, allow_dirty=allow_dirty)
+    with RunLock(out):
+        status = RunStatus.load(out)
+        if status.state == "complete":
+            raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
+        try:
+            config = load_config(read_json_object(out / "config.json", "run configuration"))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"{out}/config.json is not a configuration april-bench can read ({exc}); the run cannot "
+                "resume"
+            ) from None
+        check_resumable(out, status)
+        remove_stale_scratch(out)  # a killed run's weights hand-over directory
+        components = prepare(config, progress=progress)
+        kept = read_rows_for_resume(out, status, config.steps)
+        done = sum(status.completed.values())
+        if echo is not None:
+            echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
+        status.state = "running"
+        status.save()
+        return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
 
 
 def check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
     """A run written into the checkout's ``results/`` is a committed reference: its provenance must name
-    a commit that holds exactly the code that produced it."""
-    from april_bench.config import ConfigError
-    from april_bench.results.provenance import git_info, source_root
+    a commit that holds exactly the code that produced it (:mod:`april_bench.results.reference`)."""
+    from april_bench.results.reference import check_reference_output
 
-    root = source_root()
-    if out is None or root is None or allow_dirty:
-        return
-    if not Path(out).expanduser().resolve().is_relative_to((root / "results").resolve()):
-        return
-    if git_info(root).get("dirty"):
-        raise ConfigError(
-            f"{out} is a reference run under results/ but the checkout has uncommitted changes: "
-            "commit them first, or pass --allow-dirty"
-        )
+    check_reference_output(out, allow_dirty=allow_dirty)
 
 
 def execute(
@@ -192,25 +202,27 @@ def execute(
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
+    from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
     from april_bench.threads import thread_choice
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
     if kept is None or not provenance_path.exists():
         provenance = collect_provenance(
-            simulated=simulated, engine=components.engine_name, notes=components.notes
+            simulated=simulated, engine=components.engine_name, notes=components.notes, out=out
         )
         write_json_atomic(out / "config.json", config.to_dict())
         write_json_atomic(provenance_path, provenance)
     else:
-        provenance = json.loads(provenance_path.read_text())
-        provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
+        provenance = resumed_provenance(read_provenance(provenance_path), out)
     writer = RunWriter(out)
     # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not grow
     # with its steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
     recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
     if kept:
         recorder.preload(kept)
+        writer.count_existing(kept)
+    status.counter = writer.counts  # each checkpoint records the rows it covers
     received: list[str] = []
     try:
         with signals_as_interrupts(received):
@@ -218,7 +230,10 @@ def execute(
                 config, progress=progress, echo=echo, recorder=recorder, components=components, status=status
             )
     except BaseException as exc:
-        writer.close()
+        with contextlib.suppress(OSError):  # a full disk fails the last flush too
+            writer.close()
+        if write_failed(exc):  # full disk, file-size limit: what was checkpointed is safe
+            _stopped_by_write_error(exc, out, status)
         # A signal raised inside the event loop's machinery can surface as another error (for example
         # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
         # An engine with no replica left cannot go on, but every completed step is saved: interrupted.
@@ -250,12 +265,31 @@ def execute(
     )
     if result.placement:
         provenance["placement"] = result.placement
-    write_json_atomic(provenance_path, provenance)
-    summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
-    stored = writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
-    status.state = "complete"
-    status.save()
+    try:
+        write_json_atomic(provenance_path, provenance)
+        summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
+        stored = writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
+        status.state = "complete"
+        status.save()
+    except OSError as exc:
+        _stopped_by_write_error(exc, out, status)
     return RunOutcome(out=out, result=result, stored=stored)
+
+
+def _stopped_by_write_error(exc: BaseException, out: Path, status: RunStatus) -> NoReturn:
+    """A write failed (disk full, file-size limit): the run stops as interrupted, and one line (a
+    ``ConfigError``) says so with the resume command."""
+    from april_bench.config import ConfigError
+
+    reason = getattr(exc, "strerror", None) or str(exc)
+    status.state, status.message = "interrupted", f"a write failed: {reason}"
+    with contextlib.suppress(OSError):
+        status.save()
+    done = sum(status.completed.values())
+    raise ConfigError(
+        f"writing to {out} failed ({reason}); {done} step(s) are saved: free space (or raise the file-size "
+        f"limit), then continue with `python -m april_bench run --resume {out}`"
+    ) from None
 
 
 @contextlib.contextmanager

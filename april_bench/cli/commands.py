@@ -32,10 +32,10 @@ def _resume(args: argparse.Namespace) -> RunOutcome:
     from april_bench.config import ConfigError
 
     out = Path(args.resume).expanduser()
-    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
+    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress", "--allow-dirty")]
     if extra:
         raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
-    return runner.resume(out, progress=not args.no_progress, echo=_echo)
+    return runner.resume(out, progress=not args.no_progress, echo=_echo, allow_dirty=args.allow_dirty)
 
 
 def _run(args: argparse.Namespace) -> RunOutcome:
@@ -107,7 +107,13 @@ def add_inspect_parsers(sub: Any) -> None:
     ls.set_defaults(handler=cmd_ls)
     report = sub.add_parser("report", help="re-render a run directory's tables from its rows")
     report.add_argument("run_dir", type=Path)
-    report.add_argument("--no-check", action="store_true", help="render even if the rows do not add up")
+    report.add_argument(
+        "--allow-incomplete",
+        "--no-check",
+        dest="allow_incomplete",
+        action="store_true",
+        help="render an interrupted run, or rows that do not add up or repeat, with a note saying so",
+    )
     report.set_defaults(handler=cmd_report)
 
 
@@ -169,24 +175,11 @@ def _ls_hardware(*, verbose: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from april_bench.config import ConfigError
-    from april_bench.results.store import check_run, load_run, render_tables
+    from april_bench.results.fitness import check_fit
+    from april_bench.results.store import load_run, render_tables
 
     run = load_run(args.run_dir)
-    problems = check_run(run)
-    if problems and not args.no_check:
-        raise ConfigError(
-            f"{args.run_dir}: the rows do not add up, so its numbers would be wrong: {'; '.join(problems)}"
-        )
-    state = _state(args.run_dir)
-    if state not in (None, "complete"):
-        print(f"note: this run is {state}; the tables cover its completed steps", file=sys.stderr)
+    for note in check_fit(run, allow_incomplete=args.allow_incomplete, doing="report it"):
+        print(f"note: {note}", file=sys.stderr)
     print(render_tables(run.config, run.summary(), run.simulated))
     return 0
-
-
-def _state(run_dir: Path) -> str | None:
-    try:
-        return str(json.loads((run_dir / "status.json").read_text()).get("state"))
-    except (OSError, json.JSONDecodeError):
-        return None

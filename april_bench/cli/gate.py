@@ -39,15 +39,24 @@ def add_parsers(sub: Any) -> None:
         "--gains", default="throughput,useful,end_to_end", help="which gains to compare (comma-separated)"
     )
     p.add_argument("--json", action="store_true", help="print the verdicts as one JSON document too")
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="compare even an interrupted run, or one whose rows do not add up or repeat (noted)",
+    )
     p.set_defaults(handler=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
     from april_bench.results.compare import GAINS, compare_runs, default_rules, parse_rule, render_comparison
+    from april_bench.results.fitness import check_fit
     from april_bench.results.store import load_run
 
     base, new = load_run(args.base), load_run(args.new)
+    for which, run in (("BASE", base), ("NEW", new)):
+        for note in check_fit(run, allow_incomplete=args.allow_incomplete, doing=f"compare it as {which}"):
+            print(f"note: {which} {note}", file=sys.stderr)
     if base.simulated != new.simulated:
         raise ConfigError("one run is simulated and the other measured: compare like with like")
     gains = [g.strip() for g in args.gains.split(",") if g.strip()]

@@ -56,6 +56,14 @@ class _Connection:
         self.writer.close()
 
 
+async def _connect(
+    host: str, port: int, unix_socket: str | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if unix_socket is not None:
+        return await asyncio.open_unix_connection(unix_socket, limit=1 << 26)
+    return await asyncio.open_connection(host, port, limit=1 << 26)
+
+
 class HTTPClient:
     """Requests to ``base_url`` (``http://host:port``) over at most ``max_connections`` connections."""
 
@@ -66,12 +74,15 @@ class HTTPClient:
         headers: Mapping[str, str] | None = None,
         max_connections: int = 4096,
         keepalive_s: float = 2.0,
+        unix_socket: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"only http://host:port URLs are supported, got {base_url!r}")
         self.host = parts.hostname
         self.port = parts.port or 80
+        #: Connect to this Unix socket instead of host:port (a server only its owner can reach).
+        self.unix_socket = unix_socket
         self._headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
@@ -105,7 +116,8 @@ class HTTPClient:
         nothing is sent until ``open``, and :meth:`HTTPStream.close` may come at any point."""
         if self._closed:
             raise HTTPError("the HTTP client is closed")
-        return HTTPStream(self.host, self.port, self._payload("POST", path, json.dumps(body).encode()))
+        payload = self._payload("POST", path, json.dumps(body).encode())
+        return HTTPStream(self.host, self.port, payload, unix_socket=self.unix_socket)
 
     def _payload(self, method: str, target: str, body: bytes | None) -> bytes:
         head = f"{method} {target} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{self._headers}"
@@ -145,7 +157,7 @@ class HTTPClient:
                 return conn, True
             conn.close()
         try:
-            reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 26)
+            reader, writer = await _connect(self.host, self.port, self.unix_socket)
         except OSError as exc:
             raise HTTPError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
         return _Connection(reader, writer), False
@@ -167,8 +179,9 @@ class HTTPStream:
     ``events`` simply ends; a connection the *server* breaks is an :class:`HTTPError`.
     """
 
-    def __init__(self, host: str, port: int, payload: bytes) -> None:
+    def __init__(self, host: str, port: int, payload: bytes, *, unix_socket: str | None = None) -> None:
         self._host, self._port, self._payload = host, port, payload
+        self._unix_socket = unix_socket
         self._writer: asyncio.StreamWriter | None = None
         self._reader: asyncio.StreamReader | None = None
         self._chunked = False
@@ -179,7 +192,7 @@ class HTTPStream:
     async def open(self) -> int:
         """Connect, send the request, read the response head; the HTTP status."""
         try:
-            reader, writer = await asyncio.open_connection(self._host, self._port, limit=1 << 26)
+            reader, writer = await _connect(self._host, self._port, self._unix_socket)
         except OSError as exc:
             raise HTTPError(f"cannot connect to {self._host}:{self._port}: {exc}") from None
         self._reader, self._writer = reader, writer
