@@ -32,7 +32,7 @@ RUN = [
     "--model",
     "qwen3-4b",
     "--max-response-len",
-    "4096",
+    "65536",
     "--steps",
     "3",
     "--rollout-batch-size",
@@ -81,7 +81,7 @@ def _check_nothing_lost(out: Path) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_killed_replicas_lose_no_prompt_in_sync_and_april(seed: int, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    argv = [*RUN, *_args(replicas=3, chaos_seed=seed, chaos_faults=3, chaos_window_tokens=40000)]
+    argv = [*RUN, *_args(replicas=3, chaos_seed=seed, chaos_faults=3, chaos_window_tokens=400000)]
     assert main([*argv, "--out", str(out)]) == 0
     _check_nothing_lost(out)
     faults = _faults(out)
@@ -114,7 +114,7 @@ def test_a_hung_replica_is_found_by_the_health_timeout_and_the_run_goes_on(tmp_p
         replicas=2,
         chaos_seed=3,
         chaos_mode="hang",
-        chaos_window_tokens=20000,
+        chaos_window_tokens=200000,
         health_interval_s=1,
         health_timeout_s=5,
     )
@@ -126,7 +126,7 @@ def test_a_hung_replica_is_found_by_the_health_timeout_and_the_run_goes_on(tmp_p
 
 def test_on_failure_continue_leaves_the_dead_replica_out(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    options = _args(replicas=3, chaos_seed=5, chaos_window_tokens=20000, on_failure="continue")
+    options = _args(replicas=3, chaos_seed=5, chaos_window_tokens=200000, on_failure="continue")
     assert main([*RUN, *options, "--out", str(out)]) == 0
     _check_nothing_lost(out)
     for arm in ("sync", "april"):
@@ -141,7 +141,7 @@ def test_losing_the_last_replica_ends_the_run_as_interrupted_with_the_resume_lin
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    options = _args(replicas=1, chaos_seed=0, chaos_window_tokens=20000)
+    options = _args(replicas=1, chaos_seed=0, chaos_window_tokens=200000)
     assert main([*RUN, *options, "--out", str(out)]) == 75
     err = capsys.readouterr().err
     assert "no other replica is serving" in err and f"run --resume {out}" in err
