@@ -44,15 +44,15 @@ def test_replicas_spread_over_nodes_and_survive_a_killed_one(three_nodes: Any, t
         "replicas=2",
         "num_cpus=0.25",
         "placement=STRICT_SPREAD",
-        "token_time_s=0.002",
+        "token_time_s=0.0002",
         "health_interval_s=1",
         "health_timeout_s=30",
         "chaos_seed=1",
-        "chaos_window_tokens=10000",
+        "chaos_window_tokens=100000",
     ):
         argv += ["--engine-arg", option]
     argv += ["--rollout-arg", "replay_lengths=true", "--hw", "cpu", "--dataset", "deepscaler"]
-    argv += ["--model", "qwen3-4b", "--max-response-len", "4096", "--steps", "3"]
+    argv += ["--model", "qwen3-4b", "--max-response-len", "16384", "--steps", "3"]
     argv += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--over-sampling-batch-size", "8"]
     assert main(argv) == 0
     _check_nothing_lost(out)
