@@ -26,7 +26,7 @@ class ExperimentConfig(BaseConfig):
     hardware: str = param("h100", help="hardware to run or simulate: cpu, h100, h200, mi300x")
     algorithm: str = param("grpo", help="grpo, dapo (adds dynamic sampling) or gspo")
     dataset: str = param("dapo-math-17k", help="synthetic, dapo-math-17k, deepscaler or deepmath-103k")
-    model: str = param("qwen3-4b", help="policy model: a named architecture (ls models) or a checkpoint dir")
+    model: str = param("qwen3-4b", help="policy model: a named architecture (ls models), a checkpoint dir or a hub id (Qwen/Qwen3-4B)")
     engine: str = param("auto", help="auto (a real engine when it can run the hardware here, else sim)")
     trainer: str = param("auto", help="auto (torch on a token engine, sim on the simulator), torch or sim")
     strategies: tuple[str, ...] = param(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from april_bench.config import ConfigError, config_from
+from april_bench.data.claims import check_data_claims
 from april_bench.evaluation import Evaluator
 from april_bench.workload import Workload
 
@@ -98,7 +99,9 @@ def build_task(
     elif produces_tokens and not simulated and Path(model).expanduser().is_dir():
         task = _math_task(config)
     else:
+        check_data_claims(config, kind="lengths", simulated=simulated, produces_tokens=produces_tokens)
         task = _lengths_task(config, produces_tokens=produces_tokens)
+    check_data_claims(config, kind=task.kind, simulated=simulated, produces_tokens=produces_tokens)
     _check_options_used(config, task.kind)
     return task
 

@@ -24,7 +24,7 @@ def _add_eval_parser(sub: Any) -> None:
         description="Evaluate a checkpoint directory with the hf engine: avg@k accuracy per data set, graded "
         "with each data set's recipe grader. Data comes from --data-path files, else from the hub.",
     )
-    ev.add_argument("--model", required=True, help="checkpoint directory (weights + tokenizer)")
+    ev.add_argument("--model", required=True, help="checkpoint directory (weights + tokenizer) or hub id (Qwen/Qwen3-0.6B, from the local cache)")
     ev.add_argument("--datasets", default="aime-2024,aime-2025,math-500", help="comma-separated data sets")
     ev.add_argument(
         "--data-path",
@@ -79,6 +79,9 @@ def _add_data_parser(sub: Any) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
 
+    from april_bench.hub import resolve_model
+
+    args.model = resolve_model(args.model)  # a hub id: its snapshot in the local cache
     if not Path(args.model).expanduser().is_dir():
         raise ConfigError(
             f"--model {args.model}: no such checkpoint directory; eval reads a local checkpoint "

@@ -56,7 +56,8 @@ def find_runs(folder: Path) -> list[Path]:
 
 
 def _require_plotting() -> None:
-    """The figures need the ``plot`` extra; without it, one line naming the install, not a traceback."""
+    """The figures need pandas, matplotlib and seaborn (core dependencies); an environment that lost one
+    gets one line naming the install, not a traceback."""
     import importlib.util
 
     from april_bench.config import ConfigError
@@ -64,7 +65,7 @@ def _require_plotting() -> None:
     missing = [name for name in ("pandas", "matplotlib", "seaborn") if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(
-            f"figures need {', '.join(missing)}: install the plot extra (pip install 'april-bench[plot]')"
+            f"figures need {', '.join(missing)}, which april-bench installs: reinstall it (pip install -e .)"
         )
 
 
