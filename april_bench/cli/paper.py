@@ -20,7 +20,7 @@ def add_parsers(sub: Any) -> None:
     )
     plot.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories")
     plot.add_argument(
-        "--out", type=Path, default=None, help="write DIR/<run name>/*.png (default: RUN/figures/)"
+        "--out", type=Path, default=None, help="write DIR/<run name>/*.pdf and *.png (default: RUN/figures/)"
     )
     plot.set_defaults(handler=cmd_plot)
     paper = sub.add_parser(
@@ -181,7 +181,13 @@ def _check(
     """Exit status 1 and one line per stale file; figures are checked for presence only (their pixels
     depend on the installed fonts and matplotlib)."""
     stale = [str(path) for path, text in files.items() if not path.is_file() or path.read_text() != text]
-    stale += [f"{path} (missing)" for paths in figures.values() for path in paths if not path.is_file()]
+    stale += [
+        f"{path} (missing)"
+        for paths in figures.values()
+        for png in paths
+        for path in (png.with_suffix(".pdf"), png)  # the vector copy for papers, the PNG for the README
+        if not path.is_file()
+    ]
     if new_readme is not None and new_readme != readme_text:
         stale.append(str(readme))
     if stale:
