@@ -91,7 +91,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="attach to a running server (vllm, sglang) instead of launching one",
     )
-    what.add_argument("--trainer", choices=["auto", *TRAINERS.names()], help=exp["trainer"])
+    what.add_argument(
+        "--trainer",
+        choices=["auto", *TRAINERS.names()],
+        help="auto (torch on a token engine, sim on the simulator) or one of " + ", ".join(TRAINERS.names()),
+    )
     what.add_argument(
         "--strategies",
         metavar="LIST",
@@ -195,6 +199,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "changes; refused otherwise, since its provenance could not name the code that produced it",
     )
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    from april_bench.cli.helptext import name_defaults
+
+    name_defaults(p)
 
 
 _TOP_LEVEL = {

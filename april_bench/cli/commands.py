@@ -220,13 +220,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def add_inspect_parsers(sub: Any) -> None:
     ls = sub.add_parser(
-        "ls", help="list strategies, engines, trainers, hardware, models, data sets, algorithms"
+        "ls",
+        help="list strategies, engines, trainers, hardware, models, data sets, algorithms",
+        description="What a run can be built from: every registry's entries with one line each "
+        "(`ls engines` also says which engines are installed here, `ls strategies` their options).",
     )
-    ls.add_argument("what", nargs="?", default="all", choices=("all", *LS_SECTIONS))
+    ls.add_argument(
+        "what",
+        nargs="?",
+        default="all",
+        choices=("all", *LS_SECTIONS),
+        help="the section to list (default: all)",
+    )
     ls.set_defaults(handler=cmd_ls)
-    report = sub.add_parser("report", help="re-render a run directory's tables from its rows")
-    report.add_argument("run_dir", type=Path)
-    report.add_argument("--no-check", action="store_true", help="render even if the rows do not add up")
+    report = sub.add_parser(
+        "report",
+        help="re-render a run directory's tables from its rows",
+        description="Print a run directory's tables again, recomputed from its rows (steps, samples, "
+        "evals); refuses a run whose rows do not add up. Columns: docs/results-schema.md.",
+    )
+    report.add_argument("run_dir", type=Path, help="a run directory written by `run`")
+    report.add_argument(
+        "--no-check", action="store_true", help="render even if the rows do not add up (default: off)"
+    )
     report.set_defaults(handler=cmd_report)
 
 
@@ -249,6 +265,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
             print(f"{name}:")
             for key in registry:
                 print(f"  {key:22s} {registry.describe(key)}")
+                if name == "engines":
+                    missing = registry.get(key).missing()
+                    print(f"      {'not installed here: ' + missing if missing else 'installed here'}")
                 if name == "strategies" and args.what == name:
                     for option, text in strategy_options(key).items():
                         print(f"      {option}: {text}")

@@ -24,7 +24,11 @@ def _add_eval_parser(sub: Any) -> None:
         description="Evaluate a checkpoint directory with the hf engine: avg@k accuracy per data set, graded "
         "with each data set's recipe grader. Data comes from --data-path files, else from the hub.",
     )
-    ev.add_argument("--model", required=True, help="checkpoint directory (weights + tokenizer) or hub id (Qwen/Qwen3-0.6B, from the local cache)")
+    ev.add_argument(
+        "--model",
+        required=True,
+        help="checkpoint directory (weights + tokenizer) or hub id (Qwen/Qwen3-0.6B, from the local cache)",
+    )
     ev.add_argument("--datasets", default="aime-2024,aime-2025,math-500", help="comma-separated data sets")
     ev.add_argument(
         "--data-path",

@@ -267,9 +267,7 @@ def length_figure(tables: Tables) -> Figure | None:
     cap = tables["runs"]["max_response_len"].dropna()
     if not cap.empty:
         ax.axvline(float(cap.max()), color="tab:red", ls="--", lw=1)
-        ax.annotate(
-            "cap", (float(cap.max()), 1), xycoords=("data", "axes fraction"), ha="right", va="top"
-        )
+        ax.annotate("cap", (float(cap.max()), 1), xycoords=("data", "axes fraction"), ha="right", va="top")
     ax.set_xlabel("response tokens")
     ax.set_ylabel("trained samples")
     _legend_below(fig, axes)
