@@ -82,7 +82,6 @@ def _add_data_parser(sub: Any) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
-
     from april_bench.hub import resolve_model
 
     args.model = resolve_model(args.model)  # a hub id: its snapshot in the local cache
