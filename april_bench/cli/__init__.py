@@ -43,7 +43,7 @@ class _Parser(argparse.ArgumentParser):
             folded = [str(c) for c in choices if str(c).lower() == value.lower()]
             if folded:
                 raise argparse.ArgumentError(action, f"invalid choice: {value!r}. Did you mean: {folded[0]}?")
-        super()._check_value(action, value)  # type: ignore[misc]
+        super()._check_value(action, value)
 
 
 def prog_name(argv0: str | None = None) -> str:

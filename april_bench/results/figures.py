@@ -83,7 +83,7 @@ def _paper_style(build: Callable[[Tables], Figure | None]) -> Callable[[Tables],
     def styled(tables: Tables) -> Figure | None:
         import matplotlib
 
-        with matplotlib.rc_context(PAPER_RC):
+        with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]
             return build(tables)
 
     return styled
@@ -361,7 +361,7 @@ def save_figures(tables: Tables, out: Path, formats: tuple[str, ...] = FORMATS) 
         fig = build(tables)
         if fig is None:
             continue
-        with matplotlib.rc_context(PAPER_RC):
+        with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]
             for fmt in formats:
                 path = out / f"{name}.{fmt}"
                 fig.savefig(path, dpi=DPI, metadata=dict(_METADATA.get(fmt, {})))
