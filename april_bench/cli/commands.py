@@ -87,11 +87,21 @@ def _resume(args: argparse.Namespace) -> int:
     components.check(config.telemetry)
     check_drivers(config, components)
     kept = read_rows_for_resume(out, status, config.steps)
-    done = sum(status.completed.values())
-    _echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
-    status.state = "running"
+    _echo(f"resuming {out}: {resume_line(status, config)}")
+    status.state, status.message = "running", ""  # the interrupt's message is history now
     status.save()
     return _execute(config, components, out, status, progress=not args.no_progress, kept=kept)
+
+
+def resume_line(status: Any, config: Any) -> str:
+    """``59 of 120 steps saved: sync 29/60, april 30/60`` (``#r`` after an arm for repeats past the first)."""
+    parts = []
+    for repeat in range(config.repeats):
+        for arm in config.arms:
+            done = status.completed.get(f"{arm.label}#{repeat}", 0)
+            parts.append(f"{arm.label}{f' #{repeat}' if repeat else ''} {done}/{config.steps}")
+    total = config.steps * config.repeats * len(config.arms)
+    return f"{sum(status.completed.values())} of {total} steps saved: {', '.join(parts)}"
 
 
 def _execute(
@@ -108,6 +118,8 @@ def _execute(
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import RunRecorder
     from april_bench.results.store import RunWriter, render_tables, write_json_atomic
+
+    from april_bench.cli import prog_name
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
@@ -143,7 +155,7 @@ def _execute(
         done = sum(status.completed.values())
         _echo(
             f"interrupted: {done} step(s) are saved in {out}; continue with "
-            f"`python -m april_bench run --resume {out}`"
+            f"`{prog_name()} run --resume {out}`"
         )
         return 130 if not received or received[0] == "SIGINT" else 143
     provenance = collect_provenance(
