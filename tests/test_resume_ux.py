@@ -42,7 +42,8 @@ def test_resume_shows_saved_steps_and_a_running_status(
     assert main(["run", "--resume", str(out)]) == 0  # progress bars on
     err = capsys.readouterr().err
     assert "resuming" in err and "4 of 6 steps saved: sync 3/3, april 1/3" in err
-    april_bar = [line for line in err.replace("\r", "\n").splitlines() if "april |" in line or "april:" in line]
+    lines = err.replace("\r", "\n").splitlines()
+    april_bar = [line for line in lines if "april |" in line or "april:" in line]
     assert april_bar and "1/3" in april_bar[0], april_bar  # the bar starts at the saved step, not 0
     assert not any(" 0/3" in line for line in april_bar)
     assert seen and all(s["state"] == "running" and s["message"] == "" for s in seen)

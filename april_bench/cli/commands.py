@@ -114,12 +114,11 @@ def _execute(
     kept: dict[str, list[dict[str, Any]]] | None = None,
 ) -> int:
     """Run (or continue) the experiment into ``out``, streaming rows; stop cleanly on SIGINT/SIGTERM."""
+    from april_bench.cli import prog_name
     from april_bench.experiment import run
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import RunRecorder
     from april_bench.results.store import RunWriter, render_tables, write_json_atomic
-
-    from april_bench.cli import prog_name
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
