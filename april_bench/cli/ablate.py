@@ -287,7 +287,10 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         simulated = simulated and run.simulated
         summary = run.summary()
         rows += [_row(arm, mode, summary[arm.label], base.rollout.rollout_batch_size) for arm in arms]
+    from april_bench.results.schema import SCHEMA_VERSION
+
     result = {
+        "schema_version": SCHEMA_VERSION,
         "result_kind": "simulated" if simulated else "measured",
         "hardware": base.hardware,
         "algorithm": base.algorithm,

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_run_arguments", "config_from_args", "flags_set", "key_value", "name_path"]
+__all__ = ["add_run_arguments", "config_from_args", "flags_set", "key_value", "metadata_pair", "name_path"]
 
 
 def key_value(text: str) -> tuple[str, Any]:
@@ -24,6 +24,18 @@ def key_value(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return key.strip().replace("-", "_"), value
+
+
+def metadata_pair(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with the key kept as written and the value read as JSON when it parses."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, e.g. cluster=a100-pool, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
 
 
 def name_path(text: str) -> tuple[str, str]:
@@ -199,6 +211,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "changes; refused otherwise, since its provenance could not name the code that produced it",
     )
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    out.add_argument(
+        "--metadata",
+        action="append",
+        type=metadata_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label merged into the results (provenance.json and summary.json 'metadata', and every "
+        "--logger sink), e.g. cluster=a100-pool or ticket=123, as `vllm bench serve --metadata` (repeatable)",
+    )
     from april_bench.cli.helptext import name_defaults
 
     name_defaults(p)

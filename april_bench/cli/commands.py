@@ -37,7 +37,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
     status = RunStatus(path=out / "status.json")
     status.save()
-    return _execute(config, components, out, status, progress=not args.no_progress)
+    return _execute(
+        config, components, out, status, progress=not args.no_progress, metadata=dict(args.metadata)
+    )
 
 
 def _check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
@@ -112,6 +114,7 @@ def _execute(
     *,
     progress: bool,
     kept: dict[str, list[dict[str, Any]]] | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> int:
     """Run (or continue) the experiment into ``out``, streaming rows; stop cleanly on SIGINT/SIGTERM."""
     from april_bench.cli import prog_name
@@ -124,7 +127,7 @@ def _execute(
     provenance_path = out / "provenance.json"
     if kept is None or not provenance_path.exists():
         provenance = collect_provenance(
-            simulated=simulated, engine=components.engine_name, notes=components.notes
+            simulated=simulated, engine=components.engine_name, notes=components.notes, metadata=metadata
         )
         write_json_atomic(out / "config.json", config.to_dict())
         write_json_atomic(provenance_path, provenance)

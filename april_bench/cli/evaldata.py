@@ -123,7 +123,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for name, d in result.by_dataset.items()
     ]
     print(render_markdown(("Dataset", "Model", "Metric", "Accuracy", "Problems", "Source"), rows))
+    from april_bench.results.schema import SCHEMA_VERSION
+
     summary = {
+        "schema_version": SCHEMA_VERSION,
         "result_kind": "measured",
         "model": args.model,
         "samples": args.samples,

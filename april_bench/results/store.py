@@ -148,8 +148,16 @@ class RunWriter:
 def write_summary(run: RunDirectory) -> dict[str, dict[str, Any]]:
     """Write ``summary.json`` and ``table.md`` of a run directory from its rows."""
     summary = run.summary()
+    from april_bench.results.schema import SCHEMA_VERSION, with_old_names
+
     write_json_atomic(
-        run.path / "summary.json", {"result_kind": run.provenance.get("result_kind"), "arms": summary}
+        run.path / "summary.json",
+        {
+            "schema_version": SCHEMA_VERSION,
+            "result_kind": run.provenance.get("result_kind"),
+            "metadata": run.provenance.get("metadata", {}),
+            "arms": {arm: with_old_names(metrics) for arm, metrics in summary.items()},
+        },
     )
     _write_text_atomic(run.path / "table.md", render_tables(run.config, summary, run.simulated) + "\n")
     return summary
