@@ -101,7 +101,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--engine-url",
         metavar="URL",
-        help="attach to a running server (vllm, sglang) instead of launching one",
+        help="attach to a running server (vllm, sglang) at http://host:port or https://host:port (TLS "
+        "verified against the system's CAs; SSL_CERT_FILE for a private one) instead of launching one",
     )
     what.add_argument(
         "--trainer",
