@@ -75,7 +75,7 @@ def test_an_untrusted_certificate_is_refused(monkeypatch: pytest.MonkeyPatch, tm
     async def body(port: int) -> None:
         client = HTTPClient(f"https://localhost:{port}")
         try:
-            with pytest.raises(HTTPError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            with pytest.raises(HTTPError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
                 await client.get("/health")
         finally:
             await client.aclose()
