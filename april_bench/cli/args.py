@@ -90,6 +90,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help=exp["hardware"] + "; cpu runs the embedded default",
     )
     what.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="start from a .toml or .yaml file of run fields (a run's config.yaml repeats it); fields it "
+        "leaves out come from the --hw recipe, flags given apply on top (docs/conventions.md)",
+    )
+    what.add_argument(
         "--recipe",
         choices=list(PAPER_RECIPES),
         help="start from a calibrated row of APRIL's paper table (simulated; docs/calibration.md)",
@@ -284,7 +291,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The hardware's recipe, with every flag the user set applied on top."""
     from april_bench.recipes import recipe_for
 
-    base = recipe_for(args.hw, getattr(args, "recipe", None))
+    if getattr(args, "config", None) is not None:
+        from april_bench.config_files import config_from_file
+
+        hardware = None if args.hw == "cpu" else args.hw  # --hw's default must not override the file's
+        base = config_from_file(args.config, hardware=hardware, recipe=getattr(args, "recipe", None))
+    else:
+        base = recipe_for(args.hw, getattr(args, "recipe", None))
     if args.engine not in (None, "auto"):
         from april_bench.engines import ENGINES
 

@@ -130,6 +130,9 @@ def _execute(
             simulated=simulated, engine=components.engine_name, notes=components.notes, metadata=metadata
         )
         write_json_atomic(out / "config.json", config.to_dict())
+        from april_bench.config_files import write_config_file
+
+        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
         write_json_atomic(provenance_path, provenance)
     else:
         provenance = json.loads(provenance_path.read_text())
