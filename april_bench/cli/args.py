@@ -12,7 +12,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_run_arguments", "config_from_args", "flags_set", "key_value", "metadata_pair", "name_path"]
+__all__ = [
+    "add_run_arguments",
+    "config_from_args",
+    "flags_set",
+    "key_value",
+    "metadata_pair",
+    "name_path",
+    "split_list",
+]
 
 
 def key_value(text: str) -> tuple[str, Any]:
@@ -220,6 +228,22 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
     out.add_argument(
+        "--logger",
+        metavar="LIST",
+        help="also send the rows (steps, evals, telemetry, engine counters) and the summary to "
+        "experiment trackers: comma-separated tensorboard, wandb, mlflow (optional extras; "
+        "docs/conventions.md)",
+    )
+    out.add_argument(
+        "--logger-project", default="april-bench", metavar="NAME", help="W&B project / MLflow experiment"
+    )
+    out.add_argument(
+        "--logger-offline",
+        action="store_true",
+        help="W&B offline into RUN/wandb (`wandb sync` later), MLflow into RUN/mlflow.db even if "
+        "MLFLOW_TRACKING_URI is set",
+    )
+    out.add_argument(
         "--metadata",
         action="append",
         type=metadata_pair,
@@ -269,6 +293,11 @@ _APRIL_CAPS = ("max_version_span", "max_aborts_per_sample")
 
 def _split(text: str) -> tuple[str, ...]:
     return tuple(s.strip() for s in _split_arms(text) if s.strip())
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")``."""
+    return tuple(s.strip() for s in text.split(",") if s.strip())
 
 
 def _split_arms(text: str) -> list[str]:
@@ -354,7 +383,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def flags_set(args: argparse.Namespace) -> list[str]:
     """The run flags the user gave (those whose value differs from the parser's default)."""
-    defaults = {"hw": "cpu", "no_progress": False, "overwrite": False}
+    defaults = {"hw": "cpu", "no_progress": False, "overwrite": False, "logger_project": "april-bench"}
     given = []
     for name, value in vars(args).items():
         if name in ("command", "handler"):

@@ -29,6 +29,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         return _resume(args)
     config = config_from_args(args)
+    trackers = _trackers(args)  # a tracker whose library is missing: refused before anything runs
     components = build_components(config, progress=not args.no_progress)
     components.check(config.telemetry)
     check_drivers(config, components)
@@ -38,8 +39,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = RunStatus(path=out / "status.json")
     status.save()
     return _execute(
-        config, components, out, status, progress=not args.no_progress, metadata=dict(args.metadata)
+        config,
+        components,
+        out,
+        status,
+        progress=not args.no_progress,
+        metadata=dict(args.metadata),
+        trackers=trackers,
     )
+
+
+def _trackers(args: argparse.Namespace) -> dict[str, Any]:
+    from april_bench.cli.args import split_list
+    from april_bench.results.trackers import check_trackers
+
+    names = split_list(args.logger) if args.logger else ()
+    check_trackers(names)
+    return {"names": names, "project": args.logger_project, "offline": args.logger_offline}
 
 
 def _check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
@@ -115,6 +131,7 @@ def _execute(
     progress: bool,
     kept: dict[str, list[dict[str, Any]]] | None = None,
     metadata: dict[str, Any] | None = None,
+    trackers: dict[str, Any] | None = None,
 ) -> int:
     """Run (or continue) the experiment into ``out``, streaming rows; stop cleanly on SIGINT/SIGTERM."""
     from april_bench.cli import prog_name
@@ -137,7 +154,15 @@ def _execute(
     else:
         provenance = json.loads(provenance_path.read_text())
         provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
-    writer = RunWriter(out)
+    from april_bench.results.trackers import open_trackers
+
+    writer = open_trackers(  # the run directory's writer, and the --logger trackers beside it
+        **(trackers or {"names": ()}),
+        inner=RunWriter(out),
+        out=out,
+        config=config.to_dict(),
+        provenance=provenance,
+    )
     recorder = RunRecorder(sink=writer)
     if kept:
         recorder.preload(kept)
@@ -149,6 +174,7 @@ def _execute(
             )
     except BaseException as exc:
         writer.close()
+        writer.inner.close()
         # A signal raised inside the event loop's machinery can surface as another error (for example
         # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
         if not isinstance(exc, KeyboardInterrupt) and not received:
@@ -172,10 +198,12 @@ def _execute(
         started=provenance,
     )
     write_json_atomic(provenance_path, provenance)
-    stored = writer.finish(config.to_dict(), provenance, recorder.tables)
+    stored = writer.inner.finish(config.to_dict(), provenance, recorder.tables)
     status.state = "complete"
     status.save()
-    summary = stored.summary()
+    summary: dict[str, dict[str, Any]] = stored.summary()
+    writer.finish(summary)
+    writer.close()
     print(render_tables(stored.config, summary, stored.simulated))
     print(f"\nrun directory: {out}")
     final: dict[str, Any] = {
@@ -212,6 +240,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from april_bench.cli.args import config_from_args
 
     config = config_from_args(args)
+    _trackers(args)
     components = build_components(config)
     components.check(config.telemetry)
     check_drivers(config, components)
