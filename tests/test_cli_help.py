@@ -16,13 +16,23 @@ def _subparser(name: str) -> argparse.ArgumentParser:
     return sub.choices[name]
 
 
-@pytest.mark.parametrize("command", ["run", "validate"])
-def test_every_run_flag_names_its_default(command: str) -> None:
-    parser = _subparser(command)
+def _parsers(parser: argparse.ArgumentParser):  # type: ignore[no-untyped-def]
+    yield parser
     for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        assert "default" in str(action.help).lower(), action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_flag_of_every_command_names_its_default() -> None:
+    checked = 0
+    for parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert "default" in str(action.help).lower(), (parser.prog, action.option_strings)
+            checked += 1
+    assert checked > 100
 
 
 def test_run_help_matches_what_a_run_does(capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaldata.add_parsers(sub)
     gate.add_parsers(sub)
     paper.add_parsers(sub)
+    from april_bench.cli.helptext import name_defaults
+
+    for name, command in sub.choices.items():
+        if name not in ("run", "validate"):  # those two name the recipes' defaults already
+            name_defaults(command, recipe={})
     return parser
 
 

@@ -69,6 +69,10 @@ def name_defaults(parser: argparse.ArgumentParser, recipe: Mapping[str, str] | N
     """Append ``(default: ...)`` to every optional flag's help that does not name its default yet."""
     recipe = recipe_defaults() if recipe is None else recipe
     for action in parser._actions:  # argparse keeps no public list of a parser's actions
+        if isinstance(action, argparse._SubParsersAction):  # `data stats`, `data ...`: their flags too
+            for sub in action.choices.values():
+                name_defaults(sub, recipe)
+            continue
         if not action.option_strings or action.help in (None, argparse.SUPPRESS):
             continue
         if action.default == argparse.SUPPRESS:  # --help, --version
@@ -87,5 +91,5 @@ def name_defaults(parser: argparse.ArgumentParser, recipe: Mapping[str, str] | N
         elif action.default is not None:
             default = str(action.default)
         else:
-            default = "unset"
+            default = "none"
         action.help = f"{help_text} (default: {default.replace('%', '%%')})"
