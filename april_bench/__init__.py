@@ -5,6 +5,7 @@ when used.  The library entry point is :func:`april_bench.run`::
 
     from april_bench import ExperimentConfig, run
     result = run(ExperimentConfig(hardware="mi300x", algorithm="dapo", steps=10))
+    result = run(ExperimentConfig(steps=2), out="runs/mine")  # the run directory `run --out` writes
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ __version__ = "0.1.0"
 __all__ = ["ExperimentConfig", "RunResult", "__version__", "run"]
 
 if TYPE_CHECKING:
-    from april_bench.experiment import ExperimentConfig, RunResult, run
+    from april_bench.experiment import ExperimentConfig, RunResult
+    from april_bench.runner import run
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ExperimentConfig", "RunResult", "run"):
+    if name == "run":
+        from april_bench import runner
+
+        return runner.run
+    if name in ("ExperimentConfig", "RunResult"):
         from april_bench import experiment
 
         return getattr(experiment, name)

@@ -1,4 +1,5 @@
-"""A small lazy registry: names map to ``"module:Attr"`` placeholders.
+"""A small lazy registry: names map to ``"module:Attr"`` placeholders, or to :class:`Spec` entries
+whose ``factory`` and ``checker`` are such strings (engines, trainers).
 
 Importing :mod:`april_bench` never imports an engine SDK: a registered engine
 is only imported when somebody asks for it by name.  Unknown names raise an
@@ -11,13 +12,46 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from april_bench.config import ConfigError
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "UnknownNameError"]
+__all__ = ["Registry", "Spec", "UnknownNameError", "load"]
+
+
+def load(target: str) -> Any:
+    """``"module:Attr"`` -> the object (the module imported now): the one lazy loader."""
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A registered component that builds from ``(settings, args)`` without being imported until then.
+
+    Subclasses (:class:`april_bench.engines.EngineSpec`, :class:`april_bench.trainers.registry.TrainerSpec`)
+    add what the component is, so it can be checked before it is imported.
+    """
+
+    name: str
+    #: ``"module:function"``: ``function(settings, args) -> component``.
+    factory: str
+    #: ``"module:function"`` that checks ``(settings, args)`` without building (loading weights,
+    #: starting servers); ``None``: building is cheap, so :meth:`check` builds.
+    checker: str | None = field(default=None, kw_only=True)
+
+    def build(self, settings: Any, args: Any) -> Any:
+        return load(self.factory)(settings, args)
+
+    def check(self, settings: Any, args: Any) -> None:
+        """Raise ``ConfigError`` for anything :meth:`build` would reject, without the heavy work."""
+        if self.checker is None:
+            self.build(settings, args)
+        else:
+            load(self.checker)(settings, args)
 
 
 class UnknownNameError(ConfigError, KeyError):
@@ -48,8 +82,7 @@ class Registry(Generic[T]):
         except KeyError:
             raise UnknownNameError(self._unknown_message(name)) from None
         if isinstance(target, str):
-            module_name, _, attr = target.partition(":")
-            obj = getattr(importlib.import_module(module_name), attr)
+            obj = load(target)
             if self._base_cls is not None and not (isinstance(obj, type) and issubclass(obj, self._base_cls)):
                 raise TypeError(f"{self.kind} {name!r} -> {target} is not a {self._base_cls.__name__}")
             self._entries[name] = obj

@@ -174,7 +174,7 @@ def _measure_logprobs(
 
 
 def _model_config(shape: str) -> Any:
-    from april_bench.engines.hf.models import model_config
+    from april_bench.models.zoo import model_config
 
     spec = SHAPES[shape]
     config = model_config(spec["model"], vocab_size=spec["vocab"])

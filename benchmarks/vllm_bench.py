@@ -43,8 +43,8 @@ ENGINES = ("hf", "vllm")
 
 
 def make_checkpoint(directory: Path) -> str:
-    from april_bench.engines.hf.checkpoint import save_state_dict
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.checkpoint import save_state_dict
+    from april_bench.models.zoo import build_model
 
     return str(save_state_dict(build_model("tiny32", vocab_size=64, seed=0), directory / "tiny32"))
 

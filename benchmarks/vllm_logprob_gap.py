@@ -27,8 +27,8 @@ from april_bench.results.provenance import collect_provenance
 
 def make_checkpoints(directory: Path) -> tuple[str, str]:
     """Two random ``tiny32`` checkpoints (seeds 0 and 1): the served weights and an update."""
-    from april_bench.engines.hf.checkpoint import save_state_dict
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.checkpoint import save_state_dict
+    from april_bench.models.zoo import build_model
 
     a, b = (
         save_state_dict(build_model("tiny32", vocab_size=64, seed=s), directory / f"tiny32-{s}")
@@ -71,7 +71,7 @@ def gaps_by_prompt(
     """``|engine - trainer|`` per token by prompt length (the trainer: float32, ``checkpoint``)."""
     import torch
 
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
     from april_bench.trainers.logprobs import token_logprobs
 
     trainer = build_model(checkpoint)  # float32, as the torch trainer holds it

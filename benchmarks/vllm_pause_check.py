@@ -60,8 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hold-s", type=float, default=2.0, help="seconds to stay paused")
     args = parser.parse_args()
-    from april_bench.engines.hf.checkpoint import save_state_dict
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.checkpoint import save_state_dict
+    from april_bench.models.zoo import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = save_state_dict(build_model("tiny32", vocab_size=64, seed=0), Path(tmp) / "tiny32")

@@ -36,8 +36,8 @@ def test_every_flag_of_every_command_names_its_default() -> None:
 
 
 def test_run_help_matches_what_a_run_does(capsys: pytest.CaptureFixture[str]) -> None:
-    from april_bench.backends.trainers import TRAINERS
     from april_bench.recipes import recipe_for
+    from april_bench.trainers.registry import TRAINERS
 
     helps = {a.dest: str(a.help) for a in _subparser("run")._actions}
     assert all(name in helps["trainer"] for name in TRAINERS.names())

@@ -481,7 +481,7 @@ def test_template_texts() -> None:
 def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
 
-    from april_bench.engines.hf.checkpoint import make_tiny_checkpoint
+    from april_bench.models.checkpoint import make_tiny_checkpoint
 
     return AutoTokenizer.from_pretrained(make_tiny_checkpoint(tmp_path_factory.mktemp("tiny")))
 

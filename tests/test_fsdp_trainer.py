@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from april_bench.backends.trainers import TRAINERS, TrainerSettings, check_fsdp
 from april_bench.config import ConfigError
-from april_bench.engines.hf.models import build_model
+from april_bench.models.zoo import build_model
 from april_bench.trainers.fsdp import FSDPTrainer, PolicySpec
+from april_bench.trainers.registry import TRAINERS, TrainerSettings, check_fsdp
 from april_bench.trainers.torch_trainer import TorchTrainer
 from april_bench.types import FinishReason, Group, Prompt, Segment
 

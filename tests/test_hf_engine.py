@@ -9,9 +9,9 @@ import torch
 
 from april_bench.engines.hf import HFEngine
 from april_bench.engines.hf.cache import SlotKVCache
-from april_bench.engines.hf.models import TINY, build_model
 from april_bench.engines.hf.sampling import position_uniform, sample
 from april_bench.engines.protocol import EngineError, GenerateRequest, SamplingParams, WeightUpdate
+from april_bench.models.zoo import TINY, build_model
 from april_bench.profiles.models import MODELS
 from april_bench.trainers.logprobs import token_logprobs
 from april_bench.vtime import run_real

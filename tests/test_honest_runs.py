@@ -74,8 +74,8 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_hub_id_resolves_through_the_local_cache(
     hub_cache: Path, tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from april_bench.engines.hf.checkpoint import make_tiny_checkpoint
     from april_bench.hub import is_hub_id, resolve_model
+    from april_bench.models.checkpoint import make_tiny_checkpoint
 
     snapshot = _cache_with(make_tiny_checkpoint(tmp_path / "tiny"), hub_cache, "april-test/tiny-qwen")
     assert is_hub_id("april-test/tiny-qwen") and not is_hub_id("tiny") and not is_hub_id("./a/b")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from april_bench.engines.sglang.http import HTTPClient, HTTPError
+from april_bench.engines.server.http import HTTPClient, HTTPError
 
 TLS = Path(__file__).parent / "data" / "tls"
 

@@ -1,36 +1,52 @@
-"""The import layering of docs/architecture.md, checked on the source (ast), lazy imports included."""
+"""The import layering of docs/architecture.md, checked on the source (ast): lazy imports, imports
+only for type checking, and ``"module:attr"`` registry strings (an import made later by
+:func:`april_bench.registry.load`) all count."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "april_bench"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "april_bench"
+#: The packages whose modules the graph holds: the library and the strategy zoo.
+PACKAGES = ("april_bench", "baselines", "april_impl")
+#: A registry entry ``"module:Attr"`` naming a module of these packages.
+REGISTRY_STRING = re.compile(r"^((?:april_bench|baselines|april_impl)(?:\.\w+)+):\w+$")
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every april_bench module this file imports, at top level or inside functions."""
-    name = _module_name(path)
+def _imports(
+    path: Path, *, name: str | None = None, type_only: bool = False, strings: bool = True
+) -> set[str]:
+    """Every module of :data:`PACKAGES` this file (module ``name``) imports, at top level or inside
+    functions, or (``strings``) names in a registry string; with ``type_only``, also those under
+    ``if TYPE_CHECKING:``."""
+    name = name or _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree) if type_only else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("april_bench"))
+            found.update(a.name for a in node.names if a.name.split(".")[0] in PACKAGES)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            if target.startswith("april_bench"):
+            if target.split(".")[0] in PACKAGES:
                 found.add(target)
+        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = REGISTRY_STRING.match(node.value)
+            found.update(match.groups() if match else ())
     return found
 
 
@@ -48,7 +64,20 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return nodes
 
 
-GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+FILES = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+#: Run-time imports and registry strings: what the layering rules hold.
+GRAPH = {_module_name(p): _imports(p) for p in FILES}
+#: Imports alone, at run time and for type checking: what must hold no circle.  (A registry string
+#: naming a module that imports the registry's package, ``engines.ray_pool`` composing engines from
+#: ``ENGINES``, is a plugin resolved at run time, not a circle.)
+IMPORT_GRAPH = {_module_name(p): _imports(p, strings=False) for p in FILES}
+TYPED_GRAPH = {_module_name(p): _imports(p, type_only=True, strings=False) for p in FILES}
+
+#: What a module outside ``april_bench.engines`` may import of it: the registry, the protocol and the
+#: helpers engines share (a stream of completions, routing over replicas), and an engine package's
+#: face (its ``__init__``), never a module inside an engine package (``engines.hf.engine``, ...).
+ENGINE_SURFACE = ("april_bench.engines", "april_bench.engines.protocol", "april_bench.engines.stream")
+ENGINE_SURFACE += ("april_bench.engines.routing",)
 
 # (importer prefix, imported prefix, why it is forbidden)
 FORBIDDEN = [
@@ -64,6 +93,25 @@ FORBIDDEN = [
     ("april_bench.profiles", "april_bench.sim", "profiles are facts the simulator reads"),
     ("april_bench.seeding", "april_bench.rollout", "seeds are a neutral fact"),
     ("april_bench.machine", "april_bench.engines", "accelerator detection is a neutral fact"),
+    ("april_bench.models", "april_bench.engines", "models are below the engines"),
+    ("april_bench.models", "april_bench.trainers", "models are below the trainers"),
+    ("april_bench.models", "april_bench.tasks", "models are below the tasks"),
+    ("april_bench.trainers", "april_bench.engines", "trainers and engines are siblings above models"),
+    ("april_bench.engines", "april_bench.trainers", "trainers and engines are siblings above models"),
+    ("april_bench.engines", "april_bench.tasks", "engines do not know the task"),
+    ("april_bench.tasks", "april_bench.backends", "tasks build themselves; the wiring chooses them"),
+    ("april_bench.tasks", "april_bench.experiment", "tasks do not know the driver"),
+    ("april_bench.data", "april_bench.graders", "data sets are below the graders that score them"),
+    ("april_bench.data", "april_bench.tasks", "data sets are below the tasks"),
+    ("april_bench.backends", "april_bench.experiment", "the wiring does not know the driver"),
+    ("april_bench.backends", "april_bench.runner", "the wiring does not know the run directory"),
+    ("april_bench.experiment", "april_bench.runner", "the driver does not know the run directory"),
+    ("april_bench.experiment", "april_bench.cli", "the driver does not know the CLI"),
+    ("april_bench.runner", "april_bench.cli", "the run lifecycle does not know the CLI"),
+    ("april_bench.results", "april_bench.experiment", "results are computed from rows only"),
+    ("april_bench.cli", "april_bench.backends", "the CLI parses and prints: it calls the runner"),
+    ("april_bench.cli", "april_bench.experiment", "the CLI parses and prints: it calls the runner"),
+    ("april_bench.cli", "april_bench.models", "the CLI parses and prints: it calls the runner"),
 ]
 
 
@@ -81,10 +129,54 @@ def test_no_arrow_goes_back_up(importer: str, imported: str, why: str) -> None:
     assert not bad, f"{why}: {bad}"
 
 
-def test_no_import_circle_between_modules() -> None:
+def test_no_module_outside_the_engines_imports_an_engines_internals() -> None:
+    bad = sorted(
+        (mod, dep)
+        for mod, deps in GRAPH.items()
+        if not mod.startswith("april_bench.engines")
+        for dep in deps
+        if dep.startswith("april_bench.engines.") and dep not in ENGINE_SURFACE and dep.count(".") > 2
+    )
+    assert not bad, f"import the engine through ENGINES or its package, not its modules: {bad}"
+
+
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return [
+        (mod, dep)
+        for importer, imported, _ in FORBIDDEN
+        for mod, deps in graph.items()
+        if mod == importer or mod.startswith(importer + ".")
+        for dep in deps
+        if dep == imported or dep.startswith(imported + ".")
+    ]
+
+
+def test_an_injected_upward_import_is_caught(tmp_path: Path) -> None:
+    """The checks above can fail: a model module that imports an engine (lazily, or by a registry
+    string) is an arrow going back up, and a circle is found."""
+    source = tmp_path / "zoo.py"
+    source.write_text(
+        "def build():\n    from april_bench.engines.hf.engine import HFEngine\n    return HFEngine\n"
+        "FACTORY = 'april_bench.rollout.loop:RolloutLoop'\n"
+    )
+    injected = "april_bench.models.injected"
+    found = _imports(source, name=injected)
+    assert found == {"april_bench.engines.hf.engine", "april_bench.rollout.loop"}
+    graph = {**GRAPH, injected: found}
+    assert _upward(GRAPH) == []
+    assert (injected, "april_bench.engines.hf.engine") in _upward(graph)
+    assert _cycle(IMPORT_GRAPH) is None
+    looped = {
+        **IMPORT_GRAPH,
+        "april_bench.tasks.base": IMPORT_GRAPH["april_bench.tasks.base"] | {"april_bench.backends.task"},
+    }
+    assert _cycle(looped) is not None
+
+
+def _cycle(graph_in: dict[str, set[str]]) -> list[str] | None:
     """Depth-first search for a cycle over module-to-module imports (a package's ``__init__`` counts as
     the package)."""
-    graph = {mod: {d for d in deps if d in GRAPH and d != mod} for mod, deps in GRAPH.items()}
+    graph = {mod: {d for d in deps if d in graph_in and d != mod} for mod, deps in graph_in.items()}
     state: dict[str, int] = {}
     path: list[str] = []
 
@@ -102,4 +194,11 @@ def test_no_import_circle_between_modules() -> None:
 
     for mod in sorted(graph):
         if mod not in state and (cycle := visit(mod)):
-            pytest.fail("import circle: " + " -> ".join(cycle))
+            return cycle
+    return None
+
+
+@pytest.mark.parametrize("graph", [IMPORT_GRAPH, TYPED_GRAPH], ids=["run-time", "with-type-only"])
+def test_no_import_circle_between_modules(graph: dict[str, set[str]]) -> None:
+    cycle = _cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])

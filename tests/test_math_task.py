@@ -27,7 +27,7 @@ from april_bench.types import FinishReason, Sample, SampleStatus, Segment
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from april_bench.engines.hf.checkpoint import make_tiny_checkpoint
+    from april_bench.models.checkpoint import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
 

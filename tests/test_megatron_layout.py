@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from april_bench.config import ConfigError
-from april_bench.engines.hf.models import build_model
+from april_bench.models.zoo import build_model
 from april_bench.trainers.megatron import MegatronLayout, ModelShape, hf_to_mcore, mcore_to_hf, shard, unshard
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from april_bench.backends.trainers import TRAINERS, TrainerSettings
 from april_bench.cli import main
 from april_bench.config import ConfigError
-from april_bench.engines.hf.models import build_model
+from april_bench.models.zoo import build_model
 from april_bench.results.store import check_run, load_run
 from april_bench.trainers.fsdp import PolicySpec
 from april_bench.trainers.megatron import ModelShape
 from april_bench.trainers.megatron_trainer import MegatronTrainer, pad_vocab, padded_shape
+from april_bench.trainers.registry import TRAINERS, TrainerSettings
 from april_bench.trainers.torch_trainer import TorchTrainer
 from april_bench.types import FinishReason, Group, Prompt, Segment
 

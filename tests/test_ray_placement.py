@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from april_bench.backends.ray_trainer import check_ray
-from april_bench.backends.trainers import TRAINERS, TrainerSettings
 from april_bench.cli import main
 from april_bench.config import ConfigError
 from april_bench.engines import ENGINES, EngineSettings
 from april_bench.engines.routing import Router
 from april_bench.results.store import check_run, load_run
+from april_bench.trainers.ray_actor import check_ray
+from april_bench.trainers.registry import TRAINERS, TrainerSettings
 
 SMALL = [
     "--steps",

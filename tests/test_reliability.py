@@ -350,9 +350,10 @@ def test_a_run_without_a_sync_arm_says_what_its_gains_are_against(tmp_path: Path
 
 
 def test_a_data_file_that_loses_most_rows_is_refused_with_counts(tmp_path: Path, capsys) -> None:
-    from april_bench.backends.task import check_loaded, sim_workload
     from april_bench.config import ConfigError
     from april_bench.experiment_config import ExperimentConfig
+    from april_bench.tasks.base import check_loaded
+    from april_bench.tasks.lengths import sim_workload
 
     rows = [{"problem": "What is 1+1?", "answer": "2"}, {"problem": "What is 2+2?", "answer": "4"}]
     rows += [{"problem": "", "answer": str(i)} for i in range(3)] + [{"problem": f"q{i}"} for i in range(3)]
@@ -450,7 +451,7 @@ def test_provenance_names_the_source_checkout_not_the_callers(tmp_path: Path) ->
 
 
 def test_a_reference_run_from_a_dirty_tree_is_refused(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
-    from april_bench.cli import commands
+    from april_bench import runner
     from april_bench.results import provenance
 
     root = provenance.source_root()
@@ -459,10 +460,10 @@ def test_a_reference_run_from_a_dirty_tree_is_refused(capsys, monkeypatch: pytes
     target = root / "results" / "runs" / "never-written"
     _fails(capsys, ["run", "--engine", "sim", "--steps", "1", "--out", str(target)], "--allow-dirty")
     assert not target.exists()
-    commands._check_reference_run(target, allow_dirty=True)  # asked for: allowed
-    commands._check_reference_run(root.parent / "elsewhere", allow_dirty=False)  # not a reference run
+    runner.check_reference_run(target, allow_dirty=True)  # asked for: allowed
+    runner.check_reference_run(root.parent / "elsewhere", allow_dirty=False)  # not a reference run
     monkeypatch.setattr(provenance, "git_info", lambda path=None: {"commit": "abc", "dirty": False})
-    commands._check_reference_run(target, allow_dirty=False)  # a clean tree: allowed
+    runner.check_reference_run(target, allow_dirty=False)  # a clean tree: allowed
 
 
 def test_atomic_json_files_get_the_usual_permissions(tmp_path: Path) -> None:

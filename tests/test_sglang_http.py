@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from april_bench.engines.sglang.http import HTTPClient, HTTPError
+from april_bench.engines.server.http import HTTPClient, HTTPError
 
 
 def serve(replies: list[bytes], close_after: Callable[[int], bool] = lambda i: False):

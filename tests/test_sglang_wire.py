@@ -6,9 +6,10 @@ import pytest
 
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import EngineError, GenerateRequest, SamplingParams
+from april_bench.engines.server.metrics import parse_prometheus
+from april_bench.engines.server.process import flag_args
 from april_bench.engines.sglang import SGLangEngine
-from april_bench.engines.sglang.launcher import flag_args, launch_command
-from april_bench.engines.sglang.metrics import parse_prometheus
+from april_bench.engines.sglang.engine import launch_command
 from april_bench.engines.sglang.wire import (
     VersionMap,
     classify_finish,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from april_bench.engines.hf.models import build_model
+from april_bench.models.zoo import build_model
 from april_bench.tasks.synthetic import SyntheticTask
 from april_bench.tasks.warmstart import WarmStart
 from april_bench.trainers.torch_trainer import TorchTrainer

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from april_bench.config import ConfigError
-from april_bench.engines.hf.models import build_model
+from april_bench.models.zoo import build_model
 from april_bench.trainers.logprobs import ChunkedTokenLogprobs, chunked_token_logprobs, token_logprobs
 from april_bench.trainers.memory import activation_bytes_per_token
 from april_bench.trainers.torch_trainer import TorchTrainer

@@ -7,7 +7,7 @@ Three independent choices, each from a registry:
   formula: the longest prompt plus the response limit);
 * the **task** (data set and model): :func:`april_bench.backends.task.build_task`
   - workload, evaluator, stop tokens, starting weights;
-* the **trainer** (``--trainer``): :data:`april_bench.backends.trainers.TRAINERS`.
+* the **trainer** (``--trainer``): :data:`april_bench.trainers.registry.TRAINERS`.
 
 Any engine pairs with any trainer that fits it; the weight-sync seam
 (:mod:`april_bench.backends.weights`) carries weights between them in the form
@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 from april_bench.backends.resolve import resolve_engine
 from april_bench.backends.task import Task, build_task
-from april_bench.backends.trainers import TrainerSettings, TrainerSpec, resolve_trainer
 from april_bench.config import ConfigError
 from april_bench.engines import ENGINES, EngineSpec
 from april_bench.engines.protocol import Engine, EngineSettings
 from april_bench.evaluation import Evaluator
 from april_bench.trainers.protocol import Trainer
+from april_bench.trainers.registry import TrainerSettings, TrainerSpec, resolve_trainer
 from april_bench.workload import Workload
 
 if TYPE_CHECKING:
     from april_bench.experiment_config import ExperimentConfig
 
-__all__ = ["Components", "build_components", "resolve_engine"]
+__all__ = ["Components", "build_components", "check_drivers", "resolve_engine", "validate"]
 
 
 @dataclass(slots=True)
@@ -103,7 +103,8 @@ class Components:
 
 
 def build_components(config: ExperimentConfig, *, progress: bool = False) -> Components:
-    """Resolve the engine, assemble the task and prepare engine and trainer factories.
+    """Resolve the engine, assemble the task, prepare engine and trainer factories, and validate them
+    (:func:`validate`, the run's one validation).
 
     Nothing heavy happens here (no warm start, no model load): ``validate`` calls it too.
     """
@@ -145,7 +146,7 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         num_gpus=config.num_gpus,
         initial_weights=task.initial_weights,
     )
-    return Components(
+    components = Components(
         engine_name=engine_name,
         engine=lambda: spec.build(engine_settings, config.engine_args),
         trainer=lambda: trainer_spec.build(trainer_settings, config.trainer_args),
@@ -160,3 +161,33 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         trainer_args=config.trainer_args,
         notes=([note] if note else []) + task.notes,
     )
+    validate(config, components)
+    return components
+
+
+def validate(config: ExperimentConfig, components: Components) -> None:
+    """The one validation of a run (:func:`build_components` calls it once for ``run``, ``validate``,
+    ``ablate``, a resume and the library): every engine, trainer and telemetry option, and every arm's
+    driver on this engine.  Raises ``ConfigError`` naming the fix; nothing heavy runs."""
+    components.check(config.telemetry)
+    check_drivers(config, components)
+
+
+def check_drivers(config: ExperimentConfig, components: Components) -> None:
+    """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
+    cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off)."""
+    from april_bench.rollout.driver_config import WeightUpdateMode
+    from april_bench.rollout.registry import STRATEGIES
+
+    for arm in config.arms:
+        driver = arm.driver
+        partial = bool(STRATEGIES.get(arm.strategy).partial_rollout)
+        if (
+            driver.asynchronous
+            and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT
+            and not components.engine_spec.updates_in_flight(components.engine_args)
+        ):
+            raise ConfigError(
+                f"arm {arm.label!r}: engine {components.engine_name!r} cannot update weights with requests "
+                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
+            )

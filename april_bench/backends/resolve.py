@@ -60,6 +60,6 @@ def _vllm_build() -> str | None:
 def _fits_vllm_cpu(model: str | None) -> bool:
     if model is None:
         return False
-    from april_bench.engines.vllm.engine import cpu_head_size_fits
+    from april_bench.engines import ENGINES
 
-    return cpu_head_size_fits(model)
+    return ENGINES.get("vllm").cpu_runs(model)

@@ -14,6 +14,7 @@ Examples::
     python -m april_bench data stats deepscaler --path data/deepscaler.json
     python -m april_bench plot runs/<run-id> --out figures/
     python -m april_bench paper --check                        # README tables and figures up to date?
+    python -m april_bench whatif example --hw h100 --model qwen3-4b   # replay a trace under the zoo
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def prog_name(argv0: str | None = None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from april_bench.cli import ablate, commands, evaldata, gate, paper
+    from april_bench.cli import ablate, commands, evaldata, gate, paper, whatif
     from april_bench.cli.args import add_run_arguments
 
     parser = _Parser(
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaldata.add_parsers(sub)
     gate.add_parsers(sub)
     paper.add_parsers(sub)
+    whatif.add_parsers(sub)
     from april_bench.cli.helptext import name_defaults
 
     for name, command in sub.choices.items():

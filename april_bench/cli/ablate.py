@@ -18,132 +18,20 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AblationArm", "add_parsers", "cmd_ablate", "grid_arms"]
+from april_bench.config import ConfigError
+from april_bench.zoo import DEFAULT_DRIVERS, ZOO, AblationArm, grid_arms, parse_drivers
 
-#: The default base strategies: the paper's arms and the zoo.
-ZOO = ("sync", "oversample-discard", "april", "tail-batching", "segment", "adaptive", "length-aware")
-#: The rollouts the async drivers run on: without partial rollout (sync) and with it (APRIL).
-ASYNC_STRATEGIES = ("sync", "april")
-#: The default ``--drivers``: verl's one-step-off, and AReaL's bounded staleness at eta = 1 and 2.
-DEFAULT_DRIVERS = "one-step-off,stale:1,stale:2"
-_RATIO, _SPAN, _SEGMENT = "over_sampling_batch_size", "max_version_span", "segment_len"
-
-
-@dataclass(frozen=True, slots=True)
-class AblationArm:
-    """One arm of the grid: its label (``name[key=value,...]``), strategy and knob values."""
-
-    label: str
-    strategy: str
-    over_sampling: int | None = None
-    max_version_span: int | None = None
-    segment_len: int | None = None
-    #: Whether the strategy takes a staleness bound (``max_version_span=None`` then means unbounded).
-    bounded: bool = False
-    #: The driver's arm options (empty: synchronous).
-    driver: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def driver_name(self) -> str:
-        options = dict(self.driver)
-        name = str(options.get("driver", "sync"))
-        return f"stale (eta={options.get('max_staleness', 1)})" if name == "stale" else name
-
-
-def _label(strategy: str, knobs: dict[str, int]) -> str:
-    inner = ",".join(f"{k}={v}" for k, v in knobs.items())
-    return f"{strategy}[{inner}]" if inner else strategy
-
-
-def grid_arms(
-    strategies: Sequence[str],
-    *,
-    target_groups: int,
-    ratios: Sequence[float],
-    spans: Sequence[int | None],
-    segments: Sequence[int],
-    max_response_len: int,
-    drivers: Sequence[dict[str, Any]] = (),
-) -> list[AblationArm]:
-    """One factor at a time: each strategy at its first value of every knob it has, then each knob's
-    other values alone.  A strategy without a knob (sync has none) is one arm.  Segment arms whose
-    staleness bound cannot hold a full response (segment_len x (span + 1) < the limit: it would restart
-    forever) are left out.  Each of ``drivers`` (arm options such as ``{"driver": "stale",
-    "max_staleness": 2}``) adds one arm per strategy of :data:`ASYNC_STRATEGIES` in ``strategies``, at
-    that strategy's first knob values."""
-    from april_bench.rollout.registry import STRATEGIES, strategy_options
-
-    arms: dict[str, AblationArm] = {}
-    for name in strategies:
-        if name not in STRATEGIES:
-            STRATEGIES.get(name)  # one line with the known names
-        options = strategy_options(name)
-        axes: dict[str, list[Any]] = {}
-        if _RATIO in options and ratios:
-            axes[_RATIO] = [max(target_groups, round(r * target_groups)) for r in ratios]
-        if _SPAN in options and spans:
-            axes[_SPAN] = list(spans)
-        if _SEGMENT in options and segments:
-            axes[_SEGMENT] = list(segments)
-        base = {axis: values[0] for axis, values in axes.items()}
-        variants = [base] + [{**base, axis: v} for axis, values in axes.items() for v in values[1:]]
-        for knobs in variants:
-            segment, span = knobs.get(_SEGMENT), knobs.get(_SPAN)
-            if segment is not None and span is not None and segment * (span + 1) < max_response_len:
-                continue
-            shown = {k: v for k, v in knobs.items() if v is not None}
-            label = _label(name, shown)
-            arms.setdefault(
-                label,
-                AblationArm(
-                    label=label,
-                    strategy=name,
-                    over_sampling=knobs.get(_RATIO),
-                    max_version_span=knobs.get(_SPAN),
-                    segment_len=knobs.get(_SEGMENT),
-                    bounded=_SPAN in axes,
-                ),
-            )
-        if name not in ASYNC_STRATEGIES:
-            continue
-        shown = {k: v for k, v in base.items() if v is not None}
-        for driver in drivers:
-            label = _label(name, {**shown, **driver})
-            arms.setdefault(
-                label,
-                AblationArm(
-                    label=label,
-                    strategy=name,
-                    over_sampling=base.get(_RATIO),
-                    max_version_span=base.get(_SPAN),
-                    segment_len=base.get(_SEGMENT),
-                    bounded=_SPAN in axes,
-                    driver=tuple(driver.items()),
-                ),
-            )
-    return list(arms.values())
+__all__ = ["ZOO", "AblationArm", "add_parsers", "cmd_ablate", "grid_arms"]
 
 
 def _drivers(text: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for v in (v.strip() for v in text.split(",") if v.strip()):
-        if v.lower() in ("none", "off", "-"):
-            continue
-        name, _, eta = v.partition(":")
-        if name == "one-step-off" and not eta:
-            out.append({"driver": name})
-        elif name == "stale" and eta.isdigit():
-            out.append({"driver": name, "max_staleness": int(eta)})
-        else:
-            raise argparse.ArgumentTypeError(
-                f"expected one-step-off or stale:ETA (or none), like one-step-off,stale:1,stale:2; got {v!r}"
-            )
-    return out
+    try:
+        return parse_drivers(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _floats(text: str) -> list[float]:
@@ -227,13 +115,12 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
+    from april_bench import runner
     from april_bench.algorithms import OFF_POLICY_MODES
-    from april_bench.backends import build_components
     from april_bench.cli.args import config_from_args
-    from april_bench.cli.commands import _execute
+    from april_bench.cli.commands import print_outcome
     from april_bench.config import ConfigError
-    from april_bench.results.resume import RunStatus
-    from april_bench.results.rundir import claim_run_dir, default_run_name
+    from april_bench.results.rundir import claim_run_dir, default_run_name, start_run_dir
     from april_bench.results.store import load_run
 
     if args.resume is not None:
@@ -261,13 +148,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         for mode in modes
     }
     components = {
-        mode: build_components(config, progress=not args.no_progress) for mode, config in configs.items()
+        mode: runner.prepare(config, progress=not args.no_progress) for mode, config in configs.items()
     }
-    from april_bench.experiment import check_drivers
-
-    for mode, built in components.items():
-        built.check(configs[mode].telemetry)
-        check_drivers(configs[mode], built)
     name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
     _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
@@ -275,11 +157,12 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     simulated = True
     for mode in modes:
         run_dir = out / mode
-        run_dir.mkdir(parents=True, exist_ok=True)
-        status = RunStatus(path=run_dir / "status.json")
-        status.save()
+        status = start_run_dir(run_dir, default_name=mode)
         tick = time.monotonic()
-        code = _execute(configs[mode], components[mode], run_dir, status, progress=not args.no_progress)
+        outcome = runner.execute(
+            configs[mode], components[mode], run_dir, status, progress=not args.no_progress, echo=_echo
+        )
+        code = print_outcome(outcome)
         if code != 0:
             return code
         _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")

@@ -76,7 +76,6 @@ def _int(text: str) -> int:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Every flag of ``run`` and ``validate`` (the two take the same flags)."""
     from april_bench.algorithms import ALGORITHMS, OFF_POLICY_MODES
-    from april_bench.backends.trainers import TRAINERS
     from april_bench.data.specs import training_sets
     from april_bench.engines import ENGINES
     from april_bench.experiment_config import ExperimentConfig
@@ -86,6 +85,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from april_bench.rollout.registry import STRATEGIES
     from april_bench.rollout.strategy import RefillMode
     from april_bench.telemetry.sampler import BACKENDS, TelemetryConfig
+    from april_bench.trainers.registry import TRAINERS
 
     exp, roll = ExperimentConfig.field_help(), RolloutConfig.field_help()
     what = p.add_argument_group(
@@ -320,6 +320,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The hardware's recipe, with every flag the user set applied on top."""
     from april_bench.recipes import recipe_for
 
+    strategies = None if args.strategies is None else _split(args.strategies)
+    devices = None if args.telemetry_devices is None else _devices(args.telemetry_devices)
+    eval_datasets = None if args.eval_datasets is None else _split(args.eval_datasets)
     if getattr(args, "config", None) is not None:
         from april_bench.config_files import config_from_file
 
@@ -330,16 +333,14 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.engine not in (None, "auto"):
         from april_bench.engines import ENGINES
 
-        if args.engine in ENGINES and ENGINES.get(args.engine).simulated:
-            # the recipe's trainer settings are for a real trainer; a fake engine pairs with the sim's
-            base = base.replace(trainer_args={})
-    if args.engine == "vllm" and args.model is None and base.model == "tiny":
-        base = base.replace(model="tiny32")  # vLLM's CPU attention takes heads of 32 and up, not tiny's 24
+        if args.engine in ENGINES:  # the engine's own rules (EngineSpec.recipe_changes)
+            rules = ENGINES.get(args.engine).recipe_changes(base.model, model_given=args.model is not None)
+            base = base.replace(**rules) if rules else base
     changes: dict[str, Any] = {
         k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
     }
-    if args.strategies is not None:
-        changes["strategies"] = _split(args.strategies)
+    if strategies is not None:
+        changes["strategies"] = strategies
     if "steps" in changes and "warmup_steps" not in changes and base.warmup_steps >= changes["steps"]:
         changes["warmup_steps"] = 0  # the recipe's warm-up is for its own length; a shorter run keeps all
     rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
@@ -368,7 +369,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         for k, v in (
             ("backend", args.telemetry),
             ("rate_hz", args.telemetry_rate),
-            ("devices", None if args.telemetry_devices is None else _devices(args.telemetry_devices)),
+            ("devices", devices),
         )
         if v is not None
     }
@@ -376,8 +377,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         changes["telemetry"] = base.telemetry.replace(**telemetry)
     if args.data_path:
         changes["data_paths"] = {**base.data_paths, **dict(args.data_path)}
-    if args.eval_datasets is not None:
-        changes["eval_datasets"] = _split(args.eval_datasets)
+    if eval_datasets is not None:
+        changes["eval_datasets"] = eval_datasets
     return base.replace(**changes)
 
 

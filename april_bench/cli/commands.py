@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["add_inspect_parsers", "cmd_ls", "cmd_report", "cmd_run", "cmd_validate"]
+if TYPE_CHECKING:
+    from april_bench.runner import RunOutcome
+
+__all__ = ["add_inspect_parsers", "cmd_ls", "cmd_report", "cmd_run", "cmd_validate", "print_outcome"]
 
 LS_SECTIONS = ("strategies", "engines", "trainers", "algorithms", "models", "datasets", "hardware")
 
@@ -21,29 +21,36 @@ def _echo(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from april_bench.backends import build_components
-    from april_bench.cli.args import config_from_args
-    from april_bench.results.resume import RunStatus
-    from april_bench.results.rundir import claim_run_dir, default_run_name
+    outcome = _resume(args) if args.resume is not None else _run(args)
+    return print_outcome(outcome)
 
-    if args.resume is not None:
-        return _resume(args)
+
+def _resume(args: argparse.Namespace) -> RunOutcome:
+    """Continue an interrupted run from its checkpoints, with the run's own configuration."""
+    from april_bench import runner
+    from april_bench.cli.args import flags_set
+    from april_bench.config import ConfigError
+
+    out = Path(args.resume).expanduser()
+    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
+    if extra:
+        raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
+    return runner.resume(out, progress=not args.no_progress, echo=_echo)
+
+
+def _run(args: argparse.Namespace) -> RunOutcome:
+    from april_bench import runner
+    from april_bench.cli.args import config_from_args
+
     config = config_from_args(args)
     trackers = _trackers(args)  # a tracker whose library is missing: refused before anything runs
-    components = build_components(config, progress=not args.no_progress)
-    components.check(config.telemetry)
-    check_drivers(config, components)
-    _check_reference_run(args.out, allow_dirty=args.allow_dirty)
-    name = default_run_name(config.hardware, config.algorithm, config.dataset)
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
-    status = RunStatus(path=out / "status.json")
-    status.save()
-    return _execute(
+    return runner.run_into(
         config,
-        components,
-        out,
-        status,
+        args.out,
+        overwrite=args.overwrite,
+        allow_dirty=args.allow_dirty,
         progress=not args.no_progress,
+        echo=_echo,
         metadata=dict(args.metadata),
         trackers=trackers,
     )
@@ -58,157 +65,19 @@ def _trackers(args: argparse.Namespace) -> dict[str, Any]:
     return {"names": names, "project": args.logger_project, "offline": args.logger_offline}
 
 
-def _check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
-    """A run written into the checkout's ``results/`` is a committed reference: its provenance must name
-    a commit that holds exactly the code that produced it."""
-    from april_bench.config import ConfigError
-    from april_bench.results.provenance import git_info, source_root
+def print_outcome(outcome: RunOutcome) -> int:
+    """A completed run's tables, its directory and a one-line JSON summary; the exit code."""
+    from april_bench.results.store import render_tables
 
-    root = source_root()
-    if out is None or root is None or allow_dirty:
-        return
-    if not out.expanduser().resolve().is_relative_to((root / "results").resolve()):
-        return
-    if git_info(root).get("dirty"):
-        raise ConfigError(
-            f"{out} is a reference run under results/ but the checkout has uncommitted changes: "
-            "commit them first, or pass --allow-dirty"
-        )
-
-
-def check_drivers(config: Any, components: Any) -> None:
-    from april_bench.experiment import check_drivers as check
-
-    check(config, components)
-
-
-def _resume(args: argparse.Namespace) -> int:
-    """Continue an interrupted run from its checkpoints, with the run's own configuration."""
-    from april_bench.backends import build_components
-    from april_bench.cli.args import flags_set
-    from april_bench.config import ConfigError
-    from april_bench.experiment_config import load_config
-    from april_bench.results.resume import RunStatus, read_rows_for_resume
-
-    out = Path(args.resume).expanduser()
-    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
-    if extra:
-        raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
-    status = RunStatus.load(out)
-    if status.state == "complete":
-        raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
-    try:
-        config = load_config(json.loads((out / "config.json").read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
-    components = build_components(config, progress=not args.no_progress)
-    components.check(config.telemetry)
-    check_drivers(config, components)
-    kept = read_rows_for_resume(out, status, config.steps)
-    _echo(f"resuming {out}: {resume_line(status, config)}")
-    status.state, status.message = "running", ""  # the interrupt's message is history now
-    status.save()
-    return _execute(config, components, out, status, progress=not args.no_progress, kept=kept)
-
-
-def resume_line(status: Any, config: Any) -> str:
-    """``59 of 120 steps saved: sync 29/60, april 30/60`` (``#r`` after an arm for repeats past the first)."""
-    parts = []
-    for repeat in range(config.repeats):
-        for arm in config.arms:
-            done = status.completed.get(f"{arm.label}#{repeat}", 0)
-            parts.append(f"{arm.label}{f' #{repeat}' if repeat else ''} {done}/{config.steps}")
-    total = config.steps * config.repeats * len(config.arms)
-    return f"{sum(status.completed.values())} of {total} steps saved: {', '.join(parts)}"
-
-
-def _execute(
-    config: Any,
-    components: Any,
-    out: Path,
-    status: Any,
-    *,
-    progress: bool,
-    kept: dict[str, list[dict[str, Any]]] | None = None,
-    metadata: dict[str, Any] | None = None,
-    trackers: dict[str, Any] | None = None,
-) -> int:
-    """Run (or continue) the experiment into ``out``, streaming rows; stop cleanly on SIGINT/SIGTERM."""
-    from april_bench.cli import prog_name
-    from april_bench.experiment import run
-    from april_bench.results.provenance import collect_provenance
-    from april_bench.results.records import RunRecorder
-    from april_bench.results.store import RunWriter, render_tables, write_json_atomic
-
-    simulated = components.engine_spec.simulated
-    provenance_path = out / "provenance.json"
-    if kept is None or not provenance_path.exists():
-        provenance = collect_provenance(
-            simulated=simulated, engine=components.engine_name, notes=components.notes, metadata=metadata
-        )
-        write_json_atomic(out / "config.json", config.to_dict())
-        from april_bench.config_files import write_config_file
-
-        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
-        write_json_atomic(provenance_path, provenance)
-    else:
-        provenance = json.loads(provenance_path.read_text())
-        provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
-    from april_bench.results.trackers import open_trackers
-
-    writer = open_trackers(  # the run directory's writer, and the --logger trackers beside it
-        **(trackers or {"names": ()}),
-        inner=RunWriter(out),
-        out=out,
-        config=config.to_dict(),
-        provenance=provenance,
-    )
-    recorder = RunRecorder(sink=writer)
-    if kept:
-        recorder.preload(kept)
-    received: list[str] = []
-    try:
-        with _signals_as_interrupts(received):
-            result = run(
-                config, progress=progress, echo=_echo, recorder=recorder, components=components, status=status
-            )
-    except BaseException as exc:
-        writer.close()
-        writer.inner.close()
-        # A signal raised inside the event loop's machinery can surface as another error (for example
-        # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
-        if not isinstance(exc, KeyboardInterrupt) and not received:
-            status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
-            status.save()
-            raise
-        status.state, status.message = "interrupted", f"stopped by {received[0] if received else 'SIGINT'}"
-        status.save()
-        done = sum(status.completed.values())
-        _echo(
-            f"interrupted: {done} step(s) are saved in {out}; continue with "
-            f"`{prog_name()} run --resume {out}`"
-        )
-        return 130 if not received or received[0] == "SIGINT" else 143
-    provenance = collect_provenance(
-        simulated=result.simulated,
-        engine=result.engine,
-        engine_version=result.engine_version,
-        engine_dtype=result.engine_dtype,
-        notes=result.notes,
-        started=provenance,
-    )
-    write_json_atomic(provenance_path, provenance)
-    stored = writer.inner.finish(config.to_dict(), provenance, recorder.tables)
-    status.state = "complete"
-    status.save()
-    summary: dict[str, dict[str, Any]] = stored.summary()
-    writer.finish(summary)
-    writer.close()
+    stored = outcome.stored
+    if stored is None:
+        return outcome.exit_code
+    summary = stored.summary()
     print(render_tables(stored.config, summary, stored.simulated))
-    print(f"\nrun directory: {out}")
+    print(f"\nrun directory: {outcome.out}")
     final: dict[str, Any] = {
-        "result_kind": provenance["result_kind"],
-        "out": str(out),
+        "result_kind": stored.provenance["result_kind"],
+        "out": str(outcome.out),
         "baseline": next(iter(summary.values()), {}).get("baseline"),
         "throughput_gain": {arm: m["throughput_gain"] for arm, m in summary.items()},
     }
@@ -216,34 +85,14 @@ def _execute(
     return 0
 
 
-@contextlib.contextmanager
-def _signals_as_interrupts(received: list[str]) -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C (a clean stop); the names of the signals received go to ``received``."""
-
-    def handler(signum: int, frame: Any) -> None:
-        received.append(signal.Signals(signum).name)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal must not break the cleanup
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     """Build the configuration and check every component without running anything (no warm start, no GPU)."""
-    from april_bench.backends import build_components
+    from april_bench import runner
     from april_bench.cli.args import config_from_args
 
     config = config_from_args(args)
     _trackers(args)
-    components = build_components(config)
-    components.check(config.telemetry)
-    check_drivers(config, components)
+    components = runner.prepare(config)
     for note in components.notes:
         print(note)
     where = f"{config.model} on {config.hardware}"
@@ -294,10 +143,10 @@ def add_inspect_parsers(sub: Any) -> None:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from april_bench.algorithms import ALGORITHMS
-    from april_bench.backends.trainers import TRAINERS
     from april_bench.engines import ENGINES
     from april_bench.profiles.models import MODELS
     from april_bench.rollout.registry import STRATEGIES, strategy_options
+    from april_bench.trainers.registry import TRAINERS
 
     sections: dict[str, Any] = {
         "strategies": STRATEGIES,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.data.boxed import last_boxed
 from april_bench.data.records import LoadedDataset, LoadReport, MathProblem
 from april_bench.data.specs import DATASETS, DatasetSpec
 from april_bench.data.templates import TEMPLATES
@@ -156,8 +157,6 @@ def _id(value: Any) -> str | None:
 
 def _boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` in ``text`` (brace counting), or ``None``."""
-    from april_bench.graders.deepscaler import last_boxed  # light: sympy loads only when grading
-
     return last_boxed(text, fbox=False)
 
 

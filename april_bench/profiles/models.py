@@ -132,7 +132,7 @@ MODELS.register(
     "tiny",
     ModelProfile(
         name="tiny",
-        hf_id="(april_bench.engines.hf.models.TINY)",
+        hf_id="(april_bench.models.zoo.TINY)",
         layers=3,
         hidden=96,
         ffn=288,
@@ -141,7 +141,7 @@ MODELS.register(
         head_dim=24,
         vocab=17,
         tied_embeddings=True,
-        source="april_bench.engines.hf.models.TINY with the synthetic task's 17-token vocabulary",
+        source="april_bench.models.zoo.TINY with the synthetic task's 17-token vocabulary",
     ),
     "the embedded default: a 3-layer Qwen3 with 0.3 M parameters",
 )

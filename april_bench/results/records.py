@@ -1,4 +1,4 @@
-"""Tidy records: one row per request segment, sample fate, step, evaluation and engine-metric sample.
+"""Tidy records: one row per request segment, sample fate, step, evaluation, engine metric, trace sample.
 
 Every table and metric in april-bench is a pure function of these rows
 (:mod:`april_bench.results.summary`), and the rows are written as JSON Lines
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from april_bench.telemetry.records import TelemetryRecord
-from april_bench.types import Group
+from april_bench.types import Group, SampleStatus
 
 __all__ = [
     "TABLES",
@@ -32,6 +32,7 @@ __all__ = [
     "RunRecorder",
     "SampleRecord",
     "StepRecord",
+    "TraceRecord",
     "as_row",
 ]
 
@@ -190,6 +191,27 @@ class EventRecord:
     repeat: int = 0
 
 
+@dataclass(slots=True)
+class TraceRecord:
+    """One finished sample as the run's *trace* (``docs/whatif.md``): what ``whatif`` replays.
+
+    Written for every sample that finished generating (completed or truncated), whatever its fate
+    (trained, rejected by the filter, discarded as surplus, buffered at the end), so the trace keeps
+    the groups, the rewards the filter saw and the order of steps.  ``prompt_id`` is the group's uid in
+    this arm; a group is the rows sharing ``(step, prompt_id)``."""
+
+    arm: str
+    step: int
+    prompt_id: str
+    sample_index: int
+    prompt_tokens: int
+    response_tokens: int
+    #: ``stop`` (the response ended by itself) or ``truncated`` (it hit the response limit).
+    finish: str
+    reward: float | None
+    repeat: int = 0
+
+
 #: Every table of a run, in the order they are written, with its record type.
 TABLES: Mapping[str, type] = {
     "requests": RequestRecord,
@@ -199,6 +221,7 @@ TABLES: Mapping[str, type] = {
     "engine_metrics": EngineMetricRecord,
     "events": EventRecord,
     "telemetry": TelemetryRecord,
+    "trace": TraceRecord,
 }
 _TABLE_OF = {cls: name for name, cls in TABLES.items()}
 
@@ -296,3 +319,17 @@ class RunRecorder:
                         repeat=repeat,
                     )
                 )
+                if s.status.is_finished:  # its natural length is known: it joins the trace
+                    self.add(
+                        TraceRecord(
+                            arm=arm,
+                            step=step,
+                            prompt_id=str(group.uid),
+                            sample_index=s.index,
+                            prompt_tokens=s.prompt.length,
+                            response_tokens=s.response_len,
+                            finish="truncated" if s.status is SampleStatus.TRUNCATED else "stop",
+                            reward=s.reward,
+                            repeat=repeat,
+                        )
+                    )

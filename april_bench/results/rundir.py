@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from april_bench.config import ConfigError
 
-__all__ = ["claim_run_dir", "default_run_name"]
+if TYPE_CHECKING:
+    from april_bench.results.resume import RunStatus
+
+__all__ = ["claim_run_dir", "default_run_name", "start_run_dir"]
 
 
 def default_run_name(hardware: str, algorithm: str, dataset: str) -> str:
@@ -69,3 +73,17 @@ def _clear_run(path: Path) -> None:
     for child in path.iterdir():
         if child.is_file() and (child.suffix in (".jsonl", ".json", ".md", ".gz", ".png", ".csv", ".tex")):
             child.unlink()
+
+
+def start_run_dir(
+    out: Path | None, *, default_name: str, root: Path = Path("runs"), overwrite: bool = False
+) -> RunStatus:
+    """Claim the run directory (:func:`claim_run_dir`) and write its ``status.json``: the run's status,
+    whose ``path.parent`` is the directory."""
+    from april_bench.results.resume import RunStatus
+
+    status = RunStatus(
+        path=claim_run_dir(out, default_name=default_name, root=root, overwrite=overwrite) / "status.json"
+    )
+    status.save()
+    return status

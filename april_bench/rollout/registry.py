@@ -24,7 +24,7 @@ from april_bench.rollout.strategy import RolloutStrategy
 
 __all__ = ["STRATEGIES", "ArmSpec", "build_strategy", "strategy_options"]
 
-STRATEGIES: Registry[type] = Registry("strategy")
+STRATEGIES: Registry[type[RolloutStrategy]] = Registry("strategy")
 STRATEGIES.register(
     "sync", "baselines.sync:SyncStrategy", "launch N groups and wait for all (the paper's baseline)"
 )

@@ -169,9 +169,13 @@ class StepSummary:
 
 @runtime_checkable
 class RolloutStrategy(Protocol):
-    """Decisions that distinguish one rollout strategy from another."""
+    """Decisions that distinguish one rollout strategy from another (:class:`BaseStrategy` supplies the
+    defaults of every member but :meth:`launch_count` and :meth:`on_leftover`)."""
 
     name: str
+    #: True for strategies that abort and resume partial responses: an async driver then updates
+    #: weights with requests in flight by default.
+    partial_rollout: bool
 
     def launch_count(self, view: RolloutView) -> int:
         """Groups to launch now (0 for none)."""
@@ -207,6 +211,14 @@ class RolloutStrategy(Protocol):
 
     def on_step_end(self, summary: StepSummary) -> None:
         """Called once per step, after the carry-over."""
+        ...
+
+    def state(self) -> dict[str, object]:
+        """What the strategy learned so far, JSON-serialisable (a checkpoint holds it)."""
+        ...
+
+    def restore(self, state: dict[str, object]) -> None:
+        """Continue from :meth:`state`'s result (a resumed run)."""
         ...
 
 

@@ -137,6 +137,12 @@ class SimWorkload(Configurable):
             0.0006, help="log-length drift per step (DAPO: mean 750 -> 2,500 tokens over 2,000 steps)"
         )
         length_trace: Path | None = param(None, help="replay response lengths from this .jsonl/.csv")
+        trace: Path | None = param(
+            None,
+            help="replay a trace (docs/whatif.md) group by group in step order: lengths, prompt lengths "
+            "and rewards (a trace file or a run directory)",
+        )
+        trace_arm: str | None = param(None, help="with trace= a run directory: the arm to replay")
         data_path: Path | None = param(
             None, help="prompt lengths from this local copy of the data set instead of the profile"
         )
@@ -154,6 +160,12 @@ class SimWorkload(Configurable):
                 raise ConfigError("solve_concentration must be > 0")
             if self.solve_rate is not None and not 0 < self.solve_rate < 1:
                 raise ConfigError(f"solve_rate must be in (0, 1), got {self.solve_rate}")
+            if self.trace is not None and (self.length_trace is not None or self.data_path is not None):
+                raise ConfigError(
+                    "workload trace= replays prompt and response lengths; drop length_trace=/data_path="
+                )
+            if self.trace_arm is not None and self.trace is None:
+                raise ConfigError("workload trace_arm= picks an arm of trace=; set both")
             if self.tokenizer is not None and self.data_path is None:
                 raise ConfigError("workload tokenizer= only counts prompt tokens of data_path=; set both")
 
@@ -198,6 +210,11 @@ class SimWorkload(Configurable):
 
     def _length_model(self) -> LengthModel:
         cfg = self.config
+        if cfg.trace is not None:
+            from april_bench.sim.trace_replay import TraceReplay
+
+            self.name = f"sim:trace:{Path(cfg.trace).name}"
+            return TraceReplay(cfg.trace, arm=cfg.trace_arm)
         if cfg.length_trace is not None:
             return TraceLengths(cfg.length_trace, self._n)
         median = cfg.response_median or self.profile.response_median * MODEL_LENGTH_FACTOR.get(cfg.model, 1.0)
@@ -215,7 +232,7 @@ class SimWorkload(Configurable):
 
     @property
     def has_rewards(self) -> bool:
-        return not isinstance(self.lengths, TraceLengths) or self.lengths.has_rewards
+        return bool(getattr(self.lengths, "has_rewards", True))
 
     def _draw(self, uid: int) -> LengthDraw:
         draw = self._draws.get(uid)
@@ -225,7 +242,10 @@ class SimWorkload(Configurable):
 
     def _prompt(self, uid: int) -> Prompt:
         rng = np.random.default_rng([self.config.seed, uid, 0])
-        if self.prompt_lengths:  # measured: problem `uid` of a per-epoch shuffle of the file
+        replay = self._replay
+        if replay is not None:  # the trace's group `uid`: its prompt length
+            length = replay.group(uid).prompt_tokens
+        elif self.prompt_lengths:  # measured: problem `uid` of a per-epoch shuffle of the file
             length = max(1, self.prompt_lengths[self._order.index(uid)])
         else:
             p = self.profile
@@ -244,7 +264,16 @@ class SimWorkload(Configurable):
 
     def longest_prompt(self) -> int:
         """The longest prompt this workload can produce (sizes a real engine's context)."""
+        if self._replay is not None:
+            return self._replay.longest_prompt()
         return max(self.prompt_lengths) if self.prompt_lengths else self._max_prompt
+
+    @property
+    def _replay(self) -> Any:
+        """The trace replay (``trace=``), else ``None``."""
+        from april_bench.sim.trace_replay import TraceReplay
+
+        return self.lengths if isinstance(self.lengths, TraceReplay) else None
 
     def prompt_stream(self) -> PromptStream:
         return PromptStream(self._prompt)
@@ -255,6 +284,9 @@ class SimWorkload(Configurable):
 
     def reward(self, sample: Sample) -> float:
         """1 for a right answer that was not truncated, else 0 (deepscaler-style).  Drives the
-        DAPO filter only; it is not an accuracy."""
+        DAPO filter only; it is not an accuracy.  A replayed trace gives its own rewards."""
+        if self._replay is not None:
+            truncated = sample.status is SampleStatus.TRUNCATED
+            return float(self._replay.reward(sample.prompt.uid, sample.index, truncated=truncated))
         right = self._draw(sample.prompt.uid).correct[sample.index]
         return 1.0 if right and sample.status is SampleStatus.COMPLETED else 0.0

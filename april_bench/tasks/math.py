@@ -11,18 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from april_bench.config import BaseConfig, ConfigError, param
 from april_bench.data import MathProblem, render
 from april_bench.evaluation import AvgAtK, EvalItem, EvalResult
 from april_bench.graders import correct_value, score, style_for
+from april_bench.tasks.base import Task, check_loaded
 from april_bench.types import Prompt, Sample
 from april_bench.workload import EpochOrder, PromptStream
+
+if TYPE_CHECKING:
+    from april_bench.experiment_config import ExperimentConfig
 
 __all__ = [
     "MathTaskSettings",
     "MathWorkload",
+    "build",
     "evaluate_checkpoint",
     "load_sets",
     "math_evaluator",
@@ -238,3 +244,62 @@ def evaluate_checkpoint(
             await engine.close()
 
     return run_real(main())
+
+
+def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: bool = False) -> Task:
+    """A real checkpoint on a real data set: prompts through its chat template, the recipe's grader,
+    avg@k on ``eval_datasets``."""
+    from transformers import AutoTokenizer
+
+    from april_bench.data import DATASETS, load
+
+    if config.dataset not in DATASETS:
+        raise ConfigError(
+            f"--model {config.model} is a checkpoint, so --dataset must be a math data set "
+            f"({', '.join(DATASETS)}), got {config.dataset!r}"
+        )
+    settings = MathTaskSettings.from_args(config.task_args)
+    model = str(Path(config.model).expanduser())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    loaded = load(config.dataset, config.data_paths.get(config.dataset), limit=settings.limit)
+    notes: list[str] = []
+    check_loaded(config.dataset, loaded.report, min_share=settings.min_kept_share, notes=notes)
+    problems = loaded.problems
+    workload = MathWorkload(
+        problems,
+        tokenizer,
+        dataset=config.dataset,
+        template=settings.template,
+        grader=settings.grader,
+        seed=config.seed,
+    )
+    longest = workload.longest_prompt()
+    evaluator = None
+    if config.eval_datasets:
+        rollout = config.rollout
+        evaluator = math_evaluator(
+            load_sets(config.eval_datasets, config.data_paths),
+            tokenizer,
+            max_new_tokens=rollout.max_response_len,
+            samples=settings.eval_samples,
+            temperature=rollout.temperature
+            if settings.eval_temperature is None
+            else settings.eval_temperature,
+            top_p=settings.eval_top_p,
+            template=settings.eval_template,
+            grader=settings.eval_grader,
+            seed=config.seed,
+            limit=settings.eval_limit,
+        )
+        longest = max(longest, evaluator.longest_prompt())
+    eos = stop_token_ids(model, tokenizer)
+    return Task(
+        kind="math",
+        workload=workload,
+        evaluator=evaluator,
+        longest_prompt=longest,
+        eos_token_ids=eos,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0],
+        checkpoint=lambda: model,
+        notes=notes,
+    )

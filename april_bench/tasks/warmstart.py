@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.engines.hf.models import build_model, model_config
+from april_bench.models.zoo import build_model, model_config
 from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
 
 __all__ = ["WarmStart", "cache_dir"]

@@ -20,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from april_bench.config import ConfigError
 from april_bench.telemetry.devices import (
     DeviceReading,
     FieldErrors,
     ModuleLoader,
     TelemetryUnavailable,
     as_number,
-    import_quietly,
+    check_requested,
+    import_vendor,
     parse_visible,
 )
 
@@ -39,12 +39,7 @@ _MIB = 1024 * 1024
 
 def load_amdsmi(loader: ModuleLoader | None = None) -> tuple[ModuleType, list[Any]]:
     """Import ``amdsmi``, initialise it for GPUs, and return the module and its processor handles."""
-    try:
-        smi = import_quietly("amdsmi", loader)
-    except ImportError as exc:
-        missing = isinstance(exc.__cause__, ModuleNotFoundError)
-        why = "is not installed" if missing else f"failed to import ({exc})"
-        raise TelemetryUnavailable(f"amdsmi {why}: {INSTALL_HINT}") from None
+    smi = import_vendor("amdsmi", loader, INSTALL_HINT)
     try:
         smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
     except Exception as exc:  # AmdSmiLibraryException: driver not loaded, no GPU
@@ -127,12 +122,7 @@ class AmdSmiReader:
 
 def _pick_devices(count: int, devices: Sequence[int] | None, env: Mapping[str, str]) -> list[int]:
     if devices is not None:
-        missing = [d for d in devices if not 0 <= d < count]
-        if missing:
-            raise ConfigError(
-                f"--telemetry-devices {','.join(map(str, missing))}: this machine has GPUs 0-{count - 1}"
-            )
-        return list(devices)
+        return check_requested(devices, count)
     rocr = parse_visible(env, ("ROCR_VISIBLE_DEVICES",))
     physical = _ordinals(rocr.entries, list(range(count)))
     hip = parse_visible(env, ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"))

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
+from april_bench.config import ConfigError
+
 __all__ = [
     "DeviceReader",
     "DeviceReading",
@@ -25,7 +27,9 @@ __all__ = [
     "TelemetryUnavailable",
     "Visible",
     "as_number",
+    "check_requested",
     "import_quietly",
+    "import_vendor",
     "parse_visible",
 ]
 
@@ -109,6 +113,27 @@ def import_quietly(name: str, loader: ModuleLoader | None = None) -> ModuleType:
             return load(name)
     except Exception as exc:  # KeyError / OSError from amdsmi's library lookup, ImportError
         raise ImportError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def import_vendor(name: str, loader: ModuleLoader | None, install: str) -> ModuleType:
+    """:func:`import_quietly`, with the one line :class:`TelemetryUnavailable` says when it fails
+    (``name`` is not installed, or failed to import), naming ``install``."""
+    try:
+        return import_quietly(name, loader)
+    except ImportError as exc:
+        missing = isinstance(exc.__cause__, ModuleNotFoundError)
+        why = "is not installed" if missing else f"failed to import ({exc})"
+        raise TelemetryUnavailable(f"{name} {why}: {install}") from None
+
+
+def check_requested(devices: Sequence[int], count: int) -> list[int]:
+    """The ``--telemetry-devices`` asked for, each one of this machine's ``count`` GPUs."""
+    missing = [d for d in devices if not 0 <= d < count]
+    if missing:
+        raise ConfigError(
+            f"--telemetry-devices {','.join(map(str, missing))}: this machine has GPUs 0-{count - 1}"
+        )
+    return list(devices)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,14 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from april_bench.config import ConfigError
 from april_bench.telemetry.devices import (
     DeviceReading,
     FieldErrors,
     ModuleLoader,
     TelemetryUnavailable,
     as_number,
-    import_quietly,
+    check_requested,
+    import_vendor,
     parse_visible,
 )
 
@@ -35,12 +35,7 @@ INSTALL_HINT = "pip install 'april-bench[nvidia]'"
 
 def load_nvml(loader: ModuleLoader | None = None) -> ModuleType:
     """Import ``pynvml`` and call ``nvmlInit``; :class:`TelemetryUnavailable` says why not."""
-    try:
-        nvml = import_quietly("pynvml", loader)
-    except ImportError as exc:
-        missing = isinstance(exc.__cause__, ModuleNotFoundError)
-        why = "is not installed" if missing else f"failed to import ({exc})"
-        raise TelemetryUnavailable(f"pynvml {why}: {INSTALL_HINT}") from None
+    nvml = import_vendor("pynvml", loader, INSTALL_HINT)
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
@@ -106,12 +101,7 @@ def _pick_devices(nvml: ModuleType, devices: Sequence[int] | None, env: Mapping[
     if count == 0:
         raise TelemetryUnavailable("NVML sees no GPU")
     if devices is not None:
-        missing = [d for d in devices if not 0 <= d < count]
-        if missing:
-            raise ConfigError(
-                f"--telemetry-devices {','.join(map(str, missing))}: this machine has GPUs 0-{count - 1}"
-            )
-        return list(devices)
+        return check_requested(devices, count)
     visible = parse_visible(env, ("CUDA_VISIBLE_DEVICES",))
     if visible.entries is None:
         return list(range(count))

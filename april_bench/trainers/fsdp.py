@@ -32,7 +32,7 @@ import torch
 from april_bench.config import ConfigError, Configurable, param
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import RankGroup, free_address, place_ranks, serve
+from april_bench.trainers.ranks import serve, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -86,18 +86,12 @@ class FSDPTrainer(Configurable):
 
     def __init__(self, config: Config, *, model: PolicySpec) -> None:
         self.config = config
-        device, backend = place_ranks(
-            config.device,
-            config.backend,
-            config.world_size,
-            f"--trainer-arg world_size={config.world_size} needs that many GPUs",
-        )
-        self._ranks = RankGroup(
+        self._ranks = start_ranks(
             _rank_main,
-            (config, device, backend, free_address(), model),
-            world=config.world_size,
+            config,
+            model,
             name="fsdp",
-            start_timeout_s=config.start_timeout_s,
+            needs=f"--trainer-arg world_size={config.world_size} needs that many GPUs",
         )
 
     # ------------------------------------------------------------ trainer protocol
@@ -223,7 +217,7 @@ def _rank_main(
 def _build_rank(rank: int, config: FSDPTrainer.Config, device: str, model: PolicySpec) -> _RankTrainer:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
 
     module = build_model(model.name, vocab_size=model.vocab_size, seed=model.seed)
     module.load_state_dict(model.weights)

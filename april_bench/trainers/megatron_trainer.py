@@ -53,7 +53,7 @@ from april_bench.trainers.fsdp import PolicySpec
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.megatron import MegatronLayout, ModelShape, hf_to_mcore, mcore_to_hf, shard, unshard
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import RankGroup, free_address, place_ranks, serve
+from april_bench.trainers.ranks import serve, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -113,18 +113,12 @@ class MegatronTrainer(Configurable):
         self.layout = MegatronLayout(tp=config.tp, pp=config.pp)
         self.shape = padded_shape(ModelShape.of(hf), config.tp)
         self.layout.check(self.shape)
-        device, backend = place_ranks(
-            config.device,
-            config.backend,
-            config.world_size,
-            f"--trainer-arg tp={config.tp} pp={config.pp} needs {config.world_size} GPUs",
-        )
-        self._ranks = RankGroup(
+        self._ranks = start_ranks(
             _rank_main,
-            (config, device, backend, free_address(), model),
-            world=config.world_size,
+            config,
+            model,
             name="megatron",
-            start_timeout_s=config.start_timeout_s,
+            needs=f"--trainer-arg tp={config.tp} pp={config.pp} needs {config.world_size} GPUs",
         )
 
     # ------------------------------------------------------------ trainer protocol
@@ -144,8 +138,8 @@ class MegatronTrainer(Configurable):
 
     def save(self, path: str) -> str:
         """The policy as a Hugging Face checkpoint directory, for an engine in another process."""
-        from april_bench.engines.hf.checkpoint import save_state_dict
-        from april_bench.engines.hf.models import build_model
+        from april_bench.models.checkpoint import save_state_dict
+        from april_bench.models.zoo import build_model
 
         spec = self.model_spec
         module = build_model(spec.name, vocab_size=spec.vocab_size, seed=spec.seed)
@@ -180,7 +174,7 @@ def policy_config(model: PolicySpec) -> Any:
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(model.name)
-    from april_bench.engines.hf.models import model_config
+    from april_bench.models.zoo import model_config
 
     return model_config(model.name, vocab_size=model.vocab_size)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["RankGroup", "free_address", "serve"]
+__all__ = ["RankGroup", "free_address", "place_ranks", "serve", "start_ranks"]
 
 
 class RankGroup:
@@ -102,6 +102,20 @@ def place_ranks(device: str, backend: str, world: int, needs: str) -> tuple[str,
 
         raise ConfigError(f"{needs}; {torch.cuda.device_count()} visible")
     return device, (backend if backend != "auto" else ("nccl" if device == "cuda" else "gloo"))
+
+
+def start_ranks(main: Callable[..., None], config: Any, model: Any, *, name: str, needs: str) -> RankGroup:
+    """The ranks of a multi-process trainer (FSDP, Megatron): placed (:func:`place_ranks`), each running
+    ``main(rank, config, device, backend, address, model, pipe)``.  ``config`` carries ``device``,
+    ``backend``, ``world_size`` and ``start_timeout_s``."""
+    device, backend = place_ranks(config.device, config.backend, config.world_size, needs)
+    return RankGroup(
+        main,
+        (config, device, backend, free_address(), model),
+        world=config.world_size,
+        name=name,
+        start_timeout_s=config.start_timeout_s,
+    )
 
 
 def free_address() -> str:

@@ -153,7 +153,7 @@ class TorchTrainer(Configurable):
     def save(self, path: str) -> str:
         """The policy as a Hugging Face checkpoint directory (written atomically), for an engine in
         another process (vLLM, SGLang) to load."""
-        from april_bench.engines.hf.checkpoint import save_state_dict
+        from april_bench.models.checkpoint import save_state_dict
 
         return str(save_state_dict(self.model, path))
 

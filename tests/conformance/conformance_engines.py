@@ -120,8 +120,8 @@ KINDS = {
 
 def make_checkpoints(directory: Path) -> tuple[str, str]:
     """Two random-weight ``tiny32`` checkpoints (seeds 0 and 1): starting weights and an update."""
-    from april_bench.engines.hf.checkpoint import save_state_dict
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.checkpoint import save_state_dict
+    from april_bench.models.zoo import build_model
 
     paths = []
     for seed in (0, 1):

@@ -124,7 +124,7 @@ def trainer_gaps(
     of ``checkpoint`` at each request's temperature."""
     import torch
 
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
     from april_bench.trainers.logprobs import token_logprobs
 
     model = build_model(checkpoint)
@@ -340,7 +340,7 @@ def kept_kv_logprobs(
     sample the next), the ``new`` one from there on, attending to the old KV.  float32."""
     import torch
 
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
 
     assert request.input_ids is not None and completion.output_ids is not None
     prompt = len(request.input_ids)

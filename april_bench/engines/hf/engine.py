@@ -47,7 +47,6 @@ import torch
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.hf.cache import SlotKVCache
-from april_bench.engines.hf.models import build_model
 from april_bench.engines.hf.sampling import position_uniform, sample
 from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
@@ -60,6 +59,7 @@ from april_bench.engines.protocol import (
     WeightUpdate,
 )
 from april_bench.engines.stream import CompletionStream
+from april_bench.models.zoo import build_model
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
@@ -265,7 +265,7 @@ class HFEngine(Configurable):
         if update.weights is not None:
             self.model.load_state_dict(update.weights)
         elif update.path is not None:
-            from april_bench.engines.hf.checkpoint import load_state_dict
+            from april_bench.models.checkpoint import load_state_dict
 
             self._load_checkpoint_weights(load_state_dict(update.path))
         if self.device.type == "cuda":  # load_state_dict only queues the copies: time them here
@@ -618,7 +618,7 @@ def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> HFEngine
 
 def _check_kv_fits(config: HFEngine.Config, vocab_size: int | None, device: torch.device) -> None:
     """Refuse a slot KV cache larger than the device's memory, naming the knobs."""
-    from april_bench.engines.hf.models import model_config
+    from april_bench.models.zoo import model_config
 
     if Path(config.model).is_dir():
         return  # a checkpoint's shape is known only once loaded; SlotKVCache allocation checks it

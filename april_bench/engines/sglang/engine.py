@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import sys
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,13 +49,13 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.sglang.http import HTTPClient, HTTPError
-from april_bench.engines.sglang.launcher import ServerHandle, ServerProcess, free_port, launch_command
-from april_bench.engines.sglang.metrics import parse_prometheus
+from april_bench.engines.server.http import HTTPClient, HTTPError
+from april_bench.engines.server.metrics import parse_prometheus
+from april_bench.engines.server.process import ServerHandle, ServerProcess, flag_args, free_port
 from april_bench.engines.sglang.wire import VersionMap, error_message, generate_payload, parse_generate_output
 from april_bench.engines.stream import CompletionStream
 
-__all__ = ["SGLangEngine"]
+__all__ = ["SGLangEngine", "launch_command"]
 
 MIN_SGLANG = "0.5.9"  # oldest version whose API this adapter was checked against (/v1/loads, sampling_seed)
 
@@ -433,3 +434,27 @@ def fake_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGL
     options.pop("context_length", None)
     config = config_from(SGLangEngine.Config, options, where="--engine-arg", owner="the sglang adapter")
     return config.build(server=server.build())
+
+
+def launch_command(config: SGLangEngine.Config, port: int) -> list[str]:
+    """``python -m sglang.launch_server ...`` for ``config``: ids in, ids out, on ``host:port``."""
+    flags: dict[str, Any] = {
+        "--model-path": config.model_path,
+        "--host": config.host,
+        "--port": port,
+        "--skip-tokenizer-init": True,
+        "--tp-size": config.tp_size,
+        "--random-seed": config.seed,
+        "--weight-version": "0",
+        "--context-length": config.context_length,
+        "--mem-fraction-static": config.mem_fraction_static,
+        "--max-running-requests": config.max_running_requests,
+        "--chunked-prefill-size": config.chunked_prefill_size,
+        "--enable-metrics": config.enable_metrics,
+        "--enable-deterministic-inference": config.deterministic,
+        "--api-key": config.api_key,
+    }
+    words = [config.python or sys.executable, "-m", config.launch_module]
+    for name, value in [*flags.items(), *config.engine_args.items()]:
+        words += flag_args(name, value)
+    return words

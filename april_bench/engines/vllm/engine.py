@@ -544,7 +544,7 @@ def _head_size(model: str) -> int | None:
         heads, hidden = shape.get("num_attention_heads"), shape.get("hidden_size")
         head = shape.get("head_dim") or (hidden // heads if heads and hidden else None)
         return None if head is None else int(head)
-    from april_bench.engines.hf.models import model_config
+    from april_bench.models.zoo import model_config
 
     config = model_config(model)
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)

@@ -72,9 +72,9 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.sglang.http import HTTPClient, HTTPError, HTTPStream
-from april_bench.engines.sglang.launcher import ServerProcess, flag_args, free_port
-from april_bench.engines.sglang.metrics import parse_prometheus
+from april_bench.engines.server.http import HTTPClient, HTTPError, HTTPStream
+from april_bench.engines.server.metrics import parse_prometheus
+from april_bench.engines.server.process import ServerProcess, flag_args, free_port
 from april_bench.engines.stream import CompletionStream
 from april_bench.engines.vllm.worker import WORKER_EXTENSION
 from april_bench.seeding import sample_seed
@@ -158,6 +158,7 @@ class VLLMServerEngine(Configurable):
                 env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib)},
                 log_path=config.log_file,
                 health_timeout_s=config.launch_timeout_s,
+                name="vllm",
             )
         self._client: HTTPClient | None = None
         self._model = config.model_path or ""

@@ -1,4 +1,4 @@
-"""Read SGLang's Prometheus ``/metrics`` page (served with ``--enable-metrics``) into flat numbers."""
+"""Read a server's Prometheus ``/metrics`` page (SGLang with ``--enable-metrics``, vLLM) into flat numbers."""
 
 from __future__ import annotations
 

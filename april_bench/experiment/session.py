@@ -1,192 +1,34 @@
-"""An experiment: the same workload run under several rollout strategies.
-
-``run(config)`` runs one *session* per arm (and per repetition with
-``repeats``).  Every session gets a fresh engine, trainer, buffer and prompt
-stream over the same prompts, the same sampling seeds and the same
-per-(prompt, sample) draws, so arms differ in the strategy alone.  A step is
-rollout, then train, then weight sync, timed on the session's clock (virtual
-for the simulator, ``time.monotonic`` for real engines).  Held-out
-evaluations, and the time other sessions run, are excluded from that clock,
-so "equal wall-clock" compares training time only.
-
-Measured (real-time) sessions run interleaved on one event loop in blocks of
-``block_steps`` steps, in ABBA order (A B, then B A, ...), so a burst of load
-on a shared machine falls on every arm alike.  Simulated sessions run one
-after another, each on its own virtual clock.
-
-An arm's driver (:mod:`april_bench.rollout.driver`) may overlap rollout and
-training (``one-step-off``, ``stale``).  Such a session's step rows still hold
-each phase's own duration, and its ``step_time_s`` is the time from the end of
-the previous step to the end of this one, so the sum over steps is the
-session's time for every driver and throughput is computed the same way.  Its
-pipeline drains at the end of every block of steps and before every held-out
-evaluation (so evaluations never see rollout requests in flight).
-
-With a ``state_dir``, every session writes a checkpoint after each completed
-step and ``resume=True`` continues from them (:mod:`april_bench.results.resume`).
-An asynchronous arm has requests in flight and batches rolled out ahead at
-every step boundary but the last, which a checkpoint does not hold: it writes
-its checkpoint when it completes, and an interrupted one restarts from step 0.
-"""
+"""One arm's session: engine, trainer, rollout loop and clock, run step by step (:class:`ArmSession`)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from april_bench.backends import Components, build_components
+import april_bench.experiment.checkpoint as checkpoint
+from april_bench.backends import Components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
-from april_bench.config import ConfigError
-from april_bench.engines.protocol import Engine, EngineMetrics, EngineState
-from april_bench.experiment_config import ExperimentConfig, load_config
+from april_bench.engines.protocol import Engine, EngineMetrics
+from april_bench.experiment.steps import record_step
+from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
-from april_bench.results.resume import RunStatus, state_path
-from april_bench.results.store import write_json_atomic
-from april_bench.rollout.driver import Pipeline, StepDone, WeightUpdateMode
+from april_bench.results.resume import RunStatus
+from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
-from april_bench.telemetry.records import ListSink, TelemetryRecord
-from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
-from april_bench.vtime import VirtualTimeLoop, run_real, run_virtual
+from april_bench.trainers.protocol import ClosableTrainer, Trainer
+from april_bench.vtime import VirtualTimeLoop
 
-__all__ = ["ExperimentConfig", "RunResult", "check_drivers", "load_config", "run", "schedule"]
-
-
-@dataclass(slots=True)
-class RunResult:
-    config: ExperimentConfig
-    engine: str
-    simulated: bool
-    recorder: RunRecorder
-    notes: list[str] = field(default_factory=list)
-    #: The engine package's version (``None`` for april-bench's own engines).
-    engine_version: str | None = None
-    #: The dtype the engine computed in (``None``: not reported).
-    engine_dtype: str | None = None
+__all__ = ["ArmSession", "Bars"]
 
 
-def run(
-    config: ExperimentConfig,
-    *,
-    progress: bool = True,
-    echo: Callable[[str], None] | None = None,
-    recorder: RunRecorder | None = None,
-    components: Components | None = None,
-    status: RunStatus | None = None,
-) -> RunResult:
-    """Run every session of ``config`` and return the tidy records (also streamed to ``recorder``'s
-    sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
-    from the steps ``status`` says they completed."""
-    components = components or build_components(config, progress=progress)
-    check_drivers(config, components)
-    for note in components.notes:
-        if echo:
-            echo(note)
-    recorder = recorder if recorder is not None else RunRecorder()
-    if status is not None and echo is not None and (status.completed or status.finished):
-        for arm in config.arms:  # a resumed run: say what an asynchronous arm cannot continue
-            unfinished = any(
-                status.completed.get(f"{arm.label}#{r}", 0) < config.steps for r in range(config.repeats)
-            )
-            if arm.driver.asynchronous and unfinished:
-                echo(
-                    f"arm {arm.label}: driver={arm.driver.driver.value} keeps requests in flight across "
-                    "steps, which a checkpoint does not hold; its unfinished sessions restart from step 0"
-                )
-    sessions = [
-        ArmSession(config, arm, repeat, components, recorder, status)
-        for repeat in range(config.repeats)
-        for arm in config.arms
-    ]
-    bars = _Bars(sessions, config.steps, progress, status)
-    try:
-        if components.virtual_time:
-            for session in sessions:  # virtual time: each session alone, on its own clock
-                run_virtual(session.run_alone(bars))
-        else:
-            run_real(_interleaved(sessions, config, bars))
-    finally:
-        bars.close()
-    first = sessions[0]
-    return RunResult(
-        config=config,
-        engine=components.engine_name,
-        simulated=first.simulated,
-        recorder=recorder,
-        notes=list(components.notes),
-        engine_version=first.engine_version,
-        engine_dtype=first.engine_dtype,
-    )
-
-
-def check_drivers(config: ExperimentConfig, components: Components) -> None:
-    """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
-    cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off)."""
-    from april_bench.rollout.registry import STRATEGIES
-
-    for arm in config.arms:
-        driver = arm.driver
-        partial = bool(getattr(STRATEGIES.get(arm.strategy), "partial_rollout", False))
-        if (
-            driver.asynchronous
-            and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT
-            and not components.engine_spec.updates_in_flight(components.engine_args)
-        ):
-            raise ConfigError(
-                f"arm {arm.label!r}: engine {components.engine_name!r} cannot update weights with requests "
-                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
-            )
-
-
-def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range]]:
-    """``(session, steps)`` blocks in ABBA order: block 0 runs sessions 0..S-1, block 1 runs them
-    backwards, and so on, so sessions alternate who goes first."""
-    for b, start in enumerate(range(0, steps, block)):
-        order = range(sessions) if b % 2 == 0 else range(sessions - 1, -1, -1)
-        for s in order:
-            yield s, range(start, min(start + block, steps))
-
-
-async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bars: _Bars) -> None:
-    """Measured sessions on one loop and one run clock, with one GPU telemetry sampler for the run."""
-    loop = asyncio.get_running_loop()
-    origin = loop.time() - max(s.saved_run_elapsed() for s in sessions)  # a resumed run's clock continues
-    buffer: ListSink[TelemetryRecord] = ListSink()
-    sampler = config.telemetry.build(sink=buffer, clock=lambda: loop.time() - origin)
-    recorder = sessions[0].recorder
-
-    def drain() -> None:  # telemetry rows join the run's tables on the loop's thread
-        recorder.extend(buffer.drain())
-
-    opened: list[ArmSession] = []
-    sampler.start()
-    try:
-        for session in sessions:
-            session.run_origin = origin
-            session.after_step = drain
-            await session.open()
-            opened.append(session)
-        block = config.block_steps or config.steps
-        for index, steps in schedule(len(sessions), config.steps, block):
-            await sessions[index].run_steps(steps, bars)
-        for session in sessions:
-            await session.finish()
-    finally:
-        sampler.stop()
-        drain()
-        for session in opened:
-            await session.close()
-
-
-class _Bars:
+class Bars:
     """One progress bar per session."""
 
     def __init__(
@@ -268,7 +110,7 @@ class ArmSession:
         self._last_end: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    async def run_alone(self, bars: _Bars) -> None:
+    async def run_alone(self, bars: Bars) -> None:
         await self.open()
         try:
             await self.run_steps(range(self.config.steps), bars)
@@ -320,13 +162,8 @@ class ArmSession:
         assert self._engine is not None and self._trainer is not None and self._sync is not None
         assert self._rollout is not None
         engine, trainer, sync = self._engine, self._trainer, self._sync
-        partial = bool(getattr(self._rollout.strategy, "partial_rollout", False))
-        driver = self.arm.driver
-        if driver.update_mode(partial) is WeightUpdateMode.INFLIGHT and not engine.info.inflight_updates:
-            raise ConfigError(
-                f"arm {self.arm.label!r}: engine {engine.info.name!r} cannot update weights with requests "
-                "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
-            )
+        partial = self._rollout.strategy.partial_rollout
+        driver = self.arm.driver  # validated before any engine started (check_drivers)
 
         async def push(version: int) -> None:
             await sync.push(trainer, engine, version)
@@ -340,7 +177,7 @@ class ArmSession:
             version=self._done,
         )
 
-    async def run_steps(self, steps: range, bars: _Bars) -> None:
+    async def run_steps(self, steps: range, bars: Bars) -> None:
         if self._pipeline is not None:
             await self._run_pipelined(steps, bars)
             return
@@ -391,39 +228,24 @@ class ArmSession:
         assert self._rollout is not None
         loop = asyncio.get_running_loop()
         version = step  # one policy update per step
-        self._event(step, "rollout_start")
+        t_rollout = loop.time()
         outcome = await self._rollout.run_step(step, version)
         t_train = loop.time()
-        record = outcome.record
-        self._event(step, "rollout_stop", t_train - record.drain_time_s)
-        self._event(step, "rollout_end", t_train)
         self._engine_metrics(step, "rollout_end", t_train - self._origin)
-        self._event(step, "train_start", t_train)
         result = await self._trainer.train(outcome.batch, step=step, policy_version=version)
         t_sync = loop.time()
-        self._event(step, "train_end", t_sync)
-        self._event(step, "weight_sync_start", t_sync)
         await self._sync.push(self._trainer, self._engine, version + 1)
         t_end = loop.time()
-        self._event(step, "weight_sync_end", t_end)
+        record = outcome.record
         record.train_time_s = t_sync - t_train
         record.weight_sync_time_s = t_end - t_sync
         record.step_time_s = t_end - (self._origin + record.t_start)
-        record.train_metrics = dict(getattr(result, "metrics", {}) or {})
-        record.warmup = step < self.config.warmup_steps
-        self.recorder.sample_fates(
-            self.arm.label,
-            outcome.batch,
-            step=step,
-            fate=Fate.TRAINED,
-            reason="accepted",
-            train_version=version,
-            repeat=self.repeat,
-        )
+        done = StepDone(step, outcome, result, version, t_rollout, t_train, t_train, t_sync, t_sync, t_end)
+        self._record(done)
         record.accuracy = await self._evaluate(step + 1)
         self.recorder.add(record)
 
-    async def _run_pipelined(self, steps: range, bars: _Bars) -> None:
+    async def _run_pipelined(self, steps: range, bars: Bars) -> None:
         """Steps of an asynchronous arm: the pipeline runs up to each due evaluation, drains, and
         the evaluation runs on an idle engine (its time cut out of the clock, as for every arm)."""
         assert self._pipeline is not None
@@ -457,38 +279,27 @@ class ArmSession:
         record.step_time_s = end - (record.t_start if self._last_end is None else self._last_end)
         self._last_end = done.session_end = end
 
-    def _complete_pipelined(self, done: StepDone, accuracy: float | None, bars: _Bars) -> None:
+    def _complete_pipelined(self, done: StepDone, accuracy: float | None, bars: Bars) -> None:
         """The rows of one step of a pipelined arm: each phase at the time it ran (they overlap)."""
-        step, record = done.step, done.outcome.record
-        record.train_metrics = dict(getattr(done.train_result, "metrics", {}) or {})
-        record.warmup = step < self.config.warmup_steps
-        record.accuracy = accuracy
-        for kind, at in (
-            ("rollout_start", done.rollout_start),
-            ("rollout_stop", done.rollout_end - record.drain_time_s),
-            ("rollout_end", done.rollout_end),
-            ("train_start", done.train_start),
-            ("train_end", done.train_end),
-            ("weight_sync_start", done.sync_start),
-            ("weight_sync_end", done.sync_end),
-        ):
-            self._event(step, kind, at)
-        self._engine_metrics(step, "step_end", done.session_end or 0.0)
-        self.recorder.sample_fates(
-            self.arm.label,
-            done.outcome.batch,
-            step=step,
-            fate=Fate.TRAINED,
-            reason="accepted",
-            train_version=done.train_version,
-            repeat=self.repeat,
-        )
-        self.recorder.add(record)
-        self._done = step + 1
+        self._record(done)
+        self._engine_metrics(done.step, "step_end", done.session_end or 0.0)
+        done.outcome.record.accuracy = accuracy
+        self.recorder.add(done.outcome.record)
+        self._done = done.step + 1
         if self.after_step is not None:
             self.after_step()
         self._checkpoint()
         bars.advance(self)
+
+    def _record(self, done: StepDone) -> None:
+        record_step(
+            self.recorder,
+            self.arm.label,
+            self.repeat,
+            done,
+            run_origin=self._origin_of_run,
+            warmup=done.step < self.config.warmup_steps,
+        )
 
     def _eval_due(self, done: int) -> bool:
         config = self.config
@@ -588,59 +399,29 @@ class ArmSession:
         self._flush()
         if self._pipeline is not None and self._done < self.config.steps:
             return  # requests in flight and batches rolled out ahead: not a state a checkpoint holds
-        loop = asyncio.get_running_loop()
-        path = state_path(self.status.path.parent, self.arm.label, self.repeat, self._done)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        trainer_file = None
-        if isinstance(self._trainer, TrainerState):
-            trainer_file = str(path.with_suffix(".trainer.pt"))
-            self._trainer.save_state(trainer_file)
-        write_json_atomic(
-            path,
-            {
-                "completed_steps": self._done,
-                "clock_now": loop.time(),
-                "session_elapsed": loop.time() - self._origin,
-                "run_elapsed": loop.time() - self._origin_of_run,
-                "rollout": self._rollout.state(),
-                "strategy": self._rollout.strategy.state()
-                if hasattr(self._rollout.strategy, "state")
-                else {},
-                "engine": self._engine.export_state() if isinstance(self._engine, EngineState) else None,
-                "trainer_file": trainer_file,
+        now = asyncio.get_running_loop().time()
+        checkpoint.save(
+            self.status,
+            self.arm.label,
+            self.repeat,
+            self._done,
+            rollout=self._rollout,
+            engine=self._engine,
+            trainer=self._trainer,
+            clocks={
+                "clock_now": now,
+                "session_elapsed": now - self._origin,
+                "run_elapsed": now - self._origin_of_run,
             },
         )
-        self.status.step_done(self.arm.label, self.repeat, self._done)
-        # the status now names this checkpoint; the previous one can go
-        previous = state_path(self.status.path.parent, self.arm.label, self.repeat, self._done - 1)
-        previous.unlink(missing_ok=True)
-        previous.with_suffix(".trainer.pt").unlink(missing_ok=True)
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
-        if self.status is None:
-            return None
-        completed = self.status.completed.get(f"{self.arm.label}#{self.repeat}", 0)
-        if not completed:
-            return None
-        path = state_path(self.status.path.parent, self.arm.label, self.repeat, completed)
-        try:
-            saved: dict[str, Any] = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise RuntimeError(f"{path}: the checkpoint of {self.name} cannot be read ({exc})") from None
-        return saved
+        return checkpoint.load(self.status, self.arm.label, self.repeat, self.name)
 
     async def _restore(self, saved: dict[str, Any]) -> None:
         assert self._rollout is not None and self._engine is not None and self._trainer is not None
         assert self._sync is not None
-        loop = asyncio.get_running_loop()
-        self._done = saved["completed_steps"]
-        if saved["trainer_file"] and isinstance(self._trainer, TrainerState):
-            self._trainer.load_state(saved["trainer_file"])
-            await self._sync.push(self._trainer, self._engine, self._done)  # before the clock restarts
-        if saved["engine"] is not None and isinstance(self._engine, EngineState):
-            self._engine.restore_state(saved["engine"])
-        self._rollout.restore(saved["rollout"])
-        restore = getattr(self._rollout.strategy, "restore", None)
-        if restore is not None:
-            restore(saved["strategy"])
-        self._set_origin(loop.time() - saved["session_elapsed"])
+        self._done = await checkpoint.restore(
+            saved, rollout=self._rollout, engine=self._engine, trainer=self._trainer, sync=self._sync
+        )
+        self._set_origin(asyncio.get_running_loop().time() - saved["session_elapsed"])

@@ -30,7 +30,7 @@ def make_tiny_checkpoint(path: str | Path, *, seed: int = 0) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

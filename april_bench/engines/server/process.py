@@ -1,8 +1,9 @@
-"""Start an SGLang server process on loopback, wait until it is healthy, and stop it with its children.
+"""Start a server process on loopback, wait until it is healthy, and stop it with its children.
 
-The server runs in a session of its own (``start_new_session``), so stopping
-it signals the whole process group: ``sglang.launch_server`` spawns scheduler
-and detokenizer processes that must not outlive it.  ``SIGTERM`` first, then
+Shared by the SGLang and vLLM server adapters.  The server runs in a session of
+its own (``start_new_session``), so stopping it signals the whole process
+group: ``sglang.launch_server`` spawns scheduler and detokenizer processes, and
+``vllm serve`` its engine core, that must not outlive it.  ``SIGTERM`` first, then
 ``SIGKILL`` after ``stop_timeout_s``; a finalizer does the same if the owner
 is collected or the interpreter exits without calling :meth:`ServerProcess.stop`.
 """
@@ -15,20 +16,16 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from april_bench.engines.protocol import EngineError
-from april_bench.engines.sglang.http import HTTPClient, HTTPError
+from april_bench.engines.server.http import HTTPClient, HTTPError
 
-if TYPE_CHECKING:
-    from april_bench.engines.sglang.engine import SGLangEngine
-
-__all__ = ["ServerHandle", "ServerProcess", "flag_args", "free_port", "group_alive", "launch_command"]
+__all__ = ["ServerHandle", "ServerProcess", "flag_args", "free_port", "group_alive"]
 
 
 @runtime_checkable
@@ -63,30 +60,6 @@ def flag_args(name: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
-def launch_command(config: SGLangEngine.Config, port: int) -> list[str]:
-    """``python -m sglang.launch_server ...`` for ``config``: ids in, ids out, on ``host:port``."""
-    flags: dict[str, Any] = {
-        "--model-path": config.model_path,
-        "--host": config.host,
-        "--port": port,
-        "--skip-tokenizer-init": True,
-        "--tp-size": config.tp_size,
-        "--random-seed": config.seed,
-        "--weight-version": "0",
-        "--context-length": config.context_length,
-        "--mem-fraction-static": config.mem_fraction_static,
-        "--max-running-requests": config.max_running_requests,
-        "--chunked-prefill-size": config.chunked_prefill_size,
-        "--enable-metrics": config.enable_metrics,
-        "--enable-deterministic-inference": config.deterministic,
-        "--api-key": config.api_key,
-    }
-    words = [config.python or sys.executable, "-m", config.launch_module]
-    for name, value in [*flags.items(), *config.engine_args.items()]:
-        words += flag_args(name, value)
-    return words
-
-
 def group_alive(pgid: int) -> bool:
     """True while any process of the group ``pgid`` exists."""
     try:
@@ -116,8 +89,11 @@ class ServerProcess:
         health_timeout_s: float = 900.0,
         stop_timeout_s: float = 30.0,
         headers: Mapping[str, str] | None = None,
+        name: str = "sglang",
     ) -> None:
         self.command = list(command)
+        #: What error messages and the default log file call the server (``sglang``, ``vllm``).
+        self.name = name
         self.url = url
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path else None
@@ -135,7 +111,7 @@ class ServerProcess:
         if self.process is not None:
             return
         if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
+            fd, name = tempfile.mkstemp(prefix=f"{self.name}-server-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +126,7 @@ class ServerProcess:
                     start_new_session=True,
                 )
             except OSError as exc:
-                raise EngineError(f"cannot start the sglang server ({self.command[0]}): {exc}") from None
+                raise EngineError(f"cannot start the {self.name} server ({self.command[0]}): {exc}") from None
         self._finalizer = weakref.finalize(self, _kill_group, self.process.pid)
         try:
             await self._wait_healthy()
@@ -168,15 +144,15 @@ class ServerProcess:
                 code = self.process.poll()
                 if code is not None:
                     raise EngineError(
-                        f"the sglang server exited with code {code} while starting: {self._last_log_line()} "
-                        f"(log: {self.log_path})"
+                        f"the {self.name} server exited with code {code} while starting: "
+                        f"{self._last_log_line()} (log: {self.log_path})"
                     )
                 with contextlib.suppress(HTTPError):
                     if (await client.get("/health", timeout=30.0)).status == 200:
                         return
                 if loop.time() > deadline:
                     raise EngineError(
-                        f"the sglang server was not healthy {self.health_timeout_s:.0f} s after launch; "
+                        f"the {self.name} server was not healthy {self.health_timeout_s:.0f} s after launch; "
                         f"raise launch_timeout_s or read its log: {self.log_path}"
                     )
                 await asyncio.sleep(0.25)

@@ -86,7 +86,7 @@ class TrainerActor:
     """Runs inside the Ray actor: one registered trainer."""
 
     def __init__(self, name: str, settings: Any, args: dict[str, Any]) -> None:
-        from april_bench.backends.trainers import TRAINERS
+        from april_bench.trainers.registry import TRAINERS
 
         self.trainer = TRAINERS.get(name).build(settings, args)
 
@@ -128,7 +128,7 @@ def _config(args: Mapping[str, Any]) -> RayTrainer.Config:
 
 
 def check_ray(settings: Any, args: Mapping[str, Any]) -> RayTrainer.Config:
-    from april_bench.backends.trainers import TRAINERS
+    from april_bench.trainers.registry import TRAINERS
 
     config = _config(args)
     TRAINERS.get(config.trainer).check(settings, config.trainer_args)

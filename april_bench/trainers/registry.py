@@ -1,4 +1,4 @@
-"""Trainers by name (``--trainer``), built from what the experiment decided.
+"""Trainers by name (``--trainer``), and their factories, built from what the experiment decided.
 
 Any trainer pairs with any engine that fits it: a trainer that needs token ids
 (``torch``) needs an engine that produces them; the simulated trainer prices a
@@ -8,14 +8,13 @@ token-free engine and ``torch`` otherwise.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import ConfigError, config_from
-from april_bench.registry import Registry
+from april_bench.registry import Registry, Spec, load
 from april_bench.trainers.protocol import Trainer
 
 __all__ = ["TRAINERS", "TrainerSettings", "TrainerSpec", "resolve_trainer"]
@@ -40,30 +39,15 @@ class TrainerSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class TrainerSpec:
-    name: str
-    #: ``"module:function"``: ``function(settings, args) -> Trainer``.
-    factory: str
+class TrainerSpec(Spec):
+    """A registered trainer: how to build it (``factory``, ``checker``), and what it needs."""
+
     #: True when it trains on token ids (the engine must produce them).
     needs_tokens: bool
-    #: ``"module:function"`` that checks ``(settings, args)`` without building; ``None``: build.
-    checker: str | None = None
 
     def build(self, settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-        trainer: Trainer = _load(self.factory)(settings, args)
+        trainer: Trainer = load(self.factory)(settings, args)
         return trainer
-
-    def check(self, settings: TrainerSettings, args: Mapping[str, Any]) -> None:
-        """Raise ``ConfigError`` for anything :meth:`build` would reject, without the heavy work."""
-        if self.checker is None:
-            self.build(settings, args)
-        else:
-            _load(self.checker)(settings, args)
-
-
-def _load(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 TRAINERS: Registry[TrainerSpec] = Registry("trainer")
@@ -71,9 +55,9 @@ TRAINERS.register(
     "torch",
     TrainerSpec(
         "torch",
-        "april_bench.backends.trainers:build_torch",
+        "april_bench.trainers.registry:build_torch",
         needs_tokens=True,
-        checker="april_bench.backends.trainers:check_torch",
+        checker="april_bench.trainers.registry:check_torch",
     ),
     "one-process policy-gradient trainer (CPU or CUDA): GRPO, DAPO, GSPO",
 )
@@ -81,9 +65,9 @@ TRAINERS.register(
     "fsdp",
     TrainerSpec(
         "fsdp",
-        "april_bench.backends.trainers:build_fsdp",
+        "april_bench.trainers.registry:build_fsdp",
         needs_tokens=True,
-        checker="april_bench.backends.trainers:check_fsdp",
+        checker="april_bench.trainers.registry:check_fsdp",
     ),
     "the torch trainer data-parallel over world_size processes with FSDP2 (gloo on CPU, nccl on CUDA)",
 )
@@ -91,9 +75,9 @@ TRAINERS.register(
     "megatron",
     TrainerSpec(
         "megatron",
-        "april_bench.backends.trainers:build_megatron",
+        "april_bench.trainers.registry:build_megatron",
         needs_tokens=True,
-        checker="april_bench.backends.trainers:check_megatron",
+        checker="april_bench.trainers.registry:check_megatron",
     ),
     "the torch trainer's loss on a megatron-core GPTModel, tensor-parallel over tp processes "
     "(needs the megatron extra; gloo on CPU, nccl on CUDA)",
@@ -102,15 +86,15 @@ TRAINERS.register(
     "ray",
     TrainerSpec(
         "ray",
-        "april_bench.backends.ray_trainer:build_ray",
+        "april_bench.trainers.ray_actor:build_ray",
         needs_tokens=True,
-        checker="april_bench.backends.ray_trainer:check_ray",
+        checker="april_bench.trainers.ray_actor:check_ray",
     ),
     "a torch or fsdp trainer in a Ray actor, placed on any node of the cluster (trainer=torch|fsdp)",
 )
 TRAINERS.register(
     "sim",
-    TrainerSpec("sim", "april_bench.backends.trainers:build_sim", needs_tokens=False),
+    TrainerSpec("sim", "april_bench.trainers.registry:build_sim", needs_tokens=False),
     "simulated: a step costs modelled time and changes nothing",
 )
 
@@ -141,7 +125,7 @@ def _options(settings: TrainerSettings, args: Mapping[str, Any]) -> dict[str, An
 
 def _starting_module(settings: TrainerSettings) -> Any:
     """The seeded model with the task's starting weights loaded (what every torch trainer starts from)."""
-    from april_bench.engines.hf.models import build_model
+    from april_bench.models.zoo import build_model
 
     module = build_model(settings.model, vocab_size=settings.vocab_size, seed=settings.seed)
     start = settings.initial_weights() if settings.initial_weights is not None else None

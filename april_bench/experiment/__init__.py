@@ -1,0 +1,165 @@
+"""An experiment: the same workload run under several rollout strategies.
+
+``run(config)`` runs one *session* per arm (and per repetition with
+``repeats``).  Every session gets a fresh engine, trainer, buffer and prompt
+stream over the same prompts, the same sampling seeds and the same
+per-(prompt, sample) draws, so arms differ in the strategy alone.  A step is
+rollout, then train, then weight sync, timed on the session's clock (virtual
+for the simulator, ``time.monotonic`` for real engines).  Held-out
+evaluations, and the time other sessions run, are excluded from that clock,
+so "equal wall-clock" compares training time only.
+
+Measured (real-time) sessions run interleaved on one event loop in blocks of
+``block_steps`` steps, in ABBA order (A B, then B A, ...), so a burst of load
+on a shared machine falls on every arm alike.  Simulated sessions run one
+after another, each on its own virtual clock.
+
+An arm's driver (:mod:`april_bench.rollout.driver`) may overlap rollout and
+training (``one-step-off``, ``stale``).  Such a session's step rows still hold
+each phase's own duration, and its ``step_time_s`` is the time from the end of
+the previous step to the end of this one, so the sum over steps is the
+session's time for every driver and throughput is computed the same way.  Its
+pipeline drains at the end of every block of steps and before every held-out
+evaluation (so evaluations never see rollout requests in flight).
+
+With a ``state_dir``, every session writes a checkpoint after each completed
+step and ``resume=True`` continues from them (:mod:`april_bench.results.resume`).
+An asynchronous arm has requests in flight and batches rolled out ahead at
+every step boundary but the last, which a checkpoint does not hold: it writes
+its checkpoint when it completes, and an interrupted one restarts from step 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from april_bench.backends import Components, build_components, check_drivers, validate
+from april_bench.experiment.session import ArmSession, Bars
+from april_bench.experiment_config import ExperimentConfig, load_config
+from april_bench.results.records import RunRecorder
+from april_bench.results.resume import RunStatus
+from april_bench.telemetry.records import ListSink, TelemetryRecord
+from april_bench.vtime import run_real, run_virtual
+
+#: ``check_drivers`` and ``validate`` live with the wiring (``build_components`` calls them once); they
+#: are named here too, where they were before.
+__all__ = [
+    "ArmSession",
+    "ExperimentConfig",
+    "RunResult",
+    "check_drivers",
+    "load_config",
+    "run",
+    "schedule",
+    "validate",
+]
+
+
+@dataclass(slots=True)
+class RunResult:
+    config: ExperimentConfig
+    engine: str
+    simulated: bool
+    recorder: RunRecorder
+    notes: list[str] = field(default_factory=list)
+    #: The engine package's version (``None`` for april-bench's own engines).
+    engine_version: str | None = None
+    #: The dtype the engine computed in (``None``: not reported).
+    engine_dtype: str | None = None
+
+
+def run(
+    config: ExperimentConfig,
+    *,
+    progress: bool = True,
+    echo: Callable[[str], None] | None = None,
+    recorder: RunRecorder | None = None,
+    components: Components | None = None,
+    status: RunStatus | None = None,
+) -> RunResult:
+    """Run every session of ``config`` and return the tidy records (also streamed to ``recorder``'s
+    sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
+    from the steps ``status`` says they completed.  ``components`` given are already validated
+    (:func:`april_bench.backends.build_components` validates what it builds)."""
+    if components is None:
+        components = build_components(config, progress=progress)
+    for note in components.notes:
+        if echo:
+            echo(note)
+    recorder = recorder if recorder is not None else RunRecorder()
+    if status is not None and echo is not None and (status.completed or status.finished):
+        for arm in config.arms:  # a resumed run: say what an asynchronous arm cannot continue
+            unfinished = any(
+                status.completed.get(f"{arm.label}#{r}", 0) < config.steps for r in range(config.repeats)
+            )
+            if arm.driver.asynchronous and unfinished:
+                echo(
+                    f"arm {arm.label}: driver={arm.driver.driver.value} keeps requests in flight across "
+                    "steps, which a checkpoint does not hold; its unfinished sessions restart from step 0"
+                )
+    sessions = [
+        ArmSession(config, arm, repeat, components, recorder, status)
+        for repeat in range(config.repeats)
+        for arm in config.arms
+    ]
+    bars = Bars(sessions, config.steps, progress, status)
+    try:
+        if components.virtual_time:
+            for session in sessions:  # virtual time: each session alone, on its own clock
+                run_virtual(session.run_alone(bars))
+        else:
+            run_real(_interleaved(sessions, config, bars))
+    finally:
+        bars.close()
+    first = sessions[0]
+    return RunResult(
+        config=config,
+        engine=components.engine_name,
+        simulated=first.simulated,
+        recorder=recorder,
+        notes=list(components.notes),
+        engine_version=first.engine_version,
+        engine_dtype=first.engine_dtype,
+    )
+
+
+def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range]]:
+    """``(session, steps)`` blocks in ABBA order: block 0 runs sessions 0..S-1, block 1 runs them
+    backwards, and so on, so sessions alternate who goes first."""
+    for b, start in enumerate(range(0, steps, block)):
+        order = range(sessions) if b % 2 == 0 else range(sessions - 1, -1, -1)
+        for s in order:
+            yield s, range(start, min(start + block, steps))
+
+
+async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bars: Bars) -> None:
+    """Measured sessions on one loop and one run clock, with one GPU telemetry sampler for the run."""
+    loop = asyncio.get_running_loop()
+    origin = loop.time() - max(s.saved_run_elapsed() for s in sessions)  # a resumed run's clock continues
+    buffer: ListSink[TelemetryRecord] = ListSink()
+    sampler = config.telemetry.build(sink=buffer, clock=lambda: loop.time() - origin)
+    recorder = sessions[0].recorder
+
+    def drain() -> None:  # telemetry rows join the run's tables on the loop's thread
+        recorder.extend(buffer.drain())
+
+    opened: list[ArmSession] = []
+    sampler.start()
+    try:
+        for session in sessions:
+            session.run_origin = origin
+            session.after_step = drain
+            await session.open()
+            opened.append(session)
+        block = config.block_steps or config.steps
+        for index, steps in schedule(len(sessions), config.steps, block):
+            await sessions[index].run_steps(steps, bars)
+        for session in sessions:
+            await session.finish()
+    finally:
+        sampler.stop()
+        drain()
+        for session in opened:
+            await session.close()

@@ -1,0 +1,304 @@
+"""A run directory's life: validate once, claim, status, signals, interruption, resume.
+
+The CLI (``run``, ``ablate``) and a Python user call the same functions::
+
+    from april_bench import ExperimentConfig, run
+    result = run(ExperimentConfig(hardware="mi300x", algorithm="dapo", steps=10), out="runs/mine")
+
+:func:`run_into` claims ``out`` (refusing to mix runs), writes ``config.json`` and
+``provenance.json``, streams the rows as the run goes, and on SIGINT/SIGTERM
+stops cleanly with ``status.json`` saying where :func:`resume` continues.
+Nothing here prints tables: the CLI renders :attr:`RunOutcome.stored`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from april_bench.backends import Components
+    from april_bench.experiment import RunResult
+    from april_bench.experiment_config import ExperimentConfig
+    from april_bench.results.records import RunRecorder
+    from april_bench.results.resume import RunStatus
+    from april_bench.results.store import RunDirectory
+
+__all__ = [
+    "RunOutcome",
+    "check_reference_run",
+    "execute",
+    "prepare",
+    "resume",
+    "run",
+    "run_into",
+    "signals_as_interrupts",
+]
+
+Echo = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What a run into a directory ended with: complete (``stored`` set) or interrupted by a signal."""
+
+    out: Path
+    result: RunResult | None = None
+    stored: RunDirectory | None = None
+    #: The signal that stopped the run (``"SIGINT"`` for Ctrl-C); ``None``: it completed.
+    interrupted_by: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted_by is None:
+            return 0
+        return 130 if self.interrupted_by == "SIGINT" else 143
+
+
+def prepare(config: ExperimentConfig, *, progress: bool = False) -> Components:
+    """The run's components, validated (the one validation of a run; no heavy work)."""
+    from april_bench.backends import build_components
+
+    return build_components(config, progress=progress)
+
+
+def run(
+    config: ExperimentConfig,
+    *,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    allow_dirty: bool = False,
+    progress: bool = True,
+    echo: Echo | None = None,
+    recorder: RunRecorder | None = None,
+) -> RunResult:
+    """Run every arm of ``config``; with ``out``, into a run directory exactly as ``python -m april_bench
+    run --out`` writes it (an interruption is saved, then re-raised as ``KeyboardInterrupt``)."""
+    from april_bench.experiment import run as run_sessions
+
+    if out is None:
+        return run_sessions(
+            config,
+            progress=progress,
+            echo=echo,
+            recorder=recorder,
+            components=prepare(config, progress=progress),
+        )
+    outcome = run_into(
+        config, Path(out), overwrite=overwrite, allow_dirty=allow_dirty, progress=progress, echo=echo
+    )
+    if outcome.result is None:
+        raise KeyboardInterrupt(
+            f"stopped by {outcome.interrupted_by}; resume with runner.resume({str(out)!r})"
+        )
+    return outcome.result
+
+
+def run_into(
+    config: ExperimentConfig,
+    out: Path | None,
+    *,
+    components: Components | None = None,
+    overwrite: bool = False,
+    allow_dirty: bool = False,
+    progress: bool = True,
+    echo: Echo | None = None,
+    metadata: dict[str, Any] | None = None,
+    trackers: dict[str, Any] | None = None,
+) -> RunOutcome:
+    """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it.
+    ``metadata``: labels merged into provenance and summary (``--metadata``); ``trackers``: the
+    ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
+    from april_bench.results.rundir import default_run_name, start_run_dir
+
+    components = components or prepare(config, progress=progress)
+    check_reference_run(out, allow_dirty=allow_dirty)
+    name = default_run_name(config.hardware, config.algorithm, config.dataset)
+    status = start_run_dir(out, default_name=name, overwrite=overwrite)
+    return execute(
+        config,
+        components,
+        status.path.parent,
+        status,
+        progress=progress,
+        echo=echo,
+        metadata=metadata,
+        trackers=trackers,
+    )
+
+
+def resume(out: str | Path, *, progress: bool = True, echo: Echo | None = _stderr) -> RunOutcome:
+    """Continue an interrupted run from its checkpoints, with the run's own configuration."""
+    from april_bench.config import ConfigError
+    from april_bench.experiment_config import load_config
+    from april_bench.results.resume import RunStatus, read_rows_for_resume
+
+    out = Path(out).expanduser()
+    status = RunStatus.load(out)
+    if status.state == "complete":
+        raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
+    try:
+        config = load_config(json.loads((out / "config.json").read_text()))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
+    components = prepare(config, progress=progress)
+    kept = read_rows_for_resume(out, status, config.steps)
+    if echo is not None:
+        echo(f"resuming {out}: {resume_line(status, config)}")
+    status.state, status.message = "running", ""  # the interrupt's message is history now
+    status.save()
+    return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+
+
+def resume_line(status: RunStatus, config: ExperimentConfig) -> str:
+    """``59 of 120 steps saved: sync 29/60, april 30/60`` (`` #r`` after an arm for later repeats)."""
+    parts = []
+    for repeat in range(config.repeats):
+        for arm in config.arms:
+            done = status.completed.get(f"{arm.label}#{repeat}", 0)
+            parts.append(f"{arm.label}{f' #{repeat}' if repeat else ''} {done}/{config.steps}")
+    total = config.steps * config.repeats * len(config.arms)
+    return f"{sum(status.completed.values())} of {total} steps saved: {', '.join(parts)}"
+
+
+def check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
+    """A run written into the checkout's ``results/`` is a committed reference: its provenance must name
+    a commit that holds exactly the code that produced it."""
+    from april_bench.config import ConfigError
+    from april_bench.results.provenance import git_info, source_root
+
+    root = source_root()
+    if out is None or root is None or allow_dirty:
+        return
+    if not Path(out).expanduser().resolve().is_relative_to((root / "results").resolve()):
+        return
+    if git_info(root).get("dirty"):
+        raise ConfigError(
+            f"{out} is a reference run under results/ but the checkout has uncommitted changes: "
+            "commit them first, or pass --allow-dirty"
+        )
+
+
+def execute(
+    config: ExperimentConfig,
+    components: Components,
+    out: Path,
+    status: RunStatus,
+    *,
+    progress: bool,
+    echo: Echo | None = _stderr,
+    kept: dict[str, list[dict[str, Any]]] | None = None,
+    metadata: dict[str, Any] | None = None,
+    trackers: dict[str, Any] | None = None,
+) -> RunOutcome:
+    """Run (or continue) the validated experiment into the claimed ``out``, streaming rows; stop cleanly
+    on SIGINT/SIGTERM."""
+    from april_bench.config_files import write_config_file
+    from april_bench.experiment import run as run_sessions
+    from april_bench.results.provenance import collect_provenance
+    from april_bench.results.records import RunRecorder
+    from april_bench.results.store import RunWriter, write_json_atomic
+    from april_bench.results.trackers import open_trackers
+
+    simulated = components.engine_spec.simulated
+    provenance_path = out / "provenance.json"
+    if kept is None or not provenance_path.exists():
+        provenance = collect_provenance(
+            simulated=simulated, engine=components.engine_name, notes=components.notes, metadata=metadata
+        )
+        write_json_atomic(out / "config.json", config.to_dict())
+        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
+        write_json_atomic(provenance_path, provenance)
+    else:
+        provenance = json.loads(provenance_path.read_text())
+        provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
+    writer = open_trackers(  # the run directory's writer, and the --logger trackers beside it
+        **(trackers or {"names": ()}),
+        inner=RunWriter(out),
+        out=out,
+        config=config.to_dict(),
+        provenance=provenance,
+    )
+    recorder = RunRecorder(sink=writer)
+    if kept:
+        recorder.preload(kept)
+    received: list[str] = []
+    try:
+        with signals_as_interrupts(received):
+            result = run_sessions(
+                config, progress=progress, echo=echo, recorder=recorder, components=components, status=status
+            )
+    except BaseException as exc:
+        writer.close()
+        writer.inner.close()
+        # A signal raised inside the event loop's machinery can surface as another error (for example
+        # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
+        if not isinstance(exc, KeyboardInterrupt) and not received:
+            status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
+            status.save()
+            raise
+        by = received[0] if received else "SIGINT"
+        status.state, status.message = "interrupted", f"stopped by {by}"
+        status.save()
+        if echo is not None:
+            done = sum(status.completed.values())
+            echo(
+                f"interrupted: {done} step(s) are saved in {out}; continue with "
+                f"`{_prog()} run --resume {out}`"
+            )
+        return RunOutcome(out=out, interrupted_by=by)
+    provenance = collect_provenance(
+        simulated=result.simulated,
+        engine=result.engine,
+        engine_version=result.engine_version,
+        engine_dtype=result.engine_dtype,
+        notes=result.notes,
+        started=provenance,
+    )
+    write_json_atomic(provenance_path, provenance)
+    stored = writer.inner.finish(config.to_dict(), provenance, recorder.tables)
+    status.state = "complete"
+    status.save()
+    writer.finish(stored.summary())
+    writer.close()
+    return RunOutcome(out=out, result=result, stored=stored)
+
+
+def _prog() -> str:
+    """How the user invoked us (``april-bench`` or ``python -m april_bench``), for lines they copy."""
+    from pathlib import PurePath
+
+    return "april-bench" if PurePath(sys.argv[0]).name.startswith("april-bench") else "python -m april_bench"
+
+
+@contextlib.contextmanager
+def signals_as_interrupts(received: list[str]) -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C (a clean stop); the names of the signals received go to ``received``.
+    Off the main thread (where Python cannot install handlers) signals are left as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal must not break the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

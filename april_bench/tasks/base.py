@@ -1,0 +1,129 @@
+"""What every task gives the run (:class:`Task`), and the helpers the task builders share.
+
+A task module (:mod:`.workload` for the synthetic task, :mod:`.math`, :mod:`.lengths`) has a
+``build(config, *, produces_tokens, progress) -> Task``; :data:`april_bench.tasks.TASKS` names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from april_bench.config import ConfigError
+from april_bench.evaluation import Evaluator
+from april_bench.workload import Workload
+
+if TYPE_CHECKING:
+    from april_bench.experiment_config import ExperimentConfig
+
+__all__ = [
+    "Task",
+    "check_loaded",
+    "check_model",
+    "check_options_used",
+    "checkpoint_of",
+    "looks_like_path",
+    "random_checkpoint",
+]
+
+
+@dataclass(slots=True)
+class Task:
+    kind: str
+    workload: Workload
+    evaluator: Evaluator | None
+    #: Tokens of the longest prompt (training or evaluation): with the response limit, the context.
+    longest_prompt: int
+    #: True when a real engine must replay the workload's lengths instead of sampling EOS.
+    replay_lengths: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+    vocab_size: int | None = None
+    #: The starting weights as a state dict (``None``: the model's own, seeded).
+    initial_weights: Callable[[], Any] | None = None
+    #: A checkpoint directory with the starting weights, for engines in another process.
+    checkpoint: Callable[[], str] | None = None
+    #: Lines for the user and the provenance (rows a data file lost, ...).
+    notes: list[str] = field(default_factory=list)
+
+
+#: The options each kind of task reads; any other kind given them is a mistake worth an error.
+_TASK_OPTIONS = {
+    "synthetic": ("task_args", "warmstart_args"),
+    "math": ("task_args",),
+    "lengths": ("workload_args",),
+}
+_FLAG = {"task_args": "--task-arg", "warmstart_args": "--warmstart-arg", "workload_args": "--workload-arg"}
+
+
+def check_model(config: ExperimentConfig) -> str:
+    """``--model``: a named architecture, or a checkpoint directory that exists (returned as given)."""
+    model = config.model
+    if looks_like_path(model) and not Path(model).expanduser().is_dir():
+        raise ConfigError(
+            f"--model {model}: no such checkpoint directory (a named architecture is one of "
+            "`python -m april_bench ls models`)"
+        )
+    return model
+
+
+def check_options_used(config: ExperimentConfig, kind: str) -> None:
+    """Options the chosen task never reads are a mistake: say which task reads them."""
+    for name, flag in _FLAG.items():
+        if getattr(config, name) and name not in _TASK_OPTIONS[kind]:
+            readers = [k for k, used in _TASK_OPTIONS.items() if name in used]
+            raise ConfigError(
+                f"{flag} is not used by this run's {kind} task (it applies to the {' and '.join(readers)} "
+                f"task{'s' if len(readers) > 1 else ''}); drop it"
+            )
+    used = {config.dataset, *config.eval_datasets}
+    unused = sorted(set(config.data_paths) - used)
+    if unused:
+        raise ConfigError(
+            f"--data-path {', '.join(unused)} is not used: the run trains on {config.dataset}"
+            + (f" and evaluates on {', '.join(config.eval_datasets)}" if config.eval_datasets else "")
+            + "; add it to --eval-datasets or drop it"
+        )
+
+
+def check_loaded(name: str, report: Any, *, min_share: float = 0.5, notes: list[str]) -> None:
+    """Say what a data file lost (count and the first reasons); fail when too little is left."""
+    if not report.skipped_total:
+        return
+    reasons = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items(), key=lambda kv: -kv[1])[:3])
+    line = f"{report.source}: kept {report.kept} of {report.rows_read} rows; skipped {reasons}"
+    notes.append(line)
+    if report.kept == 0 or report.kept < min_share * report.rows_read:
+        raise ConfigError(
+            f"{line}: too few usable rows (under {min_share:.0%}); check the file is a {name} copy "
+            "(`python -m april_bench data stats` shows its schema) or lower --task-arg min_kept_share"
+        )
+
+
+def looks_like_path(model: str) -> bool:
+    """A model spec that names a local directory rather than an architecture."""
+    return model.startswith((".", "/", "~")) or "/" in model or Path(model).is_dir()
+
+
+def random_checkpoint(model: str, *, seed: int) -> str:
+    return checkpoint_of(model, None, lambda: None, key=f"random-seed{seed}", seed=seed)
+
+
+def checkpoint_of(
+    model: str, vocab: int | None, weights: Callable[[], Any], *, key: str, seed: int = 0
+) -> str:
+    """A cached checkpoint directory of a named architecture with the given starting weights."""
+    from april_bench.models.checkpoint import save_state_dict
+    from april_bench.models.zoo import build_model
+    from april_bench.tasks.warmstart import cache_dir
+
+    path = cache_dir() / "checkpoints" / f"{model}-{key}"
+    if not (path / "config.json").exists():
+        module = build_model(model, vocab_size=vocab, seed=seed)
+        state = weights()
+        if state is not None:
+            module.load_state_dict(state)
+        save_state_dict(module, path)
+    return str(path)

@@ -1,0 +1,297 @@
+"""``whatif``: what would partial rollout (or tail batching, or an async driver) buy *my* run?
+
+Replays a trace (:mod:`april_bench.trace.format`: a user's own rollouts, imported from verl or slime,
+or an april-bench run's) on the simulator under every strategy and driver of the zoo - the arms of
+``ablate``'s grid (:mod:`april_bench.zoo`) at one N'/N ratio - on a hardware and model profile, and
+reports each arm's generated-token, useful-token and end-to-end gain against sync and the off-policy
+share it would introduce.  Every number is simulated and printed with the trace's provenance.
+
+The replay keeps the trace's groups, its length-reward coupling and its step order
+(:mod:`april_bench.sim.trace_replay`); the batch shape comes from the trace (groups per step, samples
+per group, the response limit), so the what-if is the source run's setting on other hardware.
+
+The engine's cost per iteration is the simulator's roofline profile of ``--hw``.  A measured cost
+curve (``--cost-curve``, the ``simcheck`` measurement) plugs in at :func:`whatif_config`'s
+``cost_curve`` seam, which is not wired yet: until it is, a given curve is refused, not ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from april_bench.config import ConfigError
+from april_bench.trace.format import Trace, read_trace
+from april_bench.zoo import DEFAULT_DRIVERS, ZOO, AblationArm, grid_arms, parse_drivers
+
+__all__ = ["WhatIf", "render_whatif", "run_whatif", "whatif_config", "whatif_figure"]
+
+#: The N'/N ratio every over-provisioning strategy gets (APRIL's scripts: 64 / 32).
+DEFAULT_RATIO = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """What to replay a trace on: the deployment and the arms."""
+
+    hardware: str = "h100"
+    model: str = "qwen3-4b"
+    num_gpus: int | None = None
+    algorithm: str = "grpo"
+    strategies: tuple[str, ...] | None = None  # None: ablate's zoo
+    drivers: tuple[dict[str, Any], ...] | None = None  # None: ablate's default drivers
+    ratio: float = DEFAULT_RATIO
+    steps: int | None = None  # None: the trace's steps
+    arm: str | None = None  # which arm of a run directory to replay
+    cost_curve: Path | None = None
+    seed: int = 0
+
+
+def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
+    """The simulated experiment replaying ``trace`` under every arm, and the arms (ablate's grid)."""
+    from april_bench.experiment_config import ExperimentConfig
+    from april_bench.rollout.loop import RolloutConfig
+
+    _check_cost_curve(setup)
+    if setup.ratio < 1:
+        raise ConfigError(f"--ratio must be >= 1 (N'/N), got {setup.ratio}")
+    groups = trace.groups_per_step()
+    limit = trace.response_limit()
+    steps = setup.steps if setup.steps is not None else len(trace.steps)
+    if steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
+    strategies = setup.strategies if setup.strategies is not None else ZOO
+    drivers = setup.drivers if setup.drivers is not None else tuple(parse_drivers(DEFAULT_DRIVERS))
+    arms = grid_arms(
+        strategies,
+        target_groups=groups,
+        ratios=[setup.ratio],
+        spans=[None],
+        segments=[max(1, limit // 4)],
+        max_response_len=limit,
+        drivers=list(drivers),
+    )
+    baseline = next((a.label for a in arms if a.strategy == "sync" and not a.driver), arms[0].label)
+    workload: dict[str, Any] = {"trace": str(trace.path)}
+    if trace.arm is not None:
+        workload["trace_arm"] = trace.arm
+    from april_bench.sim.workload import DATASETS
+
+    # The data-set profile is unused by a replay (the trace gives every length); name the source's
+    # when the simulator knows it, so tables say what was replayed.
+    source_dataset = str(trace.header.provenance.get("dataset"))
+    config = ExperimentConfig(
+        dataset=source_dataset if source_dataset in DATASETS else "dapo-math-17k",
+        hardware=setup.hardware,
+        algorithm=setup.algorithm,
+        model=setup.model,
+        engine="sim",
+        trainer="sim",
+        strategies=tuple(a.label for a in arms),
+        baseline=baseline,
+        steps=steps,
+        seed=setup.seed,
+        num_gpus=setup.num_gpus,
+        rollout=RolloutConfig(
+            rollout_batch_size=groups,
+            n_samples_per_prompt=trace.group_size(),
+            over_sampling_batch_size=max(groups, round(setup.ratio * groups)),
+            max_response_len=limit,
+        ),
+        workload_args=workload,
+    )
+    return config, arms
+
+
+def _check_cost_curve(setup: WhatIf) -> None:
+    if setup.cost_curve is not None:
+        # The seam: a measured decode-step/prefill cost curve replaces the roofline profile of --hw.
+        # april_bench/sim/cost_curve.py (the simcheck measurement) is not in this tree yet.
+        raise ConfigError(
+            f"--cost-curve {setup.cost_curve}: measured cost curves are not wired into whatif yet; "
+            "drop it to use the roofline profile of --hw (docs/whatif.md)"
+        )
+
+
+def run_whatif(
+    trace_path: Path,
+    setup: WhatIf,
+    out: Path | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = False,
+    echo: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Replay the trace under every arm into a run directory (``out``; ``None``: a fresh one under
+    ``runs/``), through the runner like any run; returns the result (also written as ``whatif.json``,
+    ``whatif.md`` and, with matplotlib, ``whatif.png``).  An interruption is saved, then re-raised as
+    ``KeyboardInterrupt``."""
+    from april_bench import runner
+    from april_bench.profiles.hardware import hardware_profile
+    from april_bench.results.rundir import start_run_dir
+
+    _check_cost_curve(setup)
+    trace = read_trace(trace_path, arm=setup.arm)
+    config, arms = whatif_config(trace, setup)
+    components = runner.prepare(config, progress=progress)  # validated before a directory is claimed
+    name = f"whatif-{trace.path.stem if trace.arm is None else trace.path.parent.name}-{config.hardware}"
+    status = start_run_dir(out, default_name=name, overwrite=overwrite)
+    outcome = runner.execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+    if outcome.stored is None:
+        stopped = outcome.interrupted_by
+        raise KeyboardInterrupt(f"stopped by {stopped}; the replay in {outcome.out} is cut short")
+    out = outcome.out
+    stored = outcome.stored
+    summary = stored.summary()
+    result = {
+        "result_kind": "simulated",
+        "hardware": config.hardware,
+        "model": config.model,
+        "num_gpus": config.num_gpus or hardware_profile(config.hardware).gpus_per_node,
+        "algorithm": config.algorithm,
+        "baseline": config.baseline,
+        "steps": config.steps,
+        "rollout": {
+            "groups_per_step": config.rollout.rollout_batch_size,
+            "samples_per_prompt": config.rollout.n_samples_per_prompt,
+            "over_sampling_batch_size": config.rollout.over_sampling_batch_size,
+            "max_response_len": config.rollout.max_response_len,
+        },
+        "trace": {**trace.header.to_json(), "summary": trace.summary(), "path": str(trace.path)},
+        "out": str(out),
+        "rows": [_row(arm, summary[arm.label], config.rollout.rollout_batch_size) for arm in arms],
+    }
+    (out / "whatif.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "whatif.md").write_text(render_whatif(result) + "\n")
+    figure = whatif_figure(result, out / "whatif.png")
+    result["figure"] = None if figure is None else str(figure)
+    return result
+
+
+def _row(arm: AblationArm, m: dict[str, Any], target_groups: int) -> dict[str, Any]:
+    return {
+        "arm": arm.label,
+        "strategy": arm.strategy,
+        "driver": arm.driver_name,
+        "n_prime_over_n": None if arm.over_sampling is None else arm.over_sampling / target_groups,
+        "generated_gain": m.get("throughput_gain"),
+        "useful_gain": m.get("useful_gain"),
+        "end_to_end_gain": m.get("end_to_end_gain"),
+        "off_policy_share": m.get("off_policy_token_ratio"),
+        "max_staleness": m.get("max_staleness"),
+        "step_time_per_step_s": m.get("step_time_per_step_s"),
+        "wasted_tokens": m.get("wasted_tokens"),
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def render_whatif(result: dict[str, Any]) -> str:
+    """The gains table, every number labelled simulated, under the trace's provenance."""
+    from april_bench.trace.format import TraceHeader
+
+    t = result["trace"]
+    header = TraceHeader(
+        source=t["source"],
+        evidence=t["evidence"],
+        token_counts=t["token_counts"],
+        max_response_len=t.get("max_response_len"),
+        origin=t.get("origin", ""),
+        created=t.get("created", ""),
+        notes=tuple(t.get("notes", ())),
+    )
+    s, r = t["summary"], result["rollout"]
+    gpus = result["num_gpus"]
+    lines = [
+        f"## What-if: SIMULATED ({result['model']} on {gpus} x {result['hardware']}, {result['algorithm']}; "
+        f"gains against {result['baseline']})",
+        "",
+        *header.lines(),
+        f"replayed: {result['steps']} steps of {r['groups_per_step']} groups x "
+        f"{r['samples_per_prompt']} samples "
+        f"(N' = {r['over_sampling_batch_size']}), response limit {r['max_response_len']}; the trace has "
+        f"{s['groups']} groups in {s['steps']} steps, median response {s['response_median']:g} tokens, "
+        f"p99 {s['response_p99']}, {s['truncated_share']:.0%} truncated",
+        "",
+        "| Arm | Driver | N'/N | Generated-token gain | Useful-token gain | End-to-end gain "
+        "| Off-policy share | Max staleness | Step s/step | Source |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        ratio = "-" if row["n_prime_over_n"] is None else f"{row['n_prime_over_n']:.2g}"
+        share = "n/a" if row["off_policy_share"] is None else f"{row['off_policy_share']:.0%}"
+        step = "n/a" if row["step_time_per_step_s"] is None else f"{row['step_time_per_step_s']:.1f}"
+        lines.append(
+            f"| {row['arm']} | {row['driver']} | {ratio} | {_pct(row['generated_gain'])} "
+            f"| {_pct(row['useful_gain'])} | {_pct(row['end_to_end_gain'])} | {share} "
+            f"| {row['max_staleness']} | {step} | simulated |"
+        )
+    lines += [
+        "",
+        "Generated-token gain: generated tokens per second of rollout; useful-token gain: tokens that were "
+        "trained per second of rollout; end-to-end: trained tokens per second of whole step (rollout, "
+        "training, weight sync). Off-policy share: trained tokens generated by an older policy.",
+    ]
+    return "\n".join(lines)
+
+
+def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
+    """The three gains per arm, and the off-policy share, if matplotlib is installed (not a dependency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = result["rows"]
+    fig, (ax, ax2) = plt.subplots(
+        1, 2, figsize=(11, 0.4 * len(rows) + 2), sharey=True, gridspec_kw={"width_ratios": [3, 1]}
+    )
+    ys = list(range(len(rows)))
+    bars = (
+        ("generated_gain", "generated-token gain"),
+        ("useful_gain", "useful-token gain"),
+        ("end_to_end_gain", "end-to-end gain"),
+    )
+    for i, (key, label) in enumerate(bars):
+        ax.barh(
+            [y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label
+        )
+    ax.set_yticks(ys, [r["arm"] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel(f"% against {result['baseline']} (simulated)")
+    ax.legend(loc="lower right", fontsize=7)
+    ax2.barh(ys, [100 * (r.get("off_policy_share") or 0.0) for r in rows], color="grey")
+    ax2.set_xlabel("off-policy share of trained tokens, %")
+    fig.suptitle(
+        f"What-if (simulated): {result['trace']['source']} replayed on "
+        f"{result['model']} / {result['hardware']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_strategies(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def describe(trace: Trace) -> Sequence[str]:
+    """Lines about a trace: its provenance and shape (``trace show``)."""
+    s = trace.summary()
+    return [
+        *trace.header.lines(),
+        f"{s['samples']} samples in {s['groups']} groups over {s['steps']} steps "
+        f"({s['groups_per_step']} groups x {s['group_size']} samples per step); median response "
+        f"{s['response_median']:g} tokens, p99 {s['response_p99']}, {s['truncated_share']:.0%} truncated; "
+        f"rewards: {'yes' if s['has_rewards'] else 'no'}",
+    ]

@@ -1,0 +1,140 @@
+"""``whatif``: a trace replayed under the zoo on the simulator, groups and rewards kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from trace_fixtures import slime_dump, verl_dump
+
+from april_bench.cli import main
+from april_bench.cli.whatif import example_trace
+from april_bench.config import ConfigError
+from april_bench.trace.format import TraceHeader, TraceRow, read_trace, write_trace
+from april_bench.whatif import WhatIf, run_whatif
+
+SHORT, LONG, LIMIT = 400, 6000, 8192
+GROUPS, N, STEPS = 8, 4, 4
+
+
+def _trace(path: Path, *, clustered: bool) -> Path:
+    """Per step, GROUPS x N samples of which N are long: all in one prompt (clustered), or one in each of N
+    prompts (shuffled).  The lengths of every step are the same multiset either way."""
+    rows = []
+    for step in range(STEPS):
+        for g in range(GROUPS):
+            for j in range(N):
+                long = g == 0 if clustered else (j == 0 and g < N)
+                rows.append(
+                    TraceRow(step, f"s{step}p{g}", j, 120, LONG if long else SHORT + 10 * j, "stop", 1.0)
+                )
+    header = TraceHeader(source="test", evidence="per-sample", token_counts="exact", max_response_len=LIMIT)
+    write_trace(path, header, rows)
+    return path
+
+
+def _gains(tmp_path: Path, name: str, trace: Path) -> dict[str, dict[str, float]]:
+    setup = WhatIf(hardware="h100", model="qwen3-4b", strategies=("sync", "april"), drivers=())
+    result = run_whatif(trace, setup, tmp_path / name)
+    return {row["strategy"]: row for row in result["rows"]}
+
+
+def test_group_structure_is_kept_long_samples_in_one_prompt_gain_more_than_spread(tmp_path: Path) -> None:
+    clustered = _gains(tmp_path, "clustered", _trace(tmp_path / "c.jsonl", clustered=True))
+    spread = _gains(tmp_path, "spread", _trace(tmp_path / "s.jsonl", clustered=False))
+    # Sync waits for the longest sample either way.  APRIL sets aside the slow groups and trains fast
+    # ones: one slow group per step is cheap to set aside, N slow groups (the same lengths spread over
+    # N prompts) leave fewer fast groups and more partial work to resume, so its step is slower.
+    assert clustered["april"]["generated_gain"] > spread["april"]["generated_gain"] + 1.0
+    assert clustered["april"]["useful_gain"] > spread["april"]["useful_gain"] + 1.0
+    assert clustered["april"]["step_time_per_step_s"] < 0.9 * spread["april"]["step_time_per_step_s"]
+    assert clustered["sync"]["generated_gain"] == 0.0  # the baseline
+
+
+def test_the_shipped_example_replays_under_the_zoo_labelled_simulated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = read_trace(example_trace())
+    assert (
+        trace.header.source.startswith("april-bench run")
+        and trace.header.provenance["result_kind"] == "measured"
+    )
+    out = tmp_path / "wi"
+    argv = ["whatif", "example", "--hw", "h100", "--model", "qwen3-4b", "--gpus", "8", "--steps", "2"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "SIMULATED" in text and "april-bench run" in text
+    result = json.loads((out / "whatif.json").read_text())
+    arms = {row["arm"] for row in result["rows"]}
+    drivers = {row["driver"] for row in result["rows"]}
+    assert {"sync", "tail-batching", "length-aware"} <= {row["strategy"] for row in result["rows"]}
+    assert {"sync", "one-step-off", "stale (eta=1)", "stale (eta=2)"} <= drivers and len(arms) == len(
+        result["rows"]
+    )
+    assert all(row["off_policy_share"] is not None for row in result["rows"])
+    assert result["result_kind"] == "simulated" and result["num_gpus"] == 8
+    # the replay is an ordinary run directory: its own trace is the replayed one, group for group
+    replayed = read_trace(out, arm="sync")
+    assert replayed.group_size() == trace.group_size()
+
+
+def test_verl_and_slime_dumps_run_through_whatif(tmp_path: Path) -> None:
+    verl = tmp_path / "verl.jsonl"
+    assert (
+        main(
+            [
+                "trace",
+                "import-verl",
+                str(verl_dump(tmp_path / "v")),
+                "--max-response-len",
+                "150",
+                "-o",
+                str(verl),
+            ]
+        )
+        == 0
+    )
+    slime = tmp_path / "slime.jsonl"
+    dumps = [str(slime_dump(tmp_path / f"d_{i}.pt", i)) for i in range(2)]
+    assert main(["trace", "import-slime", *dumps, "-o", str(slime)]) == 0
+    for name, trace in (("verl", verl), ("slime", slime)):
+        # verl's groups mix rewards 0 and 1, so DAPO's filter keeps them; slime's fixture rewards all 1
+        algorithm = "dapo" if name == "verl" else "grpo"
+        setup = WhatIf(
+            strategies=("sync", "april"), drivers=({"driver": "one-step-off"},), algorithm=algorithm
+        )
+        result = run_whatif(trace, setup, tmp_path / f"wi-{name}")
+        pairs = {(row["strategy"], row["driver"]) for row in result["rows"]}
+        assert pairs == {(s, d) for s in ("sync", "april") for d in ("sync", "one-step-off")}
+        assert result["trace"]["source"].startswith(name)
+
+
+def test_a_trace_without_rewards_cannot_drive_dapo(tmp_path: Path) -> None:
+    rows = [TraceRow(0, "a", j, 10, 50, "stop", None) for j in range(4)]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, TraceHeader(source="x", evidence="per-sample", token_counts="exact"), rows)
+    with pytest.raises(ConfigError, match="dynamic sampling needs rewards"):
+        run_whatif(path, WhatIf(strategies=("sync",), drivers=(), algorithm="dapo"), tmp_path / "o")
+
+
+def test_a_cost_curve_is_refused_until_it_is_wired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    curve = tmp_path / "curve.json"
+    curve.write_text("{}")
+    assert main(["whatif", "example", "--cost-curve", str(curve), "--out", str(tmp_path / "o")]) == 2
+    assert "not wired" in capsys.readouterr().err
+
+
+def test_a_malformed_trace_is_one_error_line_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    header = TraceHeader(source="x", evidence="per-sample", token_counts="exact").to_json()
+    path.write_text(
+        json.dumps(header) + '\n{"step": 0, "prompt_id": "a", "sample_index": 0, "response_tokens": -4}\n'
+    )
+    assert main(["whatif", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {path}, line 2: response_tokens must be >= 0, got -4"]
