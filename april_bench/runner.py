@@ -207,9 +207,10 @@ def execute(
     from april_bench.config_files import write_config_file
     from april_bench.experiment import run as run_sessions
     from april_bench.results.provenance import collect_provenance
-    from april_bench.results.records import RunRecorder
+    from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
     from april_bench.results.trackers import open_trackers
+    from april_bench.threads import thread_choice
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
@@ -230,7 +231,9 @@ def execute(
         config=config.to_dict(),
         provenance=provenance,
     )
-    recorder = RunRecorder(sink=writer)
+    # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not grow
+    # with its steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
+    recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
     if kept:
         recorder.preload(kept)
     received: list[str] = []
@@ -265,12 +268,14 @@ def execute(
         engine_dtype=result.engine_dtype,
         notes=result.notes,
         started=provenance,
+        torch_threads=thread_choice(config.engine_args, config.trainer_args),
     )
     write_json_atomic(provenance_path, provenance)
-    stored = writer.inner.finish(config.to_dict(), provenance, recorder.tables)
+    summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
+    stored = writer.inner.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
     status.state = "complete"
     status.save()
-    writer.finish(stored.summary())
+    writer.finish(summary)  # the trackers get the summary the run directory got
     writer.close()
     return RunOutcome(out=out, result=result, stored=stored)
 

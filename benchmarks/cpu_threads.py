@@ -3,8 +3,8 @@
 On a shared machine whose load exceeds its cores, torch's intra-op threads (OpenMP) wait on
 each other and a tiny model's matrix products slow down tenfold or more; one thread avoids the
 wait.  This measures it where you run: one engine, one wave of ``--requests`` x ``--tokens``
-replayed tokens per trial, thread counts alternated trial by trial (``torch.set_num_threads``
-is process-wide), ``--trials`` rounds, medians and ranges, with the load average.
+replayed tokens per trial, thread counts alternated trial by trial (the engine's ``threads``, which
+it sets around each forward), ``--trials`` rounds, medians and ranges, with the load average.
 
     python benchmarks/cpu_threads.py [--threads 1,2] [--trials 5] [--out results/benchmarks]
 """
@@ -32,9 +32,10 @@ from april_bench.results.provenance import collect_provenance
 async def measure(
     checkpoint: str, threads: list[int], trials: int, requests: int, tokens: int
 ) -> dict[int, list[float]]:
-    import torch
+    from april_bench.engines.hf.engine import HFEngine
 
     engine = build("hf", checkpoint, requests, 8 + 2 * tokens)
+    assert isinstance(engine, HFEngine)
     await engine.start()
     rates: dict[int, list[float]] = {t: [] for t in threads}
     try:
@@ -42,7 +43,7 @@ async def measure(
         for trial in range(trials):
             order = threads if trial % 2 == 0 else threads[::-1]  # ABBA
             for n in order:
-                torch.set_num_threads(n)
+                engine.threads = n  # the hf engine sets its threads around each forward
                 t0 = time.perf_counter()
                 done = [c async for c in engine.generate(wave(f"t{trial}-{n}", requests, tokens))]
                 rates[n].append(sum(c.num_tokens for c in done) / (time.perf_counter() - t0))

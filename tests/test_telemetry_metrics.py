@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from april_bench.results.summary import _tail_share
+from april_bench.results.summary import summarize
 from april_bench.telemetry.metrics import (
     gpu_metrics,
     gpu_summary,
@@ -203,7 +203,7 @@ def test_tail_windows_have_the_summary_tail_length_and_end_at_the_rollout_end_ev
     windows = tail_windows(steps, requests, events)
     assert windows == {"april": [(999.0, 1000.0), (1017.5, 1020.0)]}
     tail_s = sum(b - a for a, b in windows["april"])
-    assert tail_s / 16.0 == _tail_share(steps, requests)
+    assert tail_s / 16.0 == summarize({"steps": steps, "requests": requests})["april"]["tail_time_share"]
 
 
 def test_gpu_summary_takes_tails_and_trained_tokens_from_the_run_tables() -> None:

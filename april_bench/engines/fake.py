@@ -12,6 +12,13 @@ the engine ``landing_delays`` after ``generate()`` (a stand-in for HTTP
 transit): one that lands after an abort runs on until aborted again, the race
 the rollout loop's re-abort exists for.
 
+Its work counters (:class:`~april_bench.engines.protocol.EngineWork`) treat it as
+an engine that steps all running requests together: an engine iteration is an
+instant at which some running request completes a token, so requests decoding
+in step share iterations and a lone straggler costs one iteration per token.
+A request is prefilled when it starts running (a queued request aborted before
+it starts never is).
+
 A weight update with requests in flight pauses decoding for ``weight_sync_s``:
 the tokens a running request completed before the update carry the old
 version, the one it was decoding is recomputed after the pause with the new
@@ -22,6 +29,7 @@ and an abort issued during it takes effect when it ends.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
@@ -35,6 +43,7 @@ from april_bench.engines.protocol import (
     EngineInfo,
     EngineLoad,
     EngineSettings,
+    EngineWork,
     GenerateRequest,
     WeightUpdate,
 )
@@ -101,6 +110,12 @@ class FakeEngine(Configurable):
         self._unpaused = asyncio.Event()
         self._unpaused.set()
         self._landing: list[_Request] = []
+        # token instants (in units of 1e-6 token times) of returned requests not yet final, and the
+        # count of those that are: no request still to return can complete a token before them
+        self._instants: set[int] = set()
+        self._instant_heap: list[int] = []
+        self._final_instants = 0
+        self._work = {"decode_tokens": 0, "prefill_tokens": 0, "reprefill_tokens": 0}
 
     @property
     def info(self) -> EngineInfo:
@@ -142,6 +157,9 @@ class FakeEngine(Configurable):
     def _start(self, entry: _Request) -> None:
         loop = asyncio.get_running_loop()
         entry.start = loop.time()
+        self._work["prefill_tokens"] += entry.request.input_len
+        if entry.request.prefix_len > 0:
+            self._work["reprefill_tokens"] += entry.request.input_len
         self._running[entry.request.request_id] = entry
         entry.handle = loop.call_at(
             entry.start + entry.target * self.config.token_time_s, self._finish, entry
@@ -160,6 +178,7 @@ class FakeEngine(Configurable):
         req = entry.request
         seed = req.input_ids[0] if req.input_ids else 0
         first = req.input_len
+        self._count_tokens(entry, n, loop.time())
         runs = None
         if entry.runs:
             before = sum(k for _, k in entry.runs)
@@ -176,6 +195,31 @@ class FakeEngine(Configurable):
                 output_ids=tuple(fake_token(seed, first + i) for i in range(n)),
                 logprobs=tuple(-0.1 * (1 + (first + i) % 7) for i in range(n)),
             )
+        )
+
+    def _count_tokens(self, entry: _Request, n: int, now: float) -> None:
+        dt = self.config.token_time_s
+        self._work["decode_tokens"] += n
+        for i in range(1, n + 1):
+            instant = round((entry.start + i * dt) / dt * 1e6)
+            if instant not in self._instants:
+                self._instants.add(instant)
+                heapq.heappush(self._instant_heap, instant)
+        live = [e.start for e in self._running.values()] + [now]
+        floor = round(min(live) / dt * 1e6)
+        while self._instant_heap and self._instant_heap[0] < floor:
+            self._instants.discard(heapq.heappop(self._instant_heap))
+            self._final_instants += 1
+
+    def work(self) -> EngineWork:
+        """Exact counts of the returned requests' work (the fake runs on a virtual clock)."""
+        iterations = self._final_instants + len(self._instants)
+        return EngineWork(
+            engine_iterations=iterations,
+            decode_iterations=iterations,
+            decode_tokens=self._work["decode_tokens"],
+            prefill_tokens=self._work["prefill_tokens"],
+            reprefill_tokens=self._work["reprefill_tokens"],
         )
 
     async def abort(self, request_ids: Collection[str] | None = None) -> None:

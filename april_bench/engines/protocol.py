@@ -34,7 +34,10 @@ Optional capabilities, checked with ``isinstance``:
   counters and gauges (KV usage, running and waiting requests, preemptions,
   prefix-cache hits, decode steps), recorded as rows at step boundaries;
 * :class:`EngineState` - ``export_state()`` / ``restore_state()``, so a resumed
-  run continues an engine exactly where the interrupted one stood.
+  run continues an engine exactly where the interrupted one stood;
+* :class:`EngineAccounting` - ``work()``, the engine's exact work counters
+  (:class:`EngineWork`: forward passes, decode tokens, prefill and re-prefill
+  tokens), which the rollout loop differences into every step row.
 
 Weights reach an engine as a :class:`WeightUpdate`: an in-process state dict
 (``weights``), or a checkpoint directory (``path``) for an engine in another
@@ -55,12 +58,14 @@ from april_bench.types import FinishReason
 __all__ = [
     "Completion",
     "Engine",
+    "EngineAccounting",
     "EngineError",
     "EngineInfo",
     "EngineLoad",
     "EngineMetrics",
     "EngineSettings",
     "EngineState",
+    "EngineWork",
     "GenerateRequest",
     "SamplingParams",
     "SaturationModel",
@@ -107,6 +112,9 @@ class GenerateRequest:
     #: Scheduling priority (lower runs first, as in vLLM and SGLang); engines without priority
     #: scheduling ignore it.
     priority: int = 0
+    #: Tokens at the end of ``input_ids`` that are a partial response resumed (0: a fresh start).
+    #: Only for accounting: an engine counts the prefill of a resumed request as re-prefill.
+    prefix_len: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -277,6 +285,48 @@ class EngineMetrics(Protocol):
         """A snapshot: gauges (``kv_usage``, ``running``, ``waiting``) and monotonic counters
         (``preemptions``, ``prefix_cache_hits``, ``prefix_cache_queries``, ``prompt_tokens``,
         ``generation_tokens``, ``decode_steps`` ...).  Names are the engine's; cheap to call."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineWork:
+    """Monotonic counters of the work an engine did since it started (differences give a step's).
+
+    ``engine_iterations``: forward passes (a decode step, or one prefill forward: a chunk of an
+    extend batch counts once).  ``decode_iterations`` of them decoded; ``decode_tokens``: tokens
+    those decode forwards sampled (their sum of batch sizes, so ``decode_tokens /
+    decode_iterations`` is the mean batch occupancy).  ``prefill_tokens``: input tokens prefilled
+    (padding excluded); ``reprefill_tokens``: of them, those of resumed requests
+    (:attr:`GenerateRequest.prefix_len` > 0): prompt and partial response computed once before and
+    computed again.  ``deterministic``: the counts are a function of the requests and seeds alone
+    (april-bench's own engines); ``False`` when they come from an engine whose schedule depends on
+    timing (vLLM: its scheduler batches whatever has arrived when it steps)."""
+
+    engine_iterations: int = 0
+    decode_iterations: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    reprefill_tokens: int = 0
+    deterministic: bool = True
+
+    def minus(self, before: EngineWork) -> EngineWork:
+        """The work done since ``before`` (an earlier snapshot of the same engine)."""
+        return EngineWork(
+            engine_iterations=self.engine_iterations - before.engine_iterations,
+            decode_iterations=self.decode_iterations - before.decode_iterations,
+            decode_tokens=self.decode_tokens - before.decode_tokens,
+            prefill_tokens=self.prefill_tokens - before.prefill_tokens,
+            reprefill_tokens=self.reprefill_tokens - before.reprefill_tokens,
+            deterministic=self.deterministic and before.deterministic,
+        )
+
+
+@runtime_checkable
+class EngineAccounting(Protocol):
+    """Optional: an engine that counts its own forward passes and tokens exactly."""
+
+    def work(self) -> EngineWork:
+        """The counters now (cheap; called at step boundaries)."""
         ...
 
 

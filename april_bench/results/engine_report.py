@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ENGINE_COLUMNS", "engine_report", "engine_table"]
+__all__ = ["ENGINE_COLUMNS", "engine_report", "engine_table", "prefix_cache"]
 
 Row = Mapping[str, Any]
 
@@ -33,7 +33,7 @@ def engine_report(tables: Mapping[str, Iterable[Row]]) -> dict[str, dict[str, An
     return {
         arm: {
             **_reprefill(requests.get(arm, []), len(arm_steps)),
-            **_prefix_cache(metrics.get(arm, [])),
+            **prefix_cache(metrics.get(arm, [])),
             **_logprob_gap(arm_steps),
         }
         for arm, arm_steps in steps.items()
@@ -58,7 +58,7 @@ def _input_len(request: Row) -> int:
     return int(request.get("prompt_len", 0)) + int(request.get("prefix_len", 0))
 
 
-def _prefix_cache(rows: Sequence[Row]) -> dict[str, Any]:
+def prefix_cache(rows: Sequence[Row]) -> dict[str, Any]:
     """Hits over queries of the engine's monotonic counters, summed over its repeats (one engine each)."""
     last: dict[int, Mapping[str, float]] = {}
     for row in sorted(rows, key=lambda r: r.get("t", 0.0)):

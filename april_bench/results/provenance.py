@@ -156,13 +156,6 @@ def loaded_packages() -> dict[str, str]:
     return dict(sorted(out.items(), key=lambda kv: kv[0].lower()))
 
 
-def _threads() -> dict[str, int | None]:
-    torch = sys.modules.get("torch")  # only when the run imported it: never import torch for this
-    if torch is None:
-        return {"torch_intra_op": None, "torch_inter_op": None}
-    return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
-
-
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -196,10 +189,12 @@ def collect_provenance(
     started: dict[str, Any] | None = None,
     engine_dtype: str | None = None,
     metadata: dict[str, Any] | None = None,
+    torch_threads: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The provenance block of a run.  Called at the start of a run and again at its end with
     ``started`` (the first block): the machine's load average is then recorded at both ends.
-    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it)."""
+    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it);
+    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run."""
     if started is not None:
         done = dict(started)
         done["result_kind"] = "simulated" if simulated else "measured"
@@ -209,7 +204,7 @@ def collect_provenance(
         done["machine"] = {**started["machine"], "load_average_end": _load_average()}
         done["notes"] = notes or []
         done["packages_loaded"] = loaded_packages()
-        done["threads"] = _threads()
+        done["torch_threads"] = torch_threads  # the engine's and trainer's (april_bench.threads)
         return done
     from april_bench.results.schema import SCHEMA_VERSION
 

@@ -22,6 +22,7 @@ from april_bench.telemetry.records import TelemetryRecord
 from april_bench.types import Group, SampleStatus
 
 __all__ = [
+    "SMALL_TABLES",
     "TABLES",
     "EngineMetricRecord",
     "EvalRecord",
@@ -141,6 +142,18 @@ class StepRecord:
     repeat: int = 0
     #: A warm-up step (``--warmup-steps``): run and recorded, left out of the paired gain statistics.
     warmup: bool = False
+    #: The engine's own work during this step's rollout (``None``: the engine does not count it;
+    #: :class:`april_bench.engines.protocol.EngineWork`): forward passes, of them decode steps, the
+    #: tokens those decode steps sampled (/ decode_iterations = mean batch occupancy), input tokens
+    #: prefilled, and of them those of resumed requests (prompt + partial response, computed again).
+    engine_iterations: int | None = None
+    decode_iterations: int | None = None
+    decode_tokens: int | None = None
+    prefill_tokens: int | None = None
+    reprefill_tokens: int | None = None
+    #: True when the counts depend only on the requests and seeds (april-bench's engines); False
+    #: when the engine's schedule depends on timing (vLLM).
+    work_deterministic: bool | None = None
 
 
 @dataclass(slots=True)
@@ -243,20 +256,38 @@ class RowSink(Protocol):
     def write(self, table: str, row: dict[str, Any]) -> None: ...
 
 
+#: The tables of one row per step or evaluation: a recorder streaming to disk can leave the others
+#: there (``RunRecorder(keep=SMALL_TABLES)``), and then holds a row or two per step rather than
+#: every request, sample, trace sample and event (the summary accumulates what it needs of them).
+SMALL_TABLES = ("steps", "evals", "engine_metrics")
+
+
 class RunRecorder:
     """The named tables of one run, for every arm: records kept in memory and, with a ``sink``,
-    streamed out as they are added.  ``recorder["steps"]`` is the list of step records."""
+    streamed out as they are added.  ``recorder["steps"]`` is the list of step records.
 
-    def __init__(self, sink: RowSink | None = None) -> None:
+    ``keep`` names the tables held in memory (default: all).  The per-arm summary is accumulated
+    as rows come (:class:`~april_bench.results.accumulate.SummaryAccumulator`), so a run that
+    streams its rows and keeps only :data:`SMALL_TABLES` runs in memory that does not grow with its
+    requests and samples."""
+
+    def __init__(self, sink: RowSink | None = None, *, keep: Iterable[str] | None = None) -> None:
+        from april_bench.results.accumulate import SummaryAccumulator
+
         self.tables: dict[str, list[Any]] = {name: [] for name in TABLES}
         self.sink = sink
+        self.kept = frozenset(TABLES if keep is None else keep)
+        self._accumulator = SummaryAccumulator()
 
     def add(self, record: Any) -> None:
-        """Append a record to its table (chosen by its type) and to the sink."""
+        """Append a record to its table (chosen by its type), the summary and the sink."""
         table = _TABLE_OF[type(record)]
-        self.tables[table].append(record)
+        if table in self.kept:
+            self.tables[table].append(record)
+        row = as_row(record)
+        self._accumulator.add(table, row)
         if self.sink is not None:
-            self.sink.write(table, as_row(record))
+            self.sink.write(table, row)
 
     def extend(self, records: Iterable[Any]) -> None:
         for record in records:
@@ -264,8 +295,11 @@ class RunRecorder:
 
     def preload(self, rows: Mapping[str, Iterable[dict[str, Any]]]) -> None:
         """Rows recorded before (a resumed run's): kept as dict rows, not sent to the sink again."""
-        for table, table_rows in rows.items():
-            self.tables[table].extend(table_rows)
+        for table in TABLES:  # table by table, as summarize() reads them
+            for row in rows.get(table, ()):
+                self._accumulator.add(table, row)
+                if table in self.kept:
+                    self.tables[table].append(row)
 
     def __getitem__(self, table: str) -> list[Any]:
         return self.tables[table]
@@ -277,10 +311,13 @@ class RunRecorder:
     def summary(
         self, *, baseline: str | None = None, block_steps: int | None = None
     ) -> dict[str, dict[str, Any]]:
-        """Per-arm metrics of the rows recorded so far (:func:`april_bench.results.summary.summarize`)."""
-        from april_bench.results.summary import summarize
+        """Per-arm metrics of the rows recorded so far (:func:`april_bench.results.summary.summarize`;
+        GPU telemetry summaries need the rows: they are left out unless every table is kept)."""
+        from april_bench.results.summary import summarize, summary_of
 
-        return summarize(self.rows(), baseline=baseline, block_steps=block_steps)
+        if self.kept == frozenset(TABLES):
+            return summarize(self.rows(), baseline=baseline, block_steps=block_steps)
+        return summary_of(self._accumulator, baseline=baseline, block_steps=block_steps)
 
     def sample_fates(
         self,

@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from april_bench.config import ConfigError
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
+from april_bench.results.headline import HEADLINE_COLUMNS, WORK_COLUMNS, has_work, headline_table, work_table
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
@@ -62,6 +63,8 @@ class RunDirectory:
     config: dict[str, Any]
     provenance: dict[str, Any]
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The summary accumulated while the run ran (its large tables then stay on disk, not in ``tables``).
+    accumulated: dict[str, dict[str, Any]] | None = None
 
     @property
     def simulated(self) -> bool:
@@ -71,6 +74,8 @@ class RunDirectory:
         return self.tables.get(table, [])
 
     def summary(self) -> dict[str, dict[str, Any]]:
+        if self.accumulated is not None:
+            return self.accumulated
         return summarize(
             self.tables, baseline=self.config.get("baseline"), block_steps=self.config.get("block_steps")
         )
@@ -131,25 +136,34 @@ class RunWriter:
         self._files.clear()
 
     def finish(
-        self, config: Mapping[str, Any], provenance: Mapping[str, Any], tables: Mapping[str, Iterable[Any]]
+        self,
+        config: Mapping[str, Any],
+        provenance: Mapping[str, Any],
+        tables: Mapping[str, Iterable[Any]],
+        *,
+        summary: dict[str, dict[str, Any]] | None = None,
     ) -> RunDirectory:
-        """Close the row files, then write the summary and tables of the complete run."""
+        """Close the row files, then write the summary and tables of the complete run.  ``summary``:
+        the run's, accumulated as it ran (``tables`` may then hold only the small tables)."""
         self.close()
         run = RunDirectory(
             self.out,
             dict(config),
             dict(provenance),
             {name: [as_row(r) for r in records] for name, records in tables.items()},
+            accumulated=summary,
         )
-        write_summary(run)
+        write_summary(run, summary)
         return run
 
 
-def write_summary(run: RunDirectory) -> dict[str, dict[str, Any]]:
-    """Write ``summary.json`` and ``table.md`` of a run directory from its rows."""
-    summary = run.summary()
+def write_summary(
+    run: RunDirectory, summary: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Write ``summary.json`` and ``table.md`` of a run directory from its rows (or ``summary``)."""
     from april_bench.results.schema import SCHEMA_VERSION, with_old_names
 
+    summary = run.summary() if summary is None else summary
     write_json_atomic(
         run.path / "summary.json",
         {
@@ -317,7 +331,20 @@ def render_tables(
             "smaller --block-steps"
         )
     label = kind.split()[0].lower()
-    text = f"## Results: {kind}\n\n{setup}\n\n{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    text = f"## Results: {kind}\n\n{setup}\n\n"
+    if not simulated:  # the paired median leads; the ratio of totals is secondary
+        headline = render_markdown(HEADLINE_COLUMNS, headline_table(summary))
+        text += (
+            f"### Headline (measured): paired median gain against {baseline}, 95% bootstrap interval\n\n"
+            f"{headline}\n\n"
+        )
+    text += f"{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    if has_work(summary):
+        work = render_markdown(WORK_COLUMNS, work_table(summary))
+        text += (
+            f"\n\n### Engine work: forward passes and tokens per iteration ({label}; counted, "
+            f"hardware-neutral; docs/measured.md)\n\n{work}"
+        )
     if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
         engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))
         text += f"\n\n### Engine: re-prefill on resume and log-prob gap to the trainer ({label})\n\n{engine}"

@@ -58,13 +58,12 @@ def paper_table(
 
 
 def _paired(stats: Mapping[str, Any]) -> str:
-    """'+41.2% [+33.0, +50.1] (12 pairs)', or the median alone when there is one pair."""
-    median, ci, pairs = stats.get("median"), stats.get("ci"), stats.get("pairs", 0)
-    if median is None:
-        return "n/a"
-    if pairs < 2 or ci is None:
-        return f"{median * 100:+.1f}% (1 pair)"
-    return f"{median * 100:+.1f}% [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}] ({pairs} pairs)"
+    """'+41.2% [+33.0, +50.1] (12 pairs)', the median alone when there is one pair, and 'not
+    distinguishable' when the interval contains 0."""
+    from april_bench.results.headline import distinguishable, paired_cell
+
+    cell = paired_cell(stats)
+    return cell + ", not distinguishable" if distinguishable(stats) is False else cell
 
 
 def wide_intervals(summary: Mapping[str, Mapping[str, Any]], tolerance: float = GAIN_TOLERANCE) -> list[str]:

@@ -35,7 +35,9 @@ from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     Completion,
     Engine,
+    EngineAccounting,
     EngineError,
+    EngineWork,
     GenerateRequest,
     SamplingParams,
     SaturationModel,
@@ -193,6 +195,7 @@ class RolloutLoop(Configurable):
         sample with a token older than this version restarts from its prompt before it launches."""
         loop = asyncio.get_running_loop()
         st = StepState(step=step, version=policy_version, t_start=loop.time(), oldest_allowed=oldest_allowed)
+        work_before = self._work()
         with Meter(st):
             self._maybe_launch(st)
         await st.enough.wait()
@@ -202,6 +205,8 @@ class RolloutLoop(Configurable):
         await asyncio.gather(*st.pumps, *st.aborts)
         self._raise_if_failed(st)
         t_end = loop.time()
+        work_after = self._work()
+        work = None if work_before is None or work_after is None else work_after.minus(work_before)
         with Meter(st):
             carried = self._carry_over(st)
         record = step_record(
@@ -214,6 +219,7 @@ class RolloutLoop(Configurable):
             carried=carried,
             saturated_tokens_per_s=self._saturated(st),
             repeat=self.repeat,
+            work=work,
         )
         self.strategy.on_step_end(
             StepSummary(
@@ -375,6 +381,7 @@ class RolloutLoop(Configurable):
             replay_len=replay,
             routing_key=str(prompt.uid),
             priority=priority,
+            prefix_len=sample.response_len,
         )
 
     def _sampling_for(self, sample: Sample) -> SamplingParams:
@@ -564,6 +571,10 @@ class RolloutLoop(Configurable):
     def _raise_if_failed(self, st: StepState) -> None:
         if st.error is not None:
             raise st.error
+
+    def _work(self) -> EngineWork | None:
+        """The engine's work counters now (``None``: it does not count its work)."""
+        return self.engine.work() if isinstance(self.engine, EngineAccounting) else None
 
     def _saturated(self, st: StepState) -> float | None:
         if not isinstance(self.engine, SaturationModel):

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from april_bench.engines.protocol import GenerateRequest
+from april_bench.engines.protocol import EngineWork, GenerateRequest
 from april_bench.results.records import StepRecord
 from april_bench.rollout.strategy import GroupProgress
 from april_bench.types import Group, Sample
@@ -126,6 +126,7 @@ def step_record(
     carried: CarryOver,
     saturated_tokens_per_s: float | None,
     repeat: int = 0,
+    work: EngineWork | None = None,
 ) -> StepRecord:
     mean_context = st.context_token_sum / st.generated if st.generated else 0.0
     return StepRecord(
@@ -162,4 +163,10 @@ def step_record(
         saturated_tokens_per_s=saturated_tokens_per_s,
         bookkeeping_s=st.bookkeeping_s,
         repeat=repeat,
+        engine_iterations=None if work is None else work.engine_iterations,
+        decode_iterations=None if work is None else work.decode_iterations,
+        decode_tokens=None if work is None else work.decode_tokens,
+        prefill_tokens=None if work is None else work.prefill_tokens,
+        reprefill_tokens=None if work is None else work.reprefill_tokens,
+        work_deterministic=None if work is None else work.deterministic,
     )

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.models.zoo import build_model, model_config
 from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
+from april_bench.threads import choose_threads, torch_threads
 
 __all__ = ["WarmStart", "cache_dir"]
 
@@ -99,9 +100,16 @@ class WarmStart(Configurable):
             return {k: v.detach().cpu() for k, v in model.state_dict().items()}
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         rng = random.Random(cfg.seed)
-        with torch.random.fork_rng(devices=[]):
+        threads = choose_threads(None, torch.device(cfg.device).type)  # one on a CPU: see threads.py
+        bar = tqdm(
+            range(cfg.steps),
+            desc="warm start (SFT, once: cached for later runs)",
+            disable=not progress,
+            unit="step",
+        )
+        with torch.random.fork_rng(devices=[]), torch_threads(threads):
             torch.manual_seed(cfg.seed)
-            for _ in tqdm(range(cfg.steps), desc="warm start (SFT)", disable=not progress, unit="step"):
+            for _ in bar:
                 ids, targets = (t.to(model.device) for t in self._batch(rng))
                 logits = model(input_ids=ids).logits[:, :-1]
                 loss = torch.nn.functional.cross_entropy(

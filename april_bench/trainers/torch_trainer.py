@@ -43,6 +43,7 @@ from april_bench.algorithms.losses import (
     policy_loss,
 )
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.threads import choose_threads, torch_threads
 from april_bench.trainers.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs
 from april_bench.trainers.memory import GiB, MemoryEstimate, device_memory_bytes, estimate_step_memory
 from april_bench.trainers.microbatch import pack_by_length, padded_tokens
@@ -89,6 +90,9 @@ class TorchTrainer(Configurable):
             None, help="DAPO overlong buffer (default: a quarter of the limit)"
         )
         device: str = param("auto", help="cpu, cuda or auto")
+        threads: int | None = param(
+            None, help="torch intra-op threads while training (default: 1 on a CPU; torch's choice on cuda)"
+        )
         pad_token_id: int = param(0, help="padding id for batched rows")
         max_tokens_per_micro_batch: int | None = param(
             None,
@@ -123,6 +127,7 @@ class TorchTrainer(Configurable):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        self.threads = choose_threads(config.threads, self.device.type)
         self.model = module.to(self.device).train()
         self.loss_config = LossConfig.for_algorithm(
             config.algorithm, off_policy=config.off_policy, kl_coef=config.kl_coef
@@ -171,6 +176,10 @@ class TorchTrainer(Configurable):
         self.optimizer.load_state_dict(state["optimizer"])
 
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
+        with torch_threads(self.threads):  # nothing below awaits: the engine never runs inside
+            return self._train(batch, policy_version)
+
+    def _train(self, batch: Sequence[Group], policy_version: int) -> TrainResult:
         rows = self._rows(batch)
         cfg = self.config
         if not self._memory_checked:  # the first batch's largest micro-batch (a sample may exceed the budget)

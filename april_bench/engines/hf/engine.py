@@ -55,12 +55,14 @@ from april_bench.engines.protocol import (
     EngineInfo,
     EngineLoad,
     EngineSettings,
+    EngineWork,
     GenerateRequest,
     WeightUpdate,
 )
 from april_bench.engines.stream import CompletionStream
 from april_bench.models.zoo import build_model
 from april_bench.seeding import sample_seed
+from april_bench.threads import choose_threads, torch_threads
 from april_bench.types import FinishReason
 
 __all__ = ["HFEngine", "from_settings"]
@@ -100,7 +102,10 @@ class HFEngine(Configurable):
         max_prefill_tokens: int = param(4096, help="padded tokens per extend (prefill) batch")
         eos_token_ids: tuple[int, ...] = param((), help="stop tokens (default: the model config's EOS)")
         seed: int = param(0, help="base of the per-request seeds of requests that carry none")
-        threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
+        threads: int | None = param(
+            None,
+            help="torch intra-op threads (default: 1 on a CPU, for a shared machine; torch's choice on cuda)",
+        )
         decode_path: str = param(
             "auto", help="eager, static (device-side state, CUDA graphs), or auto (static on cuda)"
         )
@@ -134,9 +139,9 @@ class HFEngine(Configurable):
         weights: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.config = config
-        if config.threads:
-            torch.set_num_threads(config.threads)
         self.device = _device(config.device)
+        # set around each forward, not for the process: a trainer in the same process has its own
+        self.threads = choose_threads(config.threads, self.device.type)
         self.dtype = _dtype(config.dtype, self.device)
         # a transformers PreTrainedModel (typed Any: nn.Module's attribute typing does not know it)
         self.model: Any = (
@@ -165,7 +170,17 @@ class HFEngine(Configurable):
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._step_times: dict[int, list[float]] = {}
-        self._counters = {"decode_steps": 0, "prefill_batches": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        # engine_iterations: forward passes (decode steps + prefill forwards, chunks counted apiece);
+        # decode_tokens: tokens sampled by decode steps; reprefill_tokens: prompt_tokens of resumes
+        self._counters = {
+            "decode_steps": 0,
+            "prefill_batches": 0,
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+            "engine_iterations": 0,
+            "decode_tokens": 0,
+            "reprefill_tokens": 0,
+        }
         self._info = EngineInfo(
             name="hf",
             simulated=False,
@@ -312,6 +327,18 @@ class HFEngine(Configurable):
             **{name: float(value) for name, value in self._counters.items()},
         }
 
+    def work(self) -> EngineWork:
+        """Exact counts: the scheduler's choices depend only on the requests, their order and the
+        seeds (never on a clock), so the same requests give the same counts at any load."""
+        c = self._counters
+        return EngineWork(
+            engine_iterations=c["engine_iterations"],
+            decode_iterations=c["decode_steps"],
+            decode_tokens=c["decode_tokens"],
+            prefill_tokens=c["prompt_tokens"],
+            reprefill_tokens=c["reprefill_tokens"],
+        )
+
     def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
         """Measured: ``B`` tokens over this engine's median observed decode step at batch ``B``."""
         batch = min(concurrency, self.config.max_running_requests)
@@ -330,9 +357,11 @@ class HFEngine(Configurable):
             while True:
                 self._return_aborted(loop.time())
                 if self._waiting and len(self._active) < self.config.max_running_requests:
-                    self._prefill(loop)
+                    with torch_threads(self.threads):
+                        self._prefill(loop)
                 elif self._active:
-                    self._decode(loop)
+                    with torch_threads(self.threads):
+                        self._decode(loop)
                 else:
                     self._wake.clear()
                     await self._wake.wait()
@@ -392,6 +421,7 @@ class HFEngine(Configurable):
                 hi = min(width, lo + chunk)
                 mask = (causal[None, lo:hi, :hi] & valid[:, None, :hi])[:, None]
                 self._cache.bind_prefill(start, len(batch), hi - lo, offset=lo)
+                self._counters["engine_iterations"] += 1
                 out = self._backbone(
                     input_ids=ids[:, lo:hi].to(self.device),
                     position_ids=positions[lo:hi].expand(len(batch), hi - lo).to(self.device),
@@ -411,6 +441,7 @@ class HFEngine(Configurable):
             seq.step0 = self._counters["decode_steps"]
         self._counters["prefill_batches"] += 1
         self._counters["prompt_tokens"] += int(lengths.sum())
+        self._counters["reprefill_tokens"] += sum(s.context for s in batch if s.request.prefix_len > 0)
         self._append_tokens(batch, logits, loop.time())
         if self._static is not None:
             self._admit([s for s in batch if s.slot >= 0])
@@ -461,6 +492,8 @@ class HFEngine(Configurable):
         finished, captured = self._static.step(len(active), self._kv_bound + 1)
         self._kv_bound += 1
         self._counters["decode_steps"] += 1
+        self._counters["engine_iterations"] += 1
+        self._counters["decode_tokens"] += len(active)
         self._counters["generation_tokens"] += len(active)
         now = loop.time()
         if not captured:  # a step that captured a graph measures the capture, not decoding
@@ -504,6 +537,8 @@ class HFEngine(Configurable):
         for seq in active:
             seq.kv += 1
         self._counters["decode_steps"] += 1
+        self._counters["engine_iterations"] += 1
+        self._counters["decode_tokens"] += len(active)
         self._append_tokens(list(active), logits, loop.time())
         self._record_step(len(active), loop.time() - tick)
 

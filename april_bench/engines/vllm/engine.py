@@ -71,6 +71,7 @@ from april_bench.engines.protocol import (
     EngineInfo,
     EngineLoad,
     EngineSettings,
+    EngineWork,
     GenerateRequest,
     WeightUpdate,
 )
@@ -101,6 +102,8 @@ class _Stats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     scheduler_reports: int = 0
+    #: Engine-core steps that produced output (one ``IterationStats`` each).
+    iterations: int = 0
 
     def record(self, scheduler: Any, iteration: Any) -> None:
         if scheduler is not None:
@@ -115,6 +118,7 @@ class _Stats:
                 self.prefix_cache_queries += int(cache.queries)
                 self.prefix_cache_hits += int(cache.hits)
         if iteration is not None:
+            self.iterations += 1
             self.preemptions += int(iteration.num_preempted_reqs)
             self.prompt_tokens += int(iteration.num_prompt_tokens)
             self.generation_tokens += int(iteration.num_generation_tokens)
@@ -190,6 +194,7 @@ class VLLMEngine(Configurable):
             "aborted_requests": 0,
             "weight_updates": 0,
             "inflight_weight_updates": 0,
+            "reprefill_tokens": 0,
         }
         self._info = EngineInfo(
             name="vllm",
@@ -353,6 +358,8 @@ class VLLMEngine(Configurable):
             reason = at_budget
         if reason is FinishReason.ABORT:
             self._counters["aborted_requests"] += 1
+        if request.prefix_len > 0 and ids:  # a resume that reached its prefill (cached tokens included)
+            self._counters["reprefill_tokens"] += request.input_len
         metrics = final.metrics
         runs = _version_runs(out, len(ids), entry.version if entry else self.version)
         first = getattr(metrics, "first_token_latency", None) if metrics is not None else None
@@ -423,6 +430,21 @@ class VLLMEngine(Configurable):
     def restore_state(self, state: dict[str, Any]) -> None:
         """The policy version (weights come back from the trainer's checkpoint on resume)."""
         self.version = int(state["version"])
+
+    def work(self) -> EngineWork:
+        """From vLLM's own stat logger: one iteration per engine-core step that produced output (its
+        steps mix prefill and decode, so every iteration counts as a decode one), generation tokens,
+        and the prompt tokens of requests whose prefill completed (prefix-cache hits included).  Not
+        deterministic: vLLM's scheduler batches whatever has arrived when it steps."""
+        s = self._stats
+        return EngineWork(
+            engine_iterations=s.iterations,
+            decode_iterations=s.iterations,
+            decode_tokens=s.generation_tokens,
+            prefill_tokens=s.prompt_tokens,
+            reprefill_tokens=self._counters["reprefill_tokens"],
+            deterministic=False,
+        )
 
     def metrics(self) -> dict[str, float]:
         s = self._stats

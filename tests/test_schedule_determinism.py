@@ -1,0 +1,95 @@
+"""The embedded engine's schedule is a function of the seed: the same rows at any load, only times differ."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: Columns that are clock readings (or rates and counts derived from them): the only ones that may differ.
+TIME_COLUMNS = {
+    "requests": {"t_submit", "t_first_token", "t_done"},
+    "steps": {
+        "t_start",
+        "rollout_time_s",
+        "train_time_s",
+        "weight_sync_time_s",
+        "step_time_s",
+        "drain_time_s",
+        "bookkeeping_s",
+        "saturated_tokens_per_s",  # from measured decode-step times
+        "abort_rounds",  # a re-abort is sent when a forward outlasts reabort_interval_s
+    },
+    "evals": {"train_time_s", "eval_time_s"},
+    "engine_metrics": {"t"},
+    "samples": set(),
+}
+
+RUN = [
+    "--steps",
+    "3",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--over-sampling-batch-size",
+    "8",
+    "--max-response-len",
+    "48",
+    "--block-steps",
+    "1",
+    "--eval-every",
+    "100",
+    "--warmstart-arg",
+    "steps=20",
+    "--no-progress",
+]
+
+
+def _rows(run: Path, table: str) -> list[dict[str, Any]]:
+    path = run / f"{table}.jsonl"
+    text = (
+        path.read_text()
+        if path.exists()
+        else gzip.decompress((run / f"{table}.jsonl.gz").read_bytes()).decode()
+    )
+    drop = TIME_COLUMNS[table]
+    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in text.splitlines()]
+
+
+def _run(out: Path, cache: Path) -> None:
+    env = {**os.environ, "APRIL_BENCH_CACHE": str(cache)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "april_bench", "run", *RUN, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
+def test_two_seeded_embedded_runs_one_beside_a_cpu_hog_give_the_same_rows_but_times(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _run(tmp_path / "quiet", cache)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        _run(tmp_path / "loaded", cache)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    for table in TIME_COLUMNS:
+        quiet, loaded = _rows(tmp_path / "quiet", table), _rows(tmp_path / "loaded", table)
+        assert quiet, table
+        assert quiet == loaded, table
+    steps = _rows(tmp_path / "quiet", "steps")
+    assert all(s["engine_iterations"] > 0 and s["work_deterministic"] for s in steps)
+    assert any(s["reprefill_tokens"] > 0 for s in steps if s["arm"] == "april")
