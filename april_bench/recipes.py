@@ -61,41 +61,35 @@ def embedded(**overrides: Any) -> ExperimentConfig:
 
 
 def paper(hardware: str = "mi300x", **overrides: Any) -> ExperimentConfig:
-    """APRIL's published setting: Qwen3-4B on one 8-GPU node, 32 groups x 8, over-sampling 64, 16k tokens."""
-    settings: dict[str, Any] = {"hardware": hardware, "model": "qwen3-4b", "dataset": "dapo-math-17k"}
+    """APRIL's published setting as its scripts run it: Qwen3-4B on one 8-GPU node (4 engines at TP2,
+    mem_fraction_static 0.6: the simulator's defaults), 32 groups x 8, over-sampling 64, 16,384 tokens,
+    temperature 0.8 (``RolloutConfig``'s defaults), the sync arm as the scripted baseline (waves of
+    rollout_batch_size, DAPO's filter when ``--algo dapo``), lengths from the one evidence-based model
+    (``april_bench.sim.length_evidence``).  ``--algo``/``--dataset`` pick the paper's row (``--algo dapo``
+    on the default data set is its DAPO-Math-17k row)."""
+    from april_bench.sim.paper_settings import STEPS
+
+    settings: dict[str, Any] = {
+        "hardware": hardware,
+        "model": "qwen3-4b",
+        "dataset": "dapo-math-17k",
+        "steps": STEPS,
+    }
     settings.update(overrides)
     return ExperimentConfig(**settings)
 
 
-def paper_experiment(
-    setting: PaperSetting,
-    hardware: str,
-    *,
-    steps: int | None = None,
-    strategies: tuple[str, ...] = ("sync", "april"),
-) -> ExperimentConfig:
-    """A simulated run of one paper setting on ``hardware`` (sync is the baseline, as in the scripts)."""
-    from april_bench.sim.paper_settings import STEPS
-
-    return ExperimentConfig(
-        hardware=hardware,
-        algorithm=setting.algorithm,
-        dataset=setting.dataset,
-        model=setting.model,
-        engine="sim",
-        trainer="sim",
-        strategies=strategies,
-        steps=STEPS if steps is None else steps,
-        num_gpus=setting.gpus,
-        rollout=RolloutConfig(**setting.rollout_args()),
-        engine_args=setting.engine_args(),
-        workload_args=setting.workload_args(),
-    )
+def paper_experiment(setting: PaperSetting, hardware: str, **overrides: Any) -> ExperimentConfig:
+    """A simulated run of one paper row on ``hardware``: exactly :func:`paper` with the row's algorithm
+    and data set on the simulator (what ``run --hw HW --algo A --dataset D`` runs without a GPU)."""
+    settings: dict[str, Any] = {"engine": "sim", "trainer": "sim"}
+    settings.update(overrides)
+    return paper(hardware, algorithm=setting.algorithm, dataset=setting.dataset, **settings)
 
 
 def paper_recipe(name: str, hardware: str, **overrides: Any) -> ExperimentConfig:
-    """One calibrated row of the paper table, simulated (``docs/calibration.md``): the scripts'
-    batch, limit and deployment, and the row's fitted response lengths."""
+    """One row of the paper table, simulated (``docs/calibration.md``): the same as ``run --hw HW --algo A
+    --dataset D`` with the row's algorithm and data set; no per-row parameter of any kind."""
     from april_bench.config import ConfigError
     from april_bench.sim.paper_settings import paper_setting
 
@@ -103,8 +97,7 @@ def paper_recipe(name: str, hardware: str, **overrides: Any) -> ExperimentConfig
         raise ConfigError(f"unknown recipe {name!r}; choose from {', '.join(PAPER_RECIPES)}")
     if hardware == "cpu":
         raise ConfigError(f"--recipe {name} simulates 8 GPUs: add --hw h100 or --hw mi300x")
-    config = paper_experiment(paper_setting(PAPER_RECIPES[name]), hardware)
-    return config.replace(**overrides) if overrides else config
+    return paper_experiment(paper_setting(PAPER_RECIPES[name]), hardware, **overrides)
 
 
 def recipe_for(hardware: str, recipe: str | None = None, **overrides: Any) -> ExperimentConfig:

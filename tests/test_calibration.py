@@ -14,10 +14,12 @@ from april_bench.sim.calibration import (
     DriftTarget,
     LengthParams,
     LengthTarget,
+    all_equal_share,
     fit_drift,
     fit_lengths,
     length_stats,
 )
+from april_bench.sim.length_evidence import LENGTH_FIELDS, MODEL_LENGTHS, median_from_truncation
 from april_bench.sim.paper_settings import PAPER_SETTINGS, paper_setting
 
 
@@ -78,7 +80,7 @@ def test_drift_fit_of_a_flat_target_is_zero():
     assert fit.drift_per_step == pytest.approx(0.0, abs=1e-6)
 
 
-def test_paper_settings_cite_every_number_that_is_not_a_default_of_the_code():
+def test_paper_settings_cite_every_script_setting_and_fit_nothing():
     cited = {
         "model",
         "gpus",
@@ -89,13 +91,7 @@ def test_paper_settings_cite_every_number_that_is_not_a_default_of_the_code():
         "over_sampling_batch_size",
         "max_response_len",
         "temperature",
-        "response_median",
-        "prompt_sigma",
-        "within_sigma",
-        "incorrect_factor",
-        "drift_per_step",
-        "solve_rate",
-        "solve_concentration",
+        "lengths",
         "paper_gain",
         "algorithm",
         "refill",
@@ -103,16 +99,52 @@ def test_paper_settings_cite_every_number_that_is_not_a_default_of_the_code():
     for setting in PAPER_SETTINGS:
         missing = cited - set(setting.sources)
         assert not missing, f"{setting.key}: no source for {sorted(missing)}"
-    fitted = {s.key: [k for k, v in s.sources.items() if v.startswith("fitted")] for s in PAPER_SETTINGS}
-    assert all(len(v) == 1 for v in fitted.values()), fitted  # one unpublished parameter per setting
+        assert not any(v.startswith("fitted") for v in setting.sources.values()), setting.key
+
+
+def test_every_length_parameter_cites_its_evidence():
+    for evidence in MODEL_LENGTHS.values():
+        assert set(LENGTH_FIELDS) <= set(evidence.sources), evidence.model
+
+
+def test_the_qwen3_4b_median_is_derived_from_its_truncation_anchor():
+    evidence = MODEL_LENGTHS["qwen3-4b"]
+    anchor = evidence.anchor
+    assert anchor is not None
+    assert anchor.right_share_over_cap == pytest.approx(1 - 0.59 / 0.738)
+    # the derived model really puts that share of right answers past the cap (drawn, not closed form)
+    params = LengthParams(evidence.response_median, evidence.prompt_sigma, evidence.within_sigma, 1.0, 0.99)
+    stats = length_stats(params, cap=anchor.cap, blocks=64)
+    assert stats["truncated"] == pytest.approx(anchor.right_share_over_cap, abs=0.01)
+    assert median_from_truncation(1000, 0.5, 1.0) == pytest.approx(1000)
+
+
+def test_default_runs_draw_from_the_shared_model_and_overrides_win():
+    from april_bench.sim.workload import SimWorkload
+
+    def params(**cfg: object) -> dict[str, float]:
+        return SimWorkload(SimWorkload.Config(**cfg), n_samples_per_prompt=8).length_parameters()
+
+    shared = MODEL_LENGTHS["qwen3-4b"].workload_args()
+    for dataset in ("dapo-math-17k", "deepscaler", "deepmath-103k"):
+        assert params(dataset=dataset, model="qwen3-4b") == shared
+    assert params(model="qwen3-4b", response_median=123.0)["response_median"] == 123.0
+    # a model without published evidence keeps the data-set profile's labelled assumptions
+    assert params(model="r1-distill-qwen-1.5b", dataset="deepscaler")["response_median"] == 1700
 
 
 def test_paper_setting_builds_the_scripted_experiment():
     setting = paper_setting("dapo-math")
     config = paper_experiment(setting, "mi300x", steps=3)
-    assert config.engine == "sim" and config.algorithm == "grpo" and config.dataset == "dapo-math-17k"
+    assert config.engine == "sim" and config.algorithm == "dapo" and config.dataset == "dapo-math-17k"
     assert config.rollout.over_sampling_batch_size == 64 and config.rollout.max_response_len == 16384
-    assert config.engine_args["mem_fraction_static"] == 0.6
-    assert config.workload_args["response_median"] == setting.response_median
+    assert config.rollout.rollout_batch_size == 32 and config.rollout.temperature == 0.8
+    assert not config.workload_args
     with pytest.raises(ConfigError, match="unknown paper setting"):
         paper_setting("nope")
+
+
+def test_all_equal_share_of_sure_outcomes():
+    sure = LengthParams(median=100, solve_rate=0.999, solve_concentration=1000.0)
+    assert all_equal_share(sure, cap=1 << 30) > 0.9
+    assert all_equal_share(sure, cap=1) == 1.0  # every answer truncated: all zero

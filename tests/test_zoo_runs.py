@@ -25,6 +25,10 @@ SIM = [
     "8",
     "--max-response-len",
     "2048",
+    # short responses, so most finish under the 2,048 limit: the mechanics of each strategy's state are
+    # under test, not the paper's lengths (Qwen3-4B's evidence median, 7,075, would truncate nearly all)
+    "--workload-arg",
+    "response_median=500",
     "--no-progress",
 ]
 #: N'=5 queues about one group per short step, so the tail step comes from max_wait_steps (the state).

@@ -1,4 +1,4 @@
-"""``python -m april_bench``: run | validate | ablate | ls | report | eval | data | plot | paper.
+"""``python -m april_bench``: run | validate | ablate | ls | report | eval | data | plot | paper | simcheck.
 
 Examples::
 
@@ -15,6 +15,7 @@ Examples::
     python -m april_bench plot runs/<run-id> --out figures/
     python -m april_bench paper --check                        # README tables and figures up to date?
     python -m april_bench whatif example --hw h100 --model qwen3-4b   # replay a trace under the zoo
+    python -m april_bench simcheck --engine hf --steps 6       # simulator's prediction, then the measurement
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def prog_name(argv0: str | None = None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from april_bench.cli import ablate, commands, evaldata, gate, paper, whatif
+    from april_bench.cli import ablate, commands, evaldata, gate, paper, simcheck, whatif
     from april_bench.cli.args import add_run_arguments
 
     parser = _Parser(
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_parsers(sub)
     paper.add_parsers(sub)
     whatif.add_parsers(sub)
+    simcheck.add_parsers(sub)
     from april_bench.cli.helptext import name_defaults
 
     for name, command in sub.choices.items():

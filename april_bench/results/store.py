@@ -36,10 +36,9 @@ from april_bench.results.summary import summarize
 from april_bench.results.table import (
     DETAIL_COLUMNS,
     GAIN_TOLERANCE,
-    PAPER_COLUMNS,
     detail_table,
-    paper_table,
     render_markdown,
+    results_table,
     wide_intervals,
 )
 
@@ -310,8 +309,9 @@ def _status(path: Path) -> str | None:
 def render_tables(
     config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
 ) -> str:
-    kind = "SIMULATED (calibrated simulator; no accuracy)" if simulated else "MEASURED"
-    paper = render_markdown(PAPER_COLUMNS, paper_table(config, summary, simulated))
+    kind = "SIMULATED (simulator, published-evidence parameters; no accuracy)" if simulated else "MEASURED"
+    columns, rows, assumes = results_table(config, summary, simulated)
+    paper = render_markdown(columns, rows) + (f"\n\n{assumes}" if assumes else "")
     detail = render_markdown(DETAIL_COLUMNS, detail_table(summary))
     rollout = config.get("rollout", {})
     setup = (

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["GAIN_TOLERANCE", "detail_table", "paper_table", "render_markdown", "wide_intervals"]
+__all__ = [
+    "GAIN_TOLERANCE",
+    "detail_table",
+    "paper_table",
+    "render_markdown",
+    "results_table",
+    "wide_intervals",
+]
 
 #: A paired interval wider than this (half-width, in gain units) is flagged in the table.
 GAIN_TOLERANCE = 0.10
@@ -55,6 +62,47 @@ def paper_table(
             ]
         )
     return rows
+
+
+def results_table(
+    config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
+) -> tuple[list[str], list[list[str]], str | None]:
+    """The printed results table: :func:`paper_table` without the paired-interval column on a
+    simulated run (deterministic: one pair says nothing), and with the paper's figure and the
+    difference beside APRIL's gain when the run is one of the paper's rows.  The third item is the line
+    saying what the simulator assumed, or None."""
+    from april_bench.sim.length_evidence import MODEL_LENGTHS
+    from april_bench.sim.paper_settings import paper_reference
+
+    columns = list(PAPER_COLUMNS)
+    rows = [list(r) for r in paper_table(config, summary, simulated)]
+    if simulated:
+        drop = columns.index("Paired median [95% CI]")
+        columns.pop(drop)
+        for row in rows:
+            row.pop(drop)
+    reference = paper_reference(config) if simulated else None
+    if reference is None:
+        return columns, rows, None
+    at = columns.index("Throughput gain") + 1
+    columns[at:at] = ["Paper (APRIL README)", "Sim - paper"]
+    for row, (arm, m) in zip(rows, summary.items(), strict=True):
+        gain = m.get("throughput_gain")
+        row[at:at] = (
+            [f"{reference.paper_gain * 100:+.0f}%", f"{(gain - reference.paper_gain) * 100:+.1f} pt"]
+            if arm == "april" and gain is not None
+            else ["", ""]
+        )
+    lengths = MODEL_LENGTHS[reference.model]
+    note = (
+        "Paper: the APRIL README's Qwen3-4B figure for this row. The simulator assumes one response-length "
+        f"model for {reference.model} from published evidence (right-answer median "
+        f"{lengths.response_median:,.0f} tokens, log-sd {lengths.sigma:.1f}, wrong answers "
+        f"x{lengths.incorrect_factor:g}, solve rate {lengths.solve_rate:g}; nothing fitted to the paper) and "
+        "the scripts' baseline; sources, the misses and why: docs/calibration.md and "
+        "results/benchmarks/paper_table.md."
+    )
+    return columns, rows, note
 
 
 def _paired(stats: Mapping[str, Any]) -> str:

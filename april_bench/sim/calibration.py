@@ -33,6 +33,7 @@ __all__ = [
     "LengthFit",
     "LengthParams",
     "LengthTarget",
+    "all_equal_share",
     "fit_drift",
     "fit_lengths",
     "length_stats",
@@ -325,3 +326,12 @@ def fit_drift(target: DriftTarget, shape: LengthParams | None = None) -> DriftFi
         length_stats(fitted, target.cap)["mean"],
         length_stats(_with(p, median=start * math.exp(drift * target.steps)), target.cap)["mean"],
     )
+
+
+def all_equal_share(params: LengthParams, cap: int, *, blocks: int = 64, n: int = 8, seed: int = 0) -> float:
+    """Share of groups of ``n`` whose rewards are all equal under the length model (a right answer past
+    ``cap`` is truncated and scores 0): the chance DAPO's non-zero-std filter rejects a finished group."""
+    model = params.model(seed)
+    logs, correct = zip(*(model._block(b, n) for b in range(blocks)), strict=True)
+    reward = np.concatenate(correct) & (np.exp(np.concatenate(logs)) < cap)
+    return float((reward.all(axis=1) | ~reward.any(axis=1)).mean())

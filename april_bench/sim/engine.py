@@ -37,6 +37,7 @@ from april_bench.engines.stream import CompletionStream
 from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
 from april_bench.profiles.models import MODELS, ModelProfile
 from april_bench.sim.cost import CostModel
+from april_bench.sim.cost_curve import CostCurve, MeasuredCost
 from april_bench.sim.replica import ReplicaSettings, SimReplica
 
 __all__ = ["SimEngine", "from_settings"]
@@ -70,6 +71,11 @@ class SimEngine(Configurable):
             2.5, help="weight update + colocate switch time per 1e9 parameters (Relax#152: ~11 s, 4B, H200)"
         )
         context_length: int = param(40960, help="model context length (Qwen3: 40,960), for SGLang defaults")
+        cost_curve: str | None = param(
+            None,
+            help="simulate a measured engine: its cost-curve JSON (simcheck writes one; "
+            "april_bench/sim/cost_curve.py): one replica priced by its measured decode and prefill costs",
+        )
         resume_kv: str = param(
             "recompute",
             help="a resumed request's prompt + partial: recompute (re-prefill; weight updates flush the "
@@ -124,20 +130,34 @@ class SimEngine(Configurable):
                 f"{gpus} GPUs do not split into engines of tp_size={tp}; set --engine-arg tp_size="
             )
         self.num_replicas = gpus // tp
-        self.cost = CostModel(self.hardware, self.model, tp=tp, graph_max_batch=config.cuda_graph_max_bs)
-        kv = self.cost.kv_capacity_tokens(config.mem_fraction_static)
-        if kv < 2:
-            raise ConfigError(
-                f"{self.model.name} does not fit in {config.mem_fraction_static:.0%} of "
-                f"{self.hardware.name} memory at tp_size={tp}; raise mem_fraction_static or tp_size"
+        self.curve = CostCurve.load_file(config.cost_curve) if config.cost_curve is not None else None
+        self.cost: CostModel | MeasuredCost
+        if self.curve is not None:  # one measured engine, with its own limits
+            self.num_replicas = 1
+            self.cost = MeasuredCost(self.curve)
+            self.settings = ReplicaSettings(
+                kv_capacity=self.curve.kv_capacity_tokens,
+                max_running=config.max_running_requests or self.curve.max_running,
+                chunk_tokens=config.chunked_prefill_size or self.curve.chunk_tokens,
+                schedule_conservativeness=config.schedule_conservativeness,
+                replan_iterations=config.replan_iterations,
+                abort_extra_steps=self.curve.abort_extra_steps,
             )
-        self.settings = ReplicaSettings(
-            kv_capacity=kv,
-            max_running=config.max_running_requests or _sglang_max_running(kv, config.context_length),
-            chunk_tokens=config.chunked_prefill_size or self.hardware.chunked_prefill_tokens,
-            schedule_conservativeness=config.schedule_conservativeness,
-            replan_iterations=config.replan_iterations,
-        )
+        else:
+            self.cost = CostModel(self.hardware, self.model, tp=tp, graph_max_batch=config.cuda_graph_max_bs)
+            kv = self.cost.kv_capacity_tokens(config.mem_fraction_static)
+            if kv < 2:
+                raise ConfigError(
+                    f"{self.model.name} does not fit in {config.mem_fraction_static:.0%} of "
+                    f"{self.hardware.name} memory at tp_size={tp}; raise mem_fraction_static or tp_size"
+                )
+            self.settings = ReplicaSettings(
+                kv_capacity=kv,
+                max_running=config.max_running_requests or _sglang_max_running(kv, config.context_length),
+                chunk_tokens=config.chunked_prefill_size or self.hardware.chunked_prefill_tokens,
+                schedule_conservativeness=config.schedule_conservativeness,
+                replan_iterations=config.replan_iterations,
+            )
         self._version = [0]
         self._updating = False
         self._replicas: list[SimReplica] = []
@@ -241,6 +261,10 @@ class SimEngine(Configurable):
     #: Replica attributes that carry over from one step to the next (SGLang's adaptive new-token
     #: ratio, the decode-iteration counter, the heap's tie-break sequence).
     _REPLICA_STATE = ("ratio", "D", "_seq", "kv_used", "ctx_base")
+
+    def forward_passes(self) -> int:
+        """Forward passes run so far, over every replica: decode iterations plus extend batches."""
+        return sum(r.D + r.extends for r in self._replicas)
 
     def export_state(self) -> dict[str, Any]:
         if any(r.outstanding for r in self._replicas):

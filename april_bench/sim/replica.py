@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from april_bench.engines.protocol import Completion, EngineError, GenerateRequest
 from april_bench.engines.stream import CompletionStream
 from april_bench.sim.cost import CostModel
+from april_bench.sim.cost_curve import MeasuredCost
 from april_bench.types import FinishReason
 
 __all__ = ["ReplicaSettings", "SimReplica"]
@@ -58,6 +59,9 @@ class ReplicaSettings:
     chunk_tokens: int
     schedule_conservativeness: float
     replan_iterations: int
+    #: Decode steps a running request makes after an abort reaches it: SGLang runs one more (1); an
+    #: engine that returns at the end of the step in progress (the embedded one, vLLM, the fake) 0.
+    abort_extra_steps: int = 1
 
 
 @dataclass(slots=True, eq=False)
@@ -94,7 +98,11 @@ class SimReplica:
     """Owns one replica's queues and KV pool; ``run()`` is its scheduler task."""
 
     def __init__(
-        self, index: int, cost: CostModel, settings: ReplicaSettings, engine_version: list[int]
+        self,
+        index: int,
+        cost: CostModel | MeasuredCost,
+        settings: ReplicaSettings,
+        engine_version: list[int],
     ) -> None:
         self.index = index
         self.cost = cost
@@ -106,6 +114,7 @@ class SimReplica:
         self._seq = 0
         self.chunked: _Req | None = None
         self.D = 0  # decode iterations so far
+        self.extends = 0  # prefill (extend) batches so far: with D, the replica's forward passes
         self.ctx_base = 0  # sum(input_len + g0 - d0) over running; context sum = ctx_base + B*D
         self.kv_used = 0
         self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * settings.schedule_conservativeness)
@@ -204,6 +213,7 @@ class SimReplica:
             batch = self._plan_prefill()
             if batch.chunks:
                 self._in_batch = [req for req, _, _ in batch.chunks]
+                self.extends += 1
                 await asyncio.sleep(self.cost.prefill_time((off, n) for _, off, n in batch.chunks))
                 self._in_batch = []
                 self._complete_prefill(batch, loop.time())
@@ -381,8 +391,11 @@ class SimReplica:
                 self.chunked = None
                 self.kv_used -= req.prefilled
                 self._deliver(req, FinishReason.ABORT, now)
-            elif req.state == _RUNNING and req.d_finish > self.D + 1:
-                req.d_finish = self.D + 1  # one more decode step, then return the partial output
+            elif req.state == _RUNNING and self.s.abort_extra_steps == 0:
+                self._finish_running(req, now)  # the step in progress was its last
+            elif req.state == _RUNNING and req.d_finish > self.D + self.s.abort_extra_steps:
+                # SGLang: one more decode step, then return the partial output
+                req.d_finish = self.D + self.s.abort_extra_steps
                 self._seq += 1
                 heapq.heappush(self._heap, (req.d_finish, self._seq, req))
 

@@ -21,6 +21,7 @@ import numpy as np
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.profiles.models import MODELS
 from april_bench.registry import Registry
+from april_bench.sim.length_evidence import LENGTH_FIELDS, length_params
 from april_bench.sim.lengths import LengthDraw, LengthModel, LognormalLengths, TraceLengths
 from april_bench.types import Prompt, Sample, SampleStatus
 from april_bench.workload import EpochOrder, PromptStream
@@ -34,9 +35,10 @@ class DatasetProfile:
     #: Prompt tokens (template included): log-normal median and sigma.
     prompt_median: float
     prompt_sigma: float
-    #: Median length of a *correct* response at step 0 (tokens).
+    #: Median length of a *correct* response at step 0 (tokens) and the mean per-prompt solve rate at the
+    #: start of RL - used only for models without published evidence (``length_evidence.MODEL_LENGTHS``;
+    #: Qwen3-4B, the paper's model, has it and ignores these two).
     response_median: float
-    #: Mean per-prompt solve rate of the policy at the start of RL.
     solve_rate: float
     source: str
 
@@ -107,8 +109,15 @@ DATASETS.register(
     "the embedded synthetic task (division by repeated subtraction), for simulating the CPU default",
 )
 
-#: Per-model multiplier on response length: no public per-model RL length data, so 1.0 (assumption).
-MODEL_LENGTH_FACTOR = {"qwen3-4b": 1.0, "r1-distill-qwen-1.5b": 1.0, "qwen3-8b": 1.0, "tiny": 1.0}
+#: The length shape of models without published evidence in ``length_evidence.MODEL_LENGTHS`` (their
+#: level and solve rate come from the data-set profile): the same shape sources, wrong answers 3x.
+FALLBACK_SHAPE = {
+    "prompt_sigma": 0.8,
+    "within_sigma": 0.6,
+    "incorrect_factor": 3.0,
+    "solve_concentration": 2.0,
+    "drift_per_step": 0.0006,
+}
 
 
 class SimWorkload(Configurable):
@@ -119,22 +128,26 @@ class SimWorkload(Configurable):
         dataset: str = param("dapo-math-17k", help="data set profile (prompt and response lengths)")
         model: str = param("qwen3-4b", help="policy model (scales response lengths)")
         seed: int = param(0, help="seed of every per-prompt draw")
-        response_median: float | None = param(None, help="override: median correct-response length")
+        response_median: float | None = param(
+            None, help="override: median right-answer length (default: model evidence, else data set)"
+        )
         solve_rate: float | None = param(
             None, help="override: mean per-prompt solve rate at the start of RL (drives DAPO rejections)"
         )
-        prompt_sigma: float = param(
-            0.8, help="log-sd of response length between prompts (landscape §5b: total ~1.0)"
+        prompt_sigma: float | None = param(
+            None, help="override: log-sd of response length between prompts (default 0.8; landscape §5b)"
         )
-        within_sigma: float = param(0.6, help="log-sd of response length inside a group (Seer: < between)")
-        incorrect_factor: float = param(
-            3.0, help="wrong answers are this much longer (DeepScaleR: ~3x on AIME)"
+        within_sigma: float | None = param(
+            None, help="override: log-sd of response length inside a group (default 0.6; Seer: < between)"
         )
-        solve_concentration: float = param(
-            2.0, help="a+b of the per-prompt solve-rate Beta (small: U-shaped, many all-equal groups)"
+        incorrect_factor: float | None = param(
+            None, help="override: wrong answers are this much longer (DeepScaleR: ~3x on AIME)"
         )
-        drift_per_step: float = param(
-            0.0006, help="log-length drift per step (DAPO: mean 750 -> 2,500 tokens over 2,000 steps)"
+        solve_concentration: float | None = param(
+            None, help="override: a+b of the per-prompt solve-rate Beta (small: U-shaped)"
+        )
+        drift_per_step: float | None = param(
+            None, help="override: log-length drift per step (DAPO: mean 750 -> 2,500 tokens over 2,000 steps)"
         )
         length_trace: Path | None = param(None, help="replay response lengths from this .jsonl/.csv")
         trace: Path | None = param(
@@ -156,7 +169,7 @@ class SimWorkload(Configurable):
         def __post_init__(self) -> None:
             if self.dataset not in DATASETS:
                 DATASETS.get(self.dataset)  # raises with did-you-mean
-            if self.solve_concentration <= 0:
+            if self.solve_concentration is not None and self.solve_concentration <= 0:
                 raise ConfigError("solve_concentration must be > 0")
             if self.solve_rate is not None and not 0 < self.solve_rate < 1:
                 raise ConfigError(f"solve_rate must be in (0, 1), got {self.solve_rate}")
@@ -208,6 +221,23 @@ class SimWorkload(Configurable):
             raise ConfigError(f"{cfg.data_path}: no {cfg.dataset} problems to take prompt lengths from")
         return lengths, unit
 
+    def length_parameters(self) -> dict[str, float]:
+        """The length model in force: the model's published evidence (``length_evidence``), else the
+        data-set profile's labelled assumptions, with this workload's explicit overrides on top."""
+        cfg = self.config
+        params: dict[str, float] = dict(length_params(cfg.model, cfg.dataset) or {})
+        if not params:
+            params = {
+                "response_median": self.profile.response_median,
+                "solve_rate": self.profile.solve_rate,
+                **FALLBACK_SHAPE,
+            }
+        for name in LENGTH_FIELDS:
+            value = getattr(cfg, name)
+            if value is not None:
+                params[name] = float(value)
+        return params
+
     def _length_model(self) -> LengthModel:
         cfg = self.config
         if cfg.trace is not None:
@@ -217,16 +247,15 @@ class SimWorkload(Configurable):
             return TraceReplay(cfg.trace, arm=cfg.trace_arm)
         if cfg.length_trace is not None:
             return TraceLengths(cfg.length_trace, self._n)
-        median = cfg.response_median or self.profile.response_median * MODEL_LENGTH_FACTOR.get(cfg.model, 1.0)
-        mean = cfg.solve_rate if cfg.solve_rate is not None else self.profile.solve_rate
+        p = self.length_parameters()
         return LognormalLengths(
-            median=median,
-            prompt_sigma=cfg.prompt_sigma,
-            within_sigma=cfg.within_sigma,
-            incorrect_factor=cfg.incorrect_factor,
-            solve_a=mean * cfg.solve_concentration,
-            solve_b=(1 - mean) * cfg.solve_concentration,
-            drift_per_step=cfg.drift_per_step,
+            median=p["response_median"],
+            prompt_sigma=p["prompt_sigma"],
+            within_sigma=p["within_sigma"],
+            incorrect_factor=p["incorrect_factor"],
+            solve_a=p["solve_rate"] * p["solve_concentration"],
+            solve_b=(1 - p["solve_rate"]) * p["solve_concentration"],
+            drift_per_step=p["drift_per_step"],
             seed=cfg.seed,
         )
 

@@ -1,0 +1,374 @@
+"""A measured cost curve of one inference engine, and the simulator's cost model built from it.
+
+:func:`measure_cost_curve` times an engine through the ordinary engine protocol
+(no engine internals): batches of ``B`` requests with ``C``-token prompts that
+replay ``k`` new tokens each, and single requests that replay one token.  From
+those it fits
+
+* the **prefill** cost (time to the first token of an extend batch, which
+  samples that token, as SGLang and the embedded engine do) as
+  ``prefill_s = prefill_base_s + prefill_per_token_s * tokens``;
+* the **decode** step time as
+  ``step_s = decode_base_s + decode_per_seq_s * B + decode_per_context_token_s * S``
+  with ``S`` the sum of the running requests' contexts (prompt + tokens so far),
+  from ``(T(B, C, k) - prefill_s(B * C)) / (k - 1)`` at the mean context of the run.
+
+:class:`MeasuredCost` answers the questions the simulated replica asks of
+:class:`~april_bench.sim.cost.CostModel` from those coefficients, so
+``--engine sim --engine-arg cost_curve=FILE`` simulates *that* engine (one
+replica, its own slot and prefill limits).  ``simcheck`` measures one in the
+same command; ``whatif`` (``--cost-curve FILE``) reuses a saved one.
+
+JSON schema (``CostCurve.to_json``; ``schema_version`` 1)::
+
+    {
+      "schema_version": 1,
+      "kind": "april-bench cost curve",
+      "engine": "hf",                    # engine name (ENGINES)
+      "model": "tiny",                   # model it served
+      "hardware": "cpu",                 # hardware profile name
+      "dtype": "float32" | null,
+      "virtual_time": false,             # measured on a virtual clock (the fake engine): exact
+      "max_running": 128,                # requests one engine runs at once
+      "kv_capacity_tokens": 131072,      # tokens of KV the engine holds in all
+      "chunk_tokens": 4096,              # prompt tokens per extend (prefill) batch
+      "abort_extra_steps": 1,            # decode steps a running request makes after an abort
+      "prefill": {"base_s": float, "per_token_s": float},
+      "decode": {"base_s": float, "per_seq_s": float, "per_context_token_s": float},
+      "points": {                        # the raw measurements (medians over repeats), seconds
+        "prefill": [{"tokens": int, "seconds": float}, ...],
+        "decode": [{"batch": int, "context": int, "new_tokens": int, "seconds": float,
+                    "step_s": float, "context_sum": float}, ...]
+      },
+      "load": [1.2, 0.9, 0.7] | null,     # os.getloadavg() while measuring (null on a virtual clock)
+      "utc": "2026-11-26T13:50:00+00:00"
+    }
+
+Coefficients are least-squares fits clamped at zero (a negative cost is
+noise); the points are kept so a reader can judge the fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from april_bench.config import ConfigError
+from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
+
+__all__ = ["SCHEMA_VERSION", "CostCurve", "MeasuredCost", "measure_cost_curve"]
+
+SCHEMA_VERSION = 1
+_KIND = "april-bench cost curve"
+#: Limits of an engine that does not say (the fake engine: unlimited).
+_UNLIMITED = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class CostCurve:
+    """A measured cost curve (see the module docstring for the JSON form)."""
+
+    engine: str
+    model: str
+    hardware: str
+    prefill_base_s: float
+    prefill_per_token_s: float
+    decode_base_s: float
+    decode_per_seq_s: float
+    decode_per_context_token_s: float
+    max_running: int = _UNLIMITED
+    kv_capacity_tokens: int = _UNLIMITED
+    chunk_tokens: int = _UNLIMITED
+    abort_extra_steps: int = 1
+    dtype: str | None = None
+    virtual_time: bool = False
+    prefill_points: tuple[tuple[int, float], ...] = ()
+    decode_points: tuple[dict[str, float], ...] = ()
+    load: tuple[float, ...] | None = None
+    utc: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+    def __post_init__(self) -> None:
+        costs = (
+            self.prefill_base_s,
+            self.prefill_per_token_s,
+            self.decode_base_s,
+            self.decode_per_seq_s,
+            self.decode_per_context_token_s,
+        )
+        if any(not math.isfinite(c) or c < 0 for c in costs):
+            raise ConfigError(f"cost curve of {self.engine}: costs must be finite and >= 0, got {costs}")
+        if self.decode_base_s + self.decode_per_seq_s <= 0:
+            raise ConfigError(f"cost curve of {self.engine}: a decode step must take time")
+        limits = (self.max_running, self.kv_capacity_tokens, self.chunk_tokens)
+        if min(limits) < 1 or self.abort_extra_steps < 0:
+            raise ConfigError(f"cost curve of {self.engine}: limits must be >= 1, abort_extra_steps >= 0")
+
+    def step_s(self, batch: int, context_sum: float) -> float:
+        per_seq, per_ctx = self.decode_per_seq_s, self.decode_per_context_token_s
+        return self.decode_base_s + per_seq * batch + per_ctx * context_sum
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.prefill_base_s + self.prefill_per_token_s * tokens
+
+    # ----------------------------------------------------------------- JSON
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": _KIND,
+            "engine": self.engine,
+            "model": self.model,
+            "hardware": self.hardware,
+            "dtype": self.dtype,
+            "virtual_time": self.virtual_time,
+            "max_running": self.max_running,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "chunk_tokens": self.chunk_tokens,
+            "abort_extra_steps": self.abort_extra_steps,
+            "prefill": {"base_s": self.prefill_base_s, "per_token_s": self.prefill_per_token_s},
+            "decode": {
+                "base_s": self.decode_base_s,
+                "per_seq_s": self.decode_per_seq_s,
+                "per_context_token_s": self.decode_per_context_token_s,
+            },
+            "points": {
+                "prefill": [{"tokens": t, "seconds": s} for t, s in self.prefill_points],
+                "decode": [dict(p) for p in self.decode_points],
+            },
+            "load": list(self.load) if self.load is not None else None,
+            "utc": self.utc,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, where: str = "cost curve") -> CostCurve:
+        if data.get("kind") != _KIND or data.get("schema_version") != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{where} is not an april-bench cost curve of schema_version {SCHEMA_VERSION} "
+                "(write one with `python -m april_bench simcheck`)"
+            )
+        try:
+            return cls(
+                engine=str(data["engine"]),
+                model=str(data["model"]),
+                hardware=str(data["hardware"]),
+                dtype=data.get("dtype"),
+                virtual_time=bool(data.get("virtual_time", False)),
+                max_running=int(data["max_running"]),
+                kv_capacity_tokens=int(data["kv_capacity_tokens"]),
+                chunk_tokens=int(data["chunk_tokens"]),
+                abort_extra_steps=int(data.get("abort_extra_steps", 1)),
+                prefill_base_s=float(data["prefill"]["base_s"]),
+                prefill_per_token_s=float(data["prefill"]["per_token_s"]),
+                decode_base_s=float(data["decode"]["base_s"]),
+                decode_per_seq_s=float(data["decode"]["per_seq_s"]),
+                decode_per_context_token_s=float(data["decode"]["per_context_token_s"]),
+                prefill_points=tuple(
+                    (int(p["tokens"]), float(p["seconds"])) for p in data["points"]["prefill"]
+                ),
+                decode_points=tuple(dict(p) for p in data["points"]["decode"]),
+                load=tuple(data["load"]) if data.get("load") is not None else None,
+                utc=str(data.get("utc", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: malformed cost curve ({type(exc).__name__}: {exc})") from None
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load_file(cls, path: Path | str) -> CostCurve:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"cost curve {path} does not exist") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cost curve {path} cannot be read ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"cost curve {path}: expected a JSON object")
+        return cls.from_json(data, where=str(path))
+
+
+class MeasuredCost:
+    """The simulated replica's cost model, answered from a :class:`CostCurve` (one engine, tp 1)."""
+
+    def __init__(self, curve: CostCurve) -> None:
+        self.curve = curve
+
+    def decode_iteration_time(self, batch: int, context_sum: float) -> float:
+        return self.curve.step_s(batch, context_sum)
+
+    def decode_run_time(self, batch: int, context_sum: float, iterations: int) -> float:
+        """``iterations`` decode steps; the context sum grows by ``batch`` per step."""
+        if iterations <= 0:
+            return 0.0
+        c = self.curve
+        first = c.step_s(batch, context_sum)
+        return iterations * first + c.decode_per_context_token_s * batch * iterations * (iterations - 1) / 2
+
+    def iterations_within(self, batch: int, context_sum: float, limit: int, budget: float) -> int:
+        """Largest k <= limit with decode_run_time(batch, context_sum, k) <= budget."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.decode_run_time(batch, context_sum, mid) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def prefill_time(self, chunks: Any) -> float:
+        tokens = sum(n for _, n in chunks)
+        return self.curve.prefill_s(tokens) if tokens else 0.0
+
+    def kv_capacity_tokens(self, mem_fraction: float) -> int:
+        del mem_fraction  # measured: the engine's own pool
+        return self.curve.kv_capacity_tokens
+
+    def saturated_tokens_per_s(self, batch: int, mean_context: float) -> float:
+        return 0.0 if batch <= 0 else batch / self.decode_iteration_time(batch, batch * mean_context)
+
+
+# ---------------------------------------------------------------------- measuring
+def _limits(engine: Engine) -> dict[str, int]:
+    """Slots, KV tokens and prefill chunk of an engine, from its config where it has one
+    (hf: max_running_requests x max_context_len slots; vLLM: max_num_seqs; the fake: unlimited)."""
+    config = getattr(engine, "config", None)
+    slots = getattr(config, "max_running_requests", None) or getattr(config, "max_running", None)
+    slots = getattr(config, "max_num_seqs", None) or slots
+    context = getattr(config, "max_context_len", None) or getattr(config, "max_model_len", None)
+    chunk = getattr(config, "max_prefill_tokens", None) or getattr(config, "max_num_batched_tokens", None)
+    running = int(slots) if slots else _UNLIMITED
+    return {
+        "context_tokens": int(context) if context else _UNLIMITED,
+        "max_running": running,
+        "kv_capacity_tokens": int(running * context) if slots and context else _UNLIMITED,
+        "chunk_tokens": int(chunk) if chunk else _UNLIMITED,
+    }
+
+
+async def _time_batch(
+    engine: Engine, tag: str, batch: int, context: int, new_tokens: int, vocab: int
+) -> float:
+    loop = asyncio.get_running_loop()
+    tokens = engine.info.produces_tokens
+    requests = [
+        GenerateRequest(
+            request_id=f"costcurve-{tag}-{i}",
+            input_len=context,
+            max_new_tokens=new_tokens,
+            sampling=SamplingParams(temperature=1.0, seed=i),
+            input_ids=tuple((7 * i + 13 * j + 1) % vocab for j in range(context)) if tokens else None,
+            replay_len=new_tokens,
+        )
+        for i in range(batch)
+    ]
+    start = loop.time()
+    async for _ in engine.generate(requests):
+        pass
+    return loop.time() - start
+
+
+def _fit(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+    """Least squares, clamped at zero (refit without a column whose coefficient came out negative)."""
+    a, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
+    keep = list(range(a.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            out = [0.0] * a.shape[1]
+            for k, c in zip(keep, coef, strict=True):
+                out[k] = max(0.0, float(c))
+            return out
+        keep.pop(int(np.argmin(coef)))
+
+
+async def measure_cost_curve(
+    engine: Engine,
+    *,
+    engine_name: str,
+    model: str,
+    hardware: str,
+    vocab: int = 100,
+    batches: Sequence[int] = (1, 4, 16),
+    contexts: Sequence[int] = (8, 64),
+    new_tokens: int = 16,
+    prefill_lengths: Sequence[int] = (8, 64, 256),
+    repeats: int = 3,
+) -> CostCurve:
+    """Time ``engine`` (already started) and fit its cost curve.  Every point is the median of
+    ``repeats`` timings; the first call of each shape is a warm-up and is discarded."""
+    if new_tokens < 2:
+        raise ConfigError("a cost curve needs at least 2 new tokens per decode measurement")
+    limits = _limits(engine)
+    top = min(limits["max_running"], max(batches))
+    batches = sorted({min(b, top) for b in batches})
+    # every measured request must fit one sequence of the engine (prompt + new tokens)
+    room = limits["context_tokens"] - new_tokens
+    if room < 1:
+        raise ConfigError(f"the engine holds {limits['context_tokens']} tokens per sequence: too few to time")
+    contexts = sorted({min(c, room) for c in contexts})
+    prefill_lengths = sorted({min(p, room) for p in prefill_lengths})
+    virtual = engine.info.virtual_time
+
+    async def median(tag: str, batch: int, context: int, k: int) -> float:
+        await _time_batch(engine, f"{tag}-warm", batch, context, k, vocab)
+        times = [await _time_batch(engine, f"{tag}-{r}", batch, context, k, vocab) for r in range(repeats)]
+        return statistics.median(times)
+
+    load: tuple[float, ...] | None = None if virtual else os.getloadavg()
+    prefill_points = [(p, await median(f"p{p}", 1, p, 1)) for p in prefill_lengths]
+    p_base, p_tok = _fit([(1.0, p) for p, _ in prefill_points], [s for _, s in prefill_points])
+    decode_points: list[dict[str, float]] = []
+    for b in batches:
+        for c in contexts:
+            seconds = await median(f"d{b}x{c}", b, c, new_tokens)
+            step = max(0.0, seconds - (p_base + p_tok * b * c)) / (new_tokens - 1)
+            context_sum = b * (c + new_tokens / 2)
+            decode_points.append(
+                {
+                    "batch": b,
+                    "context": c,
+                    "new_tokens": new_tokens,
+                    "seconds": seconds,
+                    "step_s": step,
+                    "context_sum": context_sum,
+                }
+            )
+    d_base, d_seq, d_ctx = _fit(
+        [(1.0, p["batch"], p["context_sum"]) for p in decode_points], [p["step_s"] for p in decode_points]
+    )
+    if d_base + d_seq <= 0:
+        d_base = min(p["step_s"] for p in decode_points) or 1e-9
+    if load is not None:
+        load = tuple(round(x, 2) for x in (*load, *os.getloadavg()))
+    return CostCurve(
+        engine=engine_name,
+        model=model,
+        hardware=hardware,
+        dtype=engine.info.dtype,
+        virtual_time=virtual,
+        prefill_base_s=p_base,
+        prefill_per_token_s=p_tok,
+        decode_base_s=d_base,
+        decode_per_seq_s=d_seq,
+        decode_per_context_token_s=d_ctx,
+        prefill_points=tuple(prefill_points),
+        decode_points=tuple(decode_points),
+        load=load,
+        max_running=limits["max_running"],
+        kv_capacity_tokens=limits["kv_capacity_tokens"],
+        chunk_tokens=limits["chunk_tokens"],
+        # SGLang runs one more decode step after an abort; the embedded engine, vLLM and the fake return
+        # at the end of the step in progress
+        abort_extra_steps=1 if engine_name.startswith("sglang") else 0,
+    )

@@ -1,0 +1,321 @@
+"""``simcheck``: predict each arm's gain with the simulator, then measure it on the real engine.
+
+One command, four phases, in this order (the prediction is written before
+any measured arm runs):
+
+1. **cost curve**: time the run's engine through the engine protocol
+   (:func:`april_bench.sim.cost_curve.measure_cost_curve`) and save
+   ``cost_curve.json``;
+2. **length trace**: a short sync-only run with a *different* seed (``seed +
+   1`` unless told) on the same engine; each trained sample's response length
+   and reward go to ``trace.jsonl`` (the simulator's ``length_trace``);
+3. **prediction**: the same experiment on ``--engine sim`` priced by the cost
+   curve (one replica, the engine's own limits) and replaying the trace:
+   ``predicted_gain`` per arm and ``predicted_iterations_per_step`` (forward
+   passes: decode iterations + extend batches);
+4. **measurement**: the experiment itself, arms interleaved and repeated as
+   ``run`` does: ``measured_gain`` (the paired median), ``measured_ci``,
+   ``measured_iterations_per_step`` (the engine's own counters).
+
+``simcheck.json`` and ``simcheck.md`` go to the output directory beside the
+three inputs and the measured run's rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from april_bench.config import ConfigError
+from april_bench.engines.protocol import Engine
+from april_bench.experiment_config import ExperimentConfig
+
+__all__ = [
+    "SimcheckResult",
+    "engine_forward_passes_per_step",
+    "render_simcheck",
+    "run_simcheck",
+    "trace_rows",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimcheckResult:
+    """What ``simcheck`` found, as written to ``simcheck.json``."""
+
+    data: dict[str, Any]
+
+    def arm(self, label: str) -> dict[str, Any]:
+        return next(a for a in self.data["arms"] if a["arm"] == label)
+
+
+def trace_rows(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A length trace from a run's sample rows: every trained sample's ``uid``, ``length``, ``reward``."""
+    rows = [
+        {
+            "uid": s["group_uid"],
+            "index": s["sample_index"],
+            "length": s["response_len"],
+            "reward": s["reward"],
+        }
+        for s in samples
+        if s["fate"] == "trained" and s["response_len"] >= 1
+    ]
+    rows.sort(key=lambda r: (r["uid"], r["index"]))
+    return rows
+
+
+def engine_forward_passes_per_step(
+    engine_metrics: Sequence[Mapping[str, Any]], arm: str, steps: int
+) -> float | None:
+    """Forward passes (decode steps + prefill batches) per training step of ``arm``, from the engine's
+    own counters (snapshots at ``rollout_end``, and ``step_end`` on pipelined arms), averaged over
+    repeats; None when the engine reports no counters.
+
+    Each session starts a fresh engine and a weight update runs no forward pass, so the largest
+    snapshot of a session holds the session's total.  (Issue 21 adds per-step engine iteration
+    accounting to the records; this is the one function to swap for it.)
+    """
+    totals: dict[int, float] = {}
+    for row in engine_metrics:
+        if row["arm"] != arm:
+            continue
+        m = row["metrics"]
+        if "decode_steps" not in m:
+            return None
+        passes = float(m["decode_steps"]) + float(m.get("prefill_batches", 0.0))
+        totals[row["repeat"]] = max(totals.get(row["repeat"], 0.0), passes)
+    if not totals:
+        return None
+    return sum(totals.values()) / len(totals) / steps
+
+
+def _measure_curve(components: Any, config: ExperimentConfig) -> Any:
+    from april_bench.sim.cost_curve import measure_cost_curve
+    from april_bench.vtime import run_real, run_virtual
+
+    engine: Engine = components.engine()
+    vocab = components.engine_settings.vocab_size or 100
+
+    async def measure() -> Any:
+        await engine.start()
+        try:
+            return await measure_cost_curve(
+                engine,
+                engine_name=components.engine_name,
+                model=config.model,
+                hardware=config.hardware,
+                vocab=vocab,
+            )
+        finally:
+            await engine.close()
+
+    return (run_virtual if engine.info.virtual_time else run_real)(measure())
+
+
+def _prediction_config(config: ExperimentConfig, curve: Path, trace: Path) -> ExperimentConfig:
+    return config.replace(
+        engine="sim",
+        trainer="sim",
+        repeats=1,  # deterministic: one repeat says all; blocks and warm-up as measured (same statistic)
+        eval_every=None,
+        eval_datasets=(),
+        engine_args={"cost_curve": str(curve)},
+        workload_args={"length_trace": str(trace)},
+        trainer_args={},
+        warmstart_args={},
+    )
+
+
+def _predict(config: ExperimentConfig, progress: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the prediction; return the summary and each arm's forward passes per step."""
+    from april_bench.backends import build_components
+    from april_bench.experiment import run
+
+    components = build_components(config, progress=False)
+    built: list[Any] = []
+    factory: Callable[[], Engine] = components.engine
+
+    def recording() -> Engine:
+        engine = factory()
+        built.append(engine)
+        return engine
+
+    components = dataclasses.replace(components, engine=recording)
+    summary = run(config, progress=progress, components=components).recorder.summary()
+    labels = [arm.label for arm in config.arms]
+    if len(built) != len(labels):  # one fresh engine per arm session, in arm order (virtual time)
+        raise ConfigError(f"simcheck: expected {len(labels)} simulated engines, got {len(built)}")
+    passes = {
+        label: engine.forward_passes() / config.steps for label, engine in zip(labels, built, strict=True)
+    }
+    return summary, passes
+
+
+def run_simcheck(
+    config: ExperimentConfig,
+    out: Path,
+    *,
+    trace_steps: int | None = None,
+    trace_seed: int | None = None,
+    progress: bool = False,
+    echo: Callable[[str], None] | None = None,
+) -> SimcheckResult:
+    """Predict, then measure, every arm of ``config`` on its engine (see the module docstring)."""
+    from april_bench.backends import build_components
+    from april_bench.experiment import run
+
+    say = echo or (lambda _line: None)
+    components = build_components(config, progress=progress)
+    if components.engine_name == "sim":
+        raise ConfigError(
+            "simcheck compares the simulator with a real engine: choose one with --engine (hf, vllm, fake)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"simcheck 1/4: measuring the cost curve of the {components.engine_name} engine")
+    curve = _measure_curve(components, config)
+    curve_path = out / "cost_curve.json"
+    curve.save(curve_path)
+
+    seed = config.seed + 1 if trace_seed is None else trace_seed
+    steps = trace_steps or config.steps
+    say(f"simcheck 2/4: length trace, sync only, seed {seed}, {steps} steps")
+    trace_config = config.replace(
+        strategies=("sync",),
+        baseline=None,
+        seed=seed,
+        steps=steps,
+        repeats=1,
+        block_steps=None,
+        warmup_steps=0,
+    )
+    trace_result = run(trace_config, progress=progress)
+    rows = trace_rows([dataclasses.asdict(s) for s in trace_result.recorder.tables["samples"]])
+    if not rows:
+        raise ConfigError("simcheck: the trace run trained no sample; lengthen it with --trace-steps")
+    trace_path = out / "trace.jsonl"
+    trace_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    say("simcheck 3/4: predicting every arm with the simulator (before any measured arm runs)")
+    prediction_config = _prediction_config(config, curve_path, trace_path)
+    predicted, predicted_passes = _predict(prediction_config, progress)
+    (out / "prediction.json").write_text(
+        json.dumps({"summary": predicted, "passes": predicted_passes}, indent=2)
+    )
+
+    say("simcheck 4/4: measuring every arm (interleaved, repeated as `run` does)")
+    measured_run = run(config, progress=progress)
+    measured = measured_run.recorder.summary()
+    metrics = [dataclasses.asdict(r) for r in measured_run.recorder.tables.get("engine_metrics", [])]
+    arms = []
+    for arm in config.arms:
+        label = arm.label
+        m, p = measured[label], predicted[label]
+        if label == m.get("baseline"):
+            continue
+        paired = m.get("paired_gains", {}).get("throughput", {})
+        measured_passes = engine_forward_passes_per_step(metrics, label, config.steps)
+        arms.append(
+            {
+                "arm": label,
+                "baseline": m.get("baseline"),
+                # the same statistic on both sides: the paired median over the same blocks and warm-up
+                "predicted_gain": p.get("paired_gains", {}).get("throughput", {}).get("median"),
+                "predicted_ratio_gain": p["throughput_gain"],
+                "measured_gain": paired.get("median"),
+                "measured_ci": paired.get("ci"),
+                "measured_pairs": paired.get("pairs"),
+                "measured_ratio_gain": m["throughput_gain"],
+                "predicted_iterations_per_step": predicted_passes[label],
+                "measured_iterations_per_step": measured_passes,
+                "baseline_predicted_iterations_per_step": predicted_passes[m["baseline"]],
+                "baseline_measured_iterations_per_step": engine_forward_passes_per_step(
+                    metrics, m["baseline"], config.steps
+                ),
+            }
+        )
+    result = SimcheckResult(
+        {
+            "result_kind": "measured and simulated",
+            "engine": components.engine_name,
+            "config": config.to_dict(),
+            "trace": {"seed": seed, "steps": steps, "samples": len(rows)},
+            "cost_curve": curve.to_json(),
+            "arms": [_with_errors(a) for a in arms],
+        }
+    )
+    (out / "simcheck.json").write_text(json.dumps(result.data, indent=2) + "\n")
+    (out / "simcheck.md").write_text(render_simcheck(result.data) + "\n")
+    return result
+
+
+def _with_errors(arm: dict[str, Any]) -> dict[str, Any]:
+    pred, meas, ci = arm["predicted_gain"], arm["measured_gain"], arm["measured_ci"]
+    arm["gain_error_pt"] = None if meas is None else (pred - meas) * 100
+    slack = 1e-9  # summation order: an exact prediction may differ from a one-pair interval in the last bit
+    arm["predicted_inside_ci"] = None if ci is None else bool(ci[0] - slack <= pred <= ci[1] + slack)
+    it_p, it_m = arm["predicted_iterations_per_step"], arm["measured_iterations_per_step"]
+    arm["iterations_error"] = None if not it_m else it_p / it_m - 1
+    return arm
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:+.1f}%"
+
+
+def render_simcheck(data: Mapping[str, Any]) -> str:
+    from april_bench.results.table import render_markdown
+
+    curve = data["cost_curve"]
+    config = data["config"]
+    lines = [
+        f"# simcheck: the simulator's prediction against the {data['engine']} engine",
+        "",
+        f"{config['steps']} steps x {config['repeats']} repeat(s), {config['rollout']['rollout_batch_size']} "
+        f"groups x {config['rollout']['n_samples_per_prompt']}, model {config['model']} on "
+        f"{config['hardware']}, algorithm {config['algorithm']}.  Predicted (SIMULATED) from a cost curve "
+        f"measured in the same command (decode step {curve['decode']['base_s'] * 1e3:.3g} ms + "
+        f"{curve['decode']['per_seq_s'] * 1e3:.3g} ms/seq + "
+        f"{curve['decode']['per_context_token_s'] * 1e6:.3g} us/context token; "
+        f"prefill {curve['prefill']['base_s'] * 1e3:.3g} ms + "
+        f"{curve['prefill']['per_token_s'] * 1e6:.3g} us/token; load while measuring "
+        f"{curve['load']}) and a length trace of a sync-only run with seed {data['trace']['seed']} "
+        f"({data['trace']['samples']} samples); then MEASURED, arms interleaved.",
+        "",
+        render_markdown(
+            (
+                "Arm",
+                "Predicted gain (sim)",
+                "Measured gain (paired median)",
+                "Measured 95% CI",
+                "Error",
+                "Inside CI",
+                "Iterations/step predicted",
+                "Iterations/step measured",
+                "Iterations error",
+            ),
+            [
+                [
+                    a["arm"],
+                    _pct(a["predicted_gain"]),
+                    _pct(a["measured_gain"]),
+                    "n/a"
+                    if a["measured_ci"] is None
+                    else f"[{a['measured_ci'][0] * 100:+.1f}, {a['measured_ci'][1] * 100:+.1f}]",
+                    "n/a" if a["gain_error_pt"] is None else f"{a['gain_error_pt']:+.1f} pt",
+                    {True: "yes", False: "no", None: "n/a"}[a["predicted_inside_ci"]],
+                    f"{a['predicted_iterations_per_step']:.1f}",
+                    "n/a (engine has no counters)"
+                    if a["measured_iterations_per_step"] is None
+                    else f"{a['measured_iterations_per_step']:.1f}",
+                    "n/a" if a["iterations_error"] is None else f"{a['iterations_error'] * 100:+.1f}%",
+                ]
+                for a in data["arms"]
+            ],
+        ),
+    ]
+    return "\n".join(lines)
