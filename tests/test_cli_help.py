@@ -51,8 +51,8 @@ def test_run_help_matches_what_a_run_does(capsys: pytest.CaptureFixture[str]) ->
     ("command", "dests"),
     [
         ("ls", ["what"]),
-        ("report", ["run_dir", "no_check"]),
-        ("compare", ["base", "new", "gains", "json", "fail"]),
+        ("report", ["run_dir", "allow_incomplete"]),
+        ("compare", ["base", "new", "gains", "json", "fail", "allow_incomplete"]),
     ],
 )
 def test_every_command_argument_has_help(command: str, dests: list[str]) -> None:

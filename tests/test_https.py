@@ -95,3 +95,31 @@ def test_server_configs_take_https_urls() -> None:
     assert HTTPClient("https://host").port == 443 and HTTPClient("http://host").port == 80
     with pytest.raises(ValueError, match="https://"):
         HTTPClient("ws://host:1")
+
+
+def test_https_over_a_unix_socket(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Both transports of the client at once: TLS (the URL's host checked against the certificate)
+    on a Unix socket instead of host:port."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "localhost.pem"))
+    path = str(tmp_path / "s.sock")
+
+    async def main() -> None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(TLS / "localhost.pem", TLS / "localhost.key")
+        server = await asyncio.start_unix_server(_handle, path, ssl=context)
+        client = HTTPClient("https://localhost", unix_socket=path)
+        try:
+            assert (await client.get("/health", timeout=10)).json() == {"ok": True}
+            stream = client.stream("/v1/completions", {"stream": True})
+            assert await stream.open() == 200
+            assert await stream.body() == b'{"ok": true}'
+            stream.close()
+            wrong = HTTPClient("https://rl-cluster.example", unix_socket=path)  # not the certificate's name
+            with pytest.raises(HTTPError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+                await wrong.get("/health", timeout=10)
+            await wrong.aclose()
+        finally:
+            await client.aclose()
+            server.close()
+
+    asyncio.run(main())

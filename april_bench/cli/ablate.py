@@ -120,6 +120,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from april_bench.cli.args import config_from_args
     from april_bench.cli.commands import print_outcome
     from april_bench.config import ConfigError
+    from april_bench.results.lock import RunLock
+    from april_bench.results.reference import check_reference_output
     from april_bench.results.rundir import claim_run_dir, default_run_name, start_run_dir
     from april_bench.results.store import load_run
 
@@ -151,7 +153,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         mode: runner.prepare(config, progress=not args.no_progress) for mode, config in configs.items()
     }
     name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
+    check_reference_output(args.out, allow_dirty=args.allow_dirty)  # results/ holds committed evidence
+    lock = RunLock()  # held until the ablation ends: a second ablate into this --out is refused
+    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, lock=lock)
     _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
     rows: list[dict[str, Any]] = []
     simulated = True

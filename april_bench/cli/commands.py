@@ -32,10 +32,10 @@ def _resume(args: argparse.Namespace) -> RunOutcome:
     from april_bench.config import ConfigError
 
     out = Path(args.resume).expanduser()
-    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
+    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress", "--allow-dirty")]
     if extra:
         raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
-    return runner.resume(out, progress=not args.no_progress, echo=_echo)
+    return runner.resume(out, progress=not args.no_progress, echo=_echo, allow_dirty=args.allow_dirty)
 
 
 def _run(args: argparse.Namespace) -> RunOutcome:
@@ -132,11 +132,17 @@ def add_inspect_parsers(sub: Any) -> None:
         "report",
         help="re-render a run directory's tables from its rows",
         description="Print a run directory's tables again, recomputed from its rows (steps, samples, "
-        "evals); refuses a run whose rows do not add up. Columns: docs/results-schema.md.",
+        "evals); refuses an interrupted run, or one whose rows do not add up or repeat, unless "
+        "--allow-incomplete. Columns: docs/results-schema.md.",
     )
     report.add_argument("run_dir", type=Path, help="a run directory written by `run`")
     report.add_argument(
-        "--no-check", action="store_true", help="render even if the rows do not add up (default: off)"
+        "--allow-incomplete",
+        "--no-check",
+        dest="allow_incomplete",
+        action="store_true",
+        help="render an interrupted run, or rows that do not add up or repeat, with a note saying so "
+        "(default: off)",
     )
     report.set_defaults(handler=cmd_report)
 
@@ -202,24 +208,11 @@ def _ls_hardware(*, verbose: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from april_bench.config import ConfigError
-    from april_bench.results.store import check_run, load_run, render_tables
+    from april_bench.results.fitness import check_fit
+    from april_bench.results.store import load_run, render_tables
 
     run = load_run(args.run_dir)
-    problems = check_run(run)
-    if problems and not args.no_check:
-        raise ConfigError(
-            f"{args.run_dir}: the rows do not add up, so its numbers would be wrong: {'; '.join(problems)}"
-        )
-    state = _state(args.run_dir)
-    if state not in (None, "complete"):
-        print(f"note: this run is {state}; the tables cover its completed steps", file=sys.stderr)
+    for note in check_fit(run, allow_incomplete=args.allow_incomplete, doing="report it"):
+        print(f"note: {note}", file=sys.stderr)
     print(render_tables(run.config, run.summary(), run.simulated))
     return 0
-
-
-def _state(run_dir: Path) -> str | None:
-    try:
-        return str(json.loads((run_dir / "status.json").read_text()).get("state"))
-    except (OSError, json.JSONDecodeError):
-        return None

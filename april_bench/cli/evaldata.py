@@ -59,6 +59,9 @@ def _add_eval_parser(sub: Any) -> None:
         help="hf engine setting, e.g. device=cuda or max_running_requests=256",
     )
     ev.add_argument("--out", type=Path, help="write eval.json and eval_rows.jsonl here")
+    ev.add_argument(
+        "--allow-dirty", action="store_true", help="write --out under results/ from uncommitted code"
+    )
     ev.set_defaults(handler=cmd_eval)
 
 
@@ -83,8 +86,10 @@ def _add_data_parser(sub: Any) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
     from april_bench.hub import resolve_model
+    from april_bench.results.reference import check_reference_output
 
     args.model = resolve_model(args.model)  # a hub id: its snapshot in the local cache
+    check_reference_output(args.out, allow_dirty=args.allow_dirty)  # results/ holds committed evidence
     if not Path(args.model).expanduser().is_dir():
         raise ConfigError(
             f"--model {args.model}: no such checkpoint directory; eval reads a local checkpoint "

@@ -48,15 +48,25 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="print only the verdicts, as one JSON document on stdout (for jq; default: the table)",
     )
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="compare even an interrupted run, or one whose rows do not add up or repeat, with a "
+        "note saying so (default: off)",
+    )
     p.set_defaults(handler=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
     from april_bench.results.compare import GAINS, compare_runs, default_rules, parse_rule, render_comparison
+    from april_bench.results.fitness import check_fit
     from april_bench.results.store import load_run
 
     base, new = load_run(args.base), load_run(args.new)
+    for which, run in (("BASE", base), ("NEW", new)):
+        for note in check_fit(run, allow_incomplete=args.allow_incomplete, doing=f"compare it as {which}"):
+            print(f"note: {which} {note}", file=sys.stderr)
     if base.simulated != new.simulated:
         raise ConfigError("one run is simulated and the other measured: compare like with like")
     gains = [g.strip() for g in args.gains.split(",") if g.strip()]

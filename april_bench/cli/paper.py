@@ -22,6 +22,12 @@ def add_parsers(sub: Any) -> None:
     plot.add_argument(
         "--out", type=Path, default=None, help="write DIR/<run name>/*.pdf and *.png (default: RUN/figures/)"
     )
+    plot.add_argument(
+        "--allow-incomplete", action="store_true", help="draw an interrupted or inconsistent run too (noted)"
+    )
+    plot.add_argument(
+        "--allow-dirty", action="store_true", help="write figures under results/ from uncommitted code"
+    )
     plot.set_defaults(handler=cmd_plot)
     paper = sub.add_parser(
         "paper",
@@ -45,6 +51,11 @@ def add_parsers(sub: Any) -> None:
         "--check",
         action="store_true",
         help="write nothing; exit 1 if the README or the tables are stale or a figure is missing (for CI)",
+    )
+    paper.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="include interrupted or inconsistent runs (their rows are marked 'incomplete' in the tables)",
     )
     paper.set_defaults(handler=cmd_paper)
 
@@ -77,17 +88,19 @@ def _require_plotting() -> None:
         )
 
 
-def _load_checked(dirs: Sequence[Path]) -> list[Any]:
-    """Load runs, refusing any whose rows do not add up (its numbers would be wrong)."""
-    from april_bench.config import ConfigError
-    from april_bench.results.store import check_run, load_run
+def _load_checked(
+    dirs: Sequence[Path], *, allow_incomplete: bool = False, doing: str = "use it"
+) -> list[Any]:
+    """Load runs, refusing any that is incomplete or whose rows do not add up or repeat (its numbers
+    would be wrong) unless ``allow_incomplete``."""
+    from april_bench.results.fitness import check_fit
+    from april_bench.results.store import load_run
 
     runs = []
     for path in dirs:
         run = load_run(path)
-        problems = check_run(run)
-        if problems:
-            raise ConfigError(f"{path}: the rows do not add up: {'; '.join(problems)}")
+        for note in check_fit(run, allow_incomplete=allow_incomplete, doing=doing):
+            print(f"note: {path}: {note}", file=sys.stderr)
         runs.append(run)
     return runs
 
@@ -95,9 +108,11 @@ def _load_checked(dirs: Sequence[Path]) -> list[Any]:
 def cmd_plot(args: argparse.Namespace) -> int:
     from april_bench.results.figures import save_figures
     from april_bench.results.frames import frames_of, one_run
+    from april_bench.results.reference import check_reference_output
 
+    check_reference_output(args.out, allow_dirty=args.allow_dirty)
     _require_plotting()
-    runs = _load_checked(args.runs)
+    runs = _load_checked(args.runs, allow_incomplete=args.allow_incomplete, doing="plot it")
     tables = frames_of(runs)
     for run in runs:
         out = run.path / "figures" if args.out is None else args.out / run.path.name
@@ -117,7 +132,9 @@ def cmd_paper(args: argparse.Namespace) -> int:
     )
 
     _require_plotting()
-    runs = _load_checked(find_runs(args.runs))
+    runs = _load_checked(
+        find_runs(args.runs), allow_incomplete=args.allow_incomplete, doing="put it in the paper tables"
+    )
     paper = paper_tables(runs)
     files = _table_files(paper, args.out)
     long_tables = frames_of(runs)

@@ -19,6 +19,7 @@ from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
 from april_bench.results.resume import RunStatus
+from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
@@ -134,7 +135,7 @@ class ArmSession:
         info = engine.info  # known once started
         self.simulated, self.engine_version, self.engine_dtype = info.simulated, info.version, info.dtype
         self._trainer = make_trainer()
-        self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
+        self._scratch = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch_root(self.status))
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
         rollout_config = self.config.rollout_config()
         if self.components.task.replay_lengths:
@@ -421,7 +422,13 @@ class ArmSession:
     async def _restore(self, saved: dict[str, Any]) -> None:
         assert self._rollout is not None and self._engine is not None and self._trainer is not None
         assert self._sync is not None
+        assert self.status is not None  # a checkpoint exists only in a run directory
         self._done = await checkpoint.restore(
-            saved, rollout=self._rollout, engine=self._engine, trainer=self._trainer, sync=self._sync
+            saved,
+            rollout=self._rollout,
+            engine=self._engine,
+            trainer=self._trainer,
+            sync=self._sync,
+            run_dir=self.status.path.parent,
         )
         self._set_origin(asyncio.get_running_loop().time() - saved["session_elapsed"])

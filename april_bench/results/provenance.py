@@ -77,8 +77,12 @@ def source_root() -> Path | None:
     return None
 
 
-def git_info(path: Path | None = None) -> dict[str, Any]:
+def git_info(path: Path | None = None, *, exclude: Path | None = None) -> dict[str, Any]:
     """Commit, dirty flag and branch of the april-bench checkout (never the caller's repository).
+
+    Dirty means any change git sees: modified, staged, deleted, and untracked files that are not
+    gitignored (a new module counts).  ``exclude`` (a run directory being written inside the checkout,
+    e.g. a reference run under ``results/``) is left out: the run's own rows are not code.
 
     For an installed (non-editable) copy there is no checkout: the commit is ``None`` and ``source``
     says which version was installed.
@@ -103,7 +107,15 @@ def git_info(path: Path | None = None) -> dict[str, Any]:
     if top is None or Path(top).resolve() != where.resolve():
         return {"commit": None, "dirty": None, "branch": None, "source": f"{where} (not a git checkout)"}
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    spec = ["--", "."]
+    if exclude is not None:
+        try:
+            inside = Path(exclude).expanduser().resolve().relative_to(where.resolve())
+        except ValueError:
+            inside = None
+        if inside is not None and str(inside) != ".":
+            spec.append(f":(exclude){inside.as_posix()}")
+    status = git("status", "--porcelain", "--untracked-files=normal", *spec)
     return {
         "commit": commit,
         "dirty": bool(status) if status is not None else None,
@@ -190,11 +202,13 @@ def collect_provenance(
     engine_dtype: str | None = None,
     metadata: dict[str, Any] | None = None,
     torch_threads: dict[str, Any] | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
     """The provenance block of a run.  Called at the start of a run and again at its end with
     ``started`` (the first block): the machine's load average is then recorded at both ends.
     ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it);
-    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run."""
+    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run.  ``out`` (the run
+    directory) is left out of the checkout's dirty check."""
     if started is not None:
         done = dict(started)
         done["result_kind"] = "simulated" if simulated else "measured"
@@ -216,7 +230,7 @@ def collect_provenance(
         "engine_version": engine_version,
         "engine_dtype": engine_dtype,
         "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git": git_info(),
+        "git": git_info(exclude=out),
         "versions": _versions(),
         "machine": {
             "platform": platform.platform(),
