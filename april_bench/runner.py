@@ -122,8 +122,12 @@ def run_into(
     allow_dirty: bool = False,
     progress: bool = True,
     echo: Echo | None = None,
+    metadata: dict[str, Any] | None = None,
+    trackers: dict[str, Any] | None = None,
 ) -> RunOutcome:
-    """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it."""
+    """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it, holding
+    its lock throughout.  ``metadata``: labels merged into provenance and summary (``--metadata``);
+    ``trackers``: the ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
     from april_bench.results.lock import RunLock
     from april_bench.results.rundir import default_run_name, start_run_dir
 
@@ -133,7 +137,16 @@ def run_into(
     lock = RunLock()  # taken by the claim and held for the whole run: a second process is refused
     try:
         status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock)
-        return execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+        return execute(
+            config,
+            components,
+            status.path.parent,
+            status,
+            progress=progress,
+            echo=echo,
+            metadata=metadata,
+            trackers=trackers,
+        )
     finally:
         lock.release()
 
@@ -170,12 +183,22 @@ def resume(
         remove_stale_scratch(out)  # a killed run's weights hand-over directory
         components = prepare(config, progress=progress)
         kept = read_rows_for_resume(out, status, config.steps)
-        done = sum(status.completed.values())
         if echo is not None:
-            echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
-        status.state = "running"
+            echo(f"resuming {out}: {resume_line(status, config)}")
+        status.state, status.message = "running", ""  # the interrupt's message is history now
         status.save()
         return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+
+
+def resume_line(status: RunStatus, config: ExperimentConfig) -> str:
+    """``59 of 120 steps saved: sync 29/60, april 30/60`` (`` #r`` after an arm for later repeats)."""
+    parts = []
+    for repeat in range(config.repeats):
+        for arm in config.arms:
+            done = status.completed.get(f"{arm.label}#{repeat}", 0)
+            parts.append(f"{arm.label}{f' #{repeat}' if repeat else ''} {done}/{config.steps}")
+    total = config.steps * config.repeats * len(config.arms)
+    return f"{sum(status.completed.values())} of {total} steps saved: {', '.join(parts)}"
 
 
 def check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
@@ -195,13 +218,17 @@ def execute(
     progress: bool,
     echo: Echo | None = _stderr,
     kept: dict[str, list[dict[str, Any]]] | None = None,
+    metadata: dict[str, Any] | None = None,
+    trackers: dict[str, Any] | None = None,
 ) -> RunOutcome:
     """Run (or continue) the validated experiment into the claimed ``out``, streaming rows; stop cleanly
     on SIGINT/SIGTERM."""
+    from april_bench.config_files import write_config_file
     from april_bench.experiment import run as run_sessions
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
+    from april_bench.results.trackers import open_trackers
     from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
     from april_bench.threads import thread_choice
 
@@ -209,20 +236,32 @@ def execute(
     provenance_path = out / "provenance.json"
     if kept is None or not provenance_path.exists():
         provenance = collect_provenance(
-            simulated=simulated, engine=components.engine_name, notes=components.notes, out=out
+            simulated=simulated,
+            engine=components.engine_name,
+            notes=components.notes,
+            metadata=metadata,
+            out=out,
         )
         write_json_atomic(out / "config.json", config.to_dict())
+        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
         write_json_atomic(provenance_path, provenance)
     else:
         provenance = resumed_provenance(read_provenance(provenance_path), out)
-    writer = RunWriter(out)
+    run_writer = RunWriter(out)  # the record of truth
+    writer = open_trackers(  # the run directory's writer, and the --logger trackers beside it
+        **(trackers or {"names": ()}),
+        inner=run_writer,
+        out=out,
+        config=config.to_dict(),
+        provenance=provenance,
+    )
     # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not grow
     # with its steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
     recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
     if kept:
         recorder.preload(kept)
-        writer.count_existing(kept)
-    status.counter = writer.counts  # each checkpoint records the rows it covers
+        run_writer.count_existing(kept)
+    status.counter = run_writer.counts  # each checkpoint records the rows it covers
     received: list[str] = []
     try:
         with signals_as_interrupts(received):
@@ -230,8 +269,9 @@ def execute(
                 config, progress=progress, echo=echo, recorder=recorder, components=components, status=status
             )
     except BaseException as exc:
+        writer.close()  # the trackers (never raises)
         with contextlib.suppress(OSError):  # a full disk fails the last flush too
-            writer.close()
+            run_writer.close()
         if write_failed(exc):  # full disk, file-size limit: what was checkpointed is safe
             _stopped_by_write_error(exc, out, status)
         # A signal raised inside the event loop's machinery can surface as another error (for example
@@ -251,7 +291,7 @@ def execute(
             done = sum(status.completed.values())
             echo(
                 f"interrupted: {done} step(s) are saved in {out}; continue with "
-                f"`python -m april_bench run --resume {out}`"
+                f"`{_prog()} run --resume {out}`"
             )
         return RunOutcome(out=out, interrupted_by=by)
     provenance = collect_provenance(
@@ -268,12 +308,22 @@ def execute(
     try:
         write_json_atomic(provenance_path, provenance)
         summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
-        stored = writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
+        stored = run_writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
         status.state = "complete"
         status.save()
     except OSError as exc:
+        writer.close()
         _stopped_by_write_error(exc, out, status)
+    writer.finish(summary)  # the trackers get the summary the run directory got
+    writer.close()
     return RunOutcome(out=out, result=result, stored=stored)
+
+
+def _prog() -> str:
+    """How the user invoked us (``april-bench`` or ``python -m april_bench``), for lines they copy."""
+    from pathlib import PurePath
+
+    return "april-bench" if PurePath(sys.argv[0]).name.startswith("april-bench") else "python -m april_bench"
 
 
 def _stopped_by_write_error(exc: BaseException, out: Path, status: RunStatus) -> NoReturn:
@@ -288,7 +338,7 @@ def _stopped_by_write_error(exc: BaseException, out: Path, status: RunStatus) ->
     done = sum(status.completed.values())
     raise ConfigError(
         f"writing to {out} failed ({reason}); {done} step(s) are saved: free space (or raise the file-size "
-        f"limit), then continue with `python -m april_bench run --resume {out}`"
+        f"limit), then continue with `{_prog()} run --resume {out}`"
     ) from None
 
 

@@ -329,7 +329,7 @@ def test_bad_simulator_input_is_one_line_naming_the_fix(args: list[str], message
         (["--max-response-len", "2000"], "prompt + response need"),
         (["--engine-arg", "dtype=float8"], "dtype must be"),
         (["--engine-arg", "device=cuda"], "no CUDA device is visible"),
-        (["--model", "qwen3-4b", "--dataset", "deepscaler", "--max-response-len", "20000"], "KV cache needs"),
+        (["--model", "qwen3-4b", "--max-response-len", "20000"], "KV cache needs"),
         (["--workload-arg", "response_median=3"], "--workload-arg is not used by this run's synthetic task"),
     ],
 )

@@ -20,7 +20,7 @@ def add_parsers(sub: Any) -> None:
     )
     plot.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories")
     plot.add_argument(
-        "--out", type=Path, default=None, help="write DIR/<run name>/*.png (default: RUN/figures/)"
+        "--out", type=Path, default=None, help="write DIR/<run name>/*.pdf and *.png (default: RUN/figures/)"
     )
     plot.add_argument(
         "--allow-incomplete", action="store_true", help="draw an interrupted or inconsistent run too (noted)"
@@ -31,14 +31,22 @@ def add_parsers(sub: Any) -> None:
     plot.set_defaults(handler=cmd_plot)
     paper = sub.add_parser(
         "paper",
-        help="regenerate the README's tables and figures from committed runs",
+        help="regenerate the README's and docs/results.md's tables and figures from committed runs",
         description="Write paper tables (Markdown, LaTeX, CSV) and figures for every run under --runs, "
         "and rewrite the README between <!-- paper:table:start/end --> and "
         "<!-- paper:figures:start/end --> markers.",
     )
     paper.add_argument("--runs", type=Path, default=Path("results/runs"), help="folder of run directories")
     paper.add_argument("--out", type=Path, default=Path("docs/figures"), help="where tables and figures go")
-    paper.add_argument("--readme", type=Path, default=Path("README.md"), help="the file with the markers")
+    paper.add_argument(
+        "--readme",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="a Markdown file with <!-- paper:table|figures:start/end --> markers, rewritten between them "
+        "(repeatable; default: README.md, which holds the table, and docs/results.md, which holds both)",
+    )
     paper.add_argument(
         "--check",
         action="store_true",
@@ -67,7 +75,8 @@ def find_runs(folder: Path) -> list[Path]:
 
 
 def _require_plotting() -> None:
-    """The figures need the ``plot`` extra; without it, one line naming the install, not a traceback."""
+    """The figures need pandas, matplotlib and seaborn (core dependencies); an environment that lost one
+    gets one line naming the install, not a traceback."""
     import importlib.util
 
     from april_bench.config import ConfigError
@@ -75,7 +84,7 @@ def _require_plotting() -> None:
     missing = [name for name in ("pandas", "matplotlib", "seaborn") if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(
-            f"figures need {', '.join(missing)}: install the plot extra (pip install 'april-bench[plot]')"
+            f"figures need {', '.join(missing)}, which april-bench installs: reinstall it (pip install -e .)"
         )
 
 
@@ -134,21 +143,25 @@ def cmd_paper(args: argparse.Namespace) -> int:
         name: [args.out / name / f"{figure}.png" for figure in figure_names(tables)]
         for name, tables in per_run.items()
     }
-    readme_text = args.readme.read_text() if args.readme.is_file() else None
-    new_readme = None
-    if readme_text is not None and marked_sections(readme_text):
-        sections = {
-            "table": render_paper_markdown(paper),
-            "figures": _figure_links(runs, figures, args.readme.parent),
-        }
-        new_readme = replace_sections(readme_text, sections)
-    else:
-        print(
-            f"note: {args.readme} has no <!-- paper:table:start --> markers; it is left as it is",
-            file=sys.stderr,
-        )
+    readmes = args.readme or [Path("README.md"), Path("docs/results.md")]
+    rewritten: dict[Path, tuple[str | None, str | None]] = {}  # file -> (text now, text it should have)
+    for readme in readmes:
+        readme_text = readme.read_text() if readme.is_file() else None
+        new_readme = None
+        if readme_text is not None and marked_sections(readme_text):
+            sections = {
+                "table": render_paper_markdown(paper),
+                "figures": _figure_links(runs, figures, readme.parent),
+            }
+            new_readme = replace_sections(readme_text, sections)
+        else:
+            print(
+                f"note: {readme} has no <!-- paper:table:start --> markers; it is left as it is",
+                file=sys.stderr,
+            )
+        rewritten[readme] = (readme_text, new_readme)
     if args.check:
-        return _check(files, figures, args.readme, readme_text, new_readme)
+        return _check(files, figures, rewritten)
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -156,9 +169,10 @@ def cmd_paper(args: argparse.Namespace) -> int:
     for name, tables in per_run.items():
         for path in save_figures(tables, args.out / name):
             print(path)
-    if new_readme is not None and new_readme != readme_text:
-        args.readme.write_text(new_readme)
-        print(f"{args.readme} updated")
+    for readme, (readme_text, new_readme) in rewritten.items():
+        if new_readme is not None and new_readme != readme_text:
+            readme.write_text(new_readme)
+            print(f"{readme} updated")
     return 0
 
 
@@ -190,16 +204,19 @@ def _figure_links(runs: Sequence[Any], figures: Mapping[str, Sequence[Path]], ba
 def _check(
     files: Mapping[Path, str],
     figures: Mapping[str, Sequence[Path]],
-    readme: Path,
-    readme_text: str | None,
-    new_readme: str | None,
+    rewritten: Mapping[Path, tuple[str | None, str | None]],
 ) -> int:
     """Exit status 1 and one line per stale file; figures are checked for presence only (their pixels
     depend on the installed fonts and matplotlib)."""
     stale = [str(path) for path, text in files.items() if not path.is_file() or path.read_text() != text]
-    stale += [f"{path} (missing)" for paths in figures.values() for path in paths if not path.is_file()]
-    if new_readme is not None and new_readme != readme_text:
-        stale.append(str(readme))
+    stale += [
+        f"{path} (missing)"
+        for paths in figures.values()
+        for png in paths
+        for path in (png.with_suffix(".pdf"), png)  # the vector copy for papers, the PNG for the README
+        if not path.is_file()
+    ]
+    stale += [str(readme) for readme, (now, new) in rewritten.items() if new is not None and new != now]
     if stale:
         print(
             f"stale: {', '.join(stale)}; regenerate with `python -m april_bench paper` and commit",

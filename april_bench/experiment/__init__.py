@@ -108,7 +108,7 @@ def run(
         for repeat in range(config.repeats)
         for arm in config.arms
     ]
-    bars = Bars(sessions, config.steps, progress)
+    bars = Bars(sessions, config.steps, progress, status)
     try:
         if components.virtual_time:
             for session in sessions:  # virtual time: each session alone, on its own clock

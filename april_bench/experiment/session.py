@@ -33,19 +33,38 @@ __all__ = ["ArmSession", "Bars"]
 class Bars:
     """One progress bar per session."""
 
-    def __init__(self, sessions: list[ArmSession], steps: int, progress: bool) -> None:
+    def __init__(
+        self, sessions: list[ArmSession], steps: int, progress: bool, status: RunStatus | None = None
+    ) -> None:
         self._bars = [
-            tqdm(total=steps, desc=f"{s.name:>18}", unit="step", disable=not progress, file=sys.stderr)
+            tqdm(
+                total=steps,
+                initial=_resumed_steps(s, steps, status),
+                desc=f"{s.name:>18}",
+                unit="step",
+                disable=not progress,
+                file=sys.stderr,
+            )
             for s in sessions
         ]
         self._index = {id(s): i for i, s in enumerate(sessions)}
 
     def advance(self, session: ArmSession, n: int = 1) -> None:
-        self._bars[self._index[id(session)]].update(n)
+        bar = self._bars[self._index[id(session)]]
+        bar.update(max(n, session._done - bar.n))  # a resumed session counts from its saved step
 
     def close(self) -> None:
         for bar in self._bars:
             bar.close()
+
+
+def _resumed_steps(session: ArmSession, steps: int, status: RunStatus | None) -> int:
+    """Steps a resumed session starts from: its checkpoint's, except an unfinished asynchronous arm,
+    which restarts from step 0."""
+    done = 0 if status is None else status.completed.get(f"{session.arm.label}#{session.repeat}", 0)
+    if session.arm.driver.asynchronous and done < steps:
+        return 0
+    return done
 
 
 class ArmSession:

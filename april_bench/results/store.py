@@ -209,9 +209,17 @@ def write_summary(
     run: RunDirectory, summary: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Write ``summary.json`` and ``table.md`` of a run directory from its rows (or ``summary``)."""
+    from april_bench.results.schema import SCHEMA_VERSION, with_old_names
+
     summary = run.summary() if summary is None else summary
     write_json_atomic(
-        run.path / "summary.json", {"result_kind": run.provenance.get("result_kind"), "arms": summary}
+        run.path / "summary.json",
+        {
+            "schema_version": SCHEMA_VERSION,
+            "result_kind": run.provenance.get("result_kind"),
+            "metadata": run.provenance.get("metadata", {}),
+            "arms": {arm: with_old_names(metrics) for arm, metrics in summary.items()},
+        },
     )
     _write_text_atomic(run.path / "table.md", render_tables(run.config, summary, run.simulated) + "\n")
     return summary
@@ -414,4 +422,6 @@ def render_tables(
     if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
         engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))
         text += f"\n\n### Engine: re-prefill on resume and log-prob gap to the trainer ({label})\n\n{engine}"
-    return text
+    from april_bench.results.legend import table_legend
+
+    return f"{text}\n\n{table_legend(summary, simulated)}"

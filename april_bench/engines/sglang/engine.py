@@ -73,7 +73,9 @@ class SGLangEngine(Configurable):
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
         model_path: str | None = param(None, help="checkpoint to launch SGLang with (omit to attach by url)")
-        url: str | None = param(None, help="attach to a running SGLang server (http://host:port)")
+        url: str | None = param(
+            None, help="attach to a running SGLang server (http://host:port or https://host:port)"
+        )
         eos_token_ids: tuple[int, ...] = param(
             (), help="the tokenizer's EOS ids: stop ids of every request, and how an abort on EOS is told"
         )

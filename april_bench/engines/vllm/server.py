@@ -155,8 +155,8 @@ class VLLMServerEngine(Configurable):
                 raise ConfigError(
                     "the vllm server engine needs model_path (launch) or url (attach), not both"
                 )
-            if self.url is not None and not self.url.startswith("http://"):
-                raise ConfigError(f"url must start with http://, got {self.url!r}")
+            if self.url is not None and not self.url.startswith(("http://", "https://")):
+                raise ConfigError(f"url must start with http:// or https://, got {self.url!r}")
 
     def __init__(self, config: Config) -> None:
         self.config = config
