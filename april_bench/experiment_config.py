@@ -26,9 +26,14 @@ class ExperimentConfig(BaseConfig):
     hardware: str = param("h100", help="hardware to run or simulate: cpu, h100, h200, mi300x")
     algorithm: str = param("grpo", help="grpo, dapo (adds dynamic sampling) or gspo")
     dataset: str = param("dapo-math-17k", help="synthetic, dapo-math-17k, deepscaler or deepmath-103k")
-    model: str = param("qwen3-4b", help="policy model: a named architecture (ls models) or a checkpoint dir")
+    model: str = param(
+        "qwen3-4b",
+        help="policy model: a named architecture (ls models), a checkpoint dir or a hub id (Qwen/Qwen3-4B)",
+    )
     engine: str = param("auto", help="auto (a real engine when it can run the hardware here, else sim)")
-    trainer: str = param("auto", help="auto (torch on a token engine, sim on the simulator), torch or sim")
+    trainer: str = param(
+        "auto", help="auto (torch on a token engine, sim on the simulator) or a trainer (ls trainers)"
+    )
     strategies: tuple[str, ...] = param(
         ("sync", "oversample-discard", "april"),
         help="arms to compare: NAME or NAME[key=value,...], e.g. april[max_version_span=2]; any arm "
@@ -41,7 +46,7 @@ class ExperimentConfig(BaseConfig):
     steps: int = param(20, help="training steps per arm")
     repeats: int = param(1, help="runs of every arm, interleaved with the others (measured runs)")
     block_steps: int | None = param(
-        None, help="steps per interleaved block, arms alternating ABBA (default: all steps in one block)"
+        None, help="steps per interleaved block, arms alternating ABBA (unset: all steps in one block)"
     )
     warmup_steps: int = param(0, help="first steps left out of the paired gain statistics")
     seed: int = param(0, help="seed of the workload draws and of sampling")

@@ -102,6 +102,7 @@ class Registry(Generic[T]):
         return iter(self._entries)
 
     def _unknown_message(self, name: str) -> str:
-        close = difflib.get_close_matches(name, self._entries, n=3)
+        folded = [key for key in self._entries if key.lower() == name.lower()]  # APRIL -> april
+        close = folded or difflib.get_close_matches(name, self._entries, n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         return f"unknown {self.kind} {name!r}.{hint} Available: {', '.join(self._entries)}"

@@ -14,14 +14,15 @@ Nothing here prints tables: the CLI renders :attr:`RunOutcome.stored`.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from april_bench.engines.protocol import EngineLost
 
 if TYPE_CHECKING:
     from april_bench.backends import Components
@@ -44,6 +45,10 @@ __all__ = [
 
 Echo = Callable[[str], None]
 
+#: ``RunOutcome.interrupted_by`` of a run whose engine lost every replica (exit status 75, EX_TEMPFAIL:
+#: the completed steps are saved and ``run --resume`` continues once the engine is back).
+ENGINE_LOST = "engine_lost"
+
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
@@ -56,13 +61,16 @@ class RunOutcome:
     out: Path
     result: RunResult | None = None
     stored: RunDirectory | None = None
-    #: The signal that stopped the run (``"SIGINT"`` for Ctrl-C); ``None``: it completed.
+    #: The signal that stopped the run (``"SIGINT"`` for Ctrl-C), or :data:`ENGINE_LOST`; ``None``: it
+    #: completed.
     interrupted_by: str | None = None
 
     @property
     def exit_code(self) -> int:
         if self.interrupted_by is None:
             return 0
+        if self.interrupted_by == ENGINE_LOST:
+            return 75
         return 130 if self.interrupted_by == "SIGINT" else 143
 
 
@@ -114,57 +122,91 @@ def run_into(
     allow_dirty: bool = False,
     progress: bool = True,
     echo: Echo | None = None,
+    metadata: dict[str, Any] | None = None,
+    trackers: dict[str, Any] | None = None,
 ) -> RunOutcome:
-    """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it."""
+    """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it, holding
+    its lock throughout.  ``metadata``: labels merged into provenance and summary (``--metadata``);
+    ``trackers``: the ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
+    from april_bench.results.lock import RunLock
     from april_bench.results.rundir import default_run_name, start_run_dir
 
     components = components or prepare(config, progress=progress)
     check_reference_run(out, allow_dirty=allow_dirty)
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
-    status = start_run_dir(out, default_name=name, overwrite=overwrite)
-    return execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+    lock = RunLock()  # taken by the claim and held for the whole run: a second process is refused
+    try:
+        status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock)
+        return execute(
+            config,
+            components,
+            status.path.parent,
+            status,
+            progress=progress,
+            echo=echo,
+            metadata=metadata,
+            trackers=trackers,
+        )
+    finally:
+        lock.release()
 
 
-def resume(out: str | Path, *, progress: bool = True, echo: Echo | None = _stderr) -> RunOutcome:
-    """Continue an interrupted run from its checkpoints, with the run's own configuration."""
+def resume(
+    out: str | Path, *, progress: bool = True, echo: Echo | None = _stderr, allow_dirty: bool = False
+) -> RunOutcome:
+    """Continue an interrupted run from its checkpoints, with the run's own configuration.  The run's
+    lock is held throughout (a second resume is refused), and every file the resume reads is checked
+    before the status says ``running``."""
     from april_bench.config import ConfigError
     from april_bench.experiment_config import load_config
+    from april_bench.results.lock import RunLock
     from april_bench.results.resume import RunStatus, read_rows_for_resume
+    from april_bench.results.rundir import remove_stale_scratch
+    from april_bench.results.validate_files import check_resumable, read_json_object
 
     out = Path(out).expanduser()
-    status = RunStatus.load(out)
-    if status.state == "complete":
-        raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
-    try:
-        config = load_config(json.loads((out / "config.json").read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{out}/config.json cannot be read ({exc}); the run cannot resume") from None
-    components = prepare(config, progress=progress)
-    kept = read_rows_for_resume(out, status, config.steps)
-    done = sum(status.completed.values())
-    if echo is not None:
-        echo(f"resuming {out}: {done} completed step(s) across {len(status.completed)} session(s)")
-    status.state = "running"
-    status.save()
-    return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+    if not out.is_dir():
+        raise ConfigError(f"--resume {out}: no such run directory")
+    check_reference_run(out, allow_dirty=allow_dirty)
+    with RunLock(out):
+        status = RunStatus.load(out)
+        if status.state == "complete":
+            raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
+        try:
+            config = load_config(read_json_object(out / "config.json", "run configuration"))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"{out}/config.json is not a configuration april-bench can read ({exc}); the run cannot "
+                "resume"
+            ) from None
+        check_resumable(out, status)
+        remove_stale_scratch(out)  # a killed run's weights hand-over directory
+        components = prepare(config, progress=progress)
+        kept = read_rows_for_resume(out, status, config.steps)
+        if echo is not None:
+            echo(f"resuming {out}: {resume_line(status, config)}")
+        status.state, status.message = "running", ""  # the interrupt's message is history now
+        status.save()
+        return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+
+
+def resume_line(status: RunStatus, config: ExperimentConfig) -> str:
+    """``59 of 120 steps saved: sync 29/60, april 30/60`` (`` #r`` after an arm for later repeats)."""
+    parts = []
+    for repeat in range(config.repeats):
+        for arm in config.arms:
+            done = status.completed.get(f"{arm.label}#{repeat}", 0)
+            parts.append(f"{arm.label}{f' #{repeat}' if repeat else ''} {done}/{config.steps}")
+    total = config.steps * config.repeats * len(config.arms)
+    return f"{sum(status.completed.values())} of {total} steps saved: {', '.join(parts)}"
 
 
 def check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
     """A run written into the checkout's ``results/`` is a committed reference: its provenance must name
-    a commit that holds exactly the code that produced it."""
-    from april_bench.config import ConfigError
-    from april_bench.results.provenance import git_info, source_root
+    a commit that holds exactly the code that produced it (:mod:`april_bench.results.reference`)."""
+    from april_bench.results.reference import check_reference_output
 
-    root = source_root()
-    if out is None or root is None or allow_dirty:
-        return
-    if not Path(out).expanduser().resolve().is_relative_to((root / "results").resolve()):
-        return
-    if git_info(root).get("dirty"):
-        raise ConfigError(
-            f"{out} is a reference run under results/ but the checkout has uncommitted changes: "
-            "commit them first, or pass --allow-dirty"
-        )
+    check_reference_output(out, allow_dirty=allow_dirty)
 
 
 def execute(
@@ -176,32 +218,50 @@ def execute(
     progress: bool,
     echo: Echo | None = _stderr,
     kept: dict[str, list[dict[str, Any]]] | None = None,
+    metadata: dict[str, Any] | None = None,
+    trackers: dict[str, Any] | None = None,
 ) -> RunOutcome:
     """Run (or continue) the validated experiment into the claimed ``out``, streaming rows; stop cleanly
     on SIGINT/SIGTERM."""
+    from april_bench.config_files import write_config_file
     from april_bench.experiment import run as run_sessions
     from april_bench.results.provenance import collect_provenance
     from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
+    from april_bench.results.trackers import open_trackers
+    from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
     from april_bench.threads import thread_choice
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
     if kept is None or not provenance_path.exists():
         provenance = collect_provenance(
-            simulated=simulated, engine=components.engine_name, notes=components.notes
+            simulated=simulated,
+            engine=components.engine_name,
+            notes=components.notes,
+            metadata=metadata,
+            out=out,
         )
         write_json_atomic(out / "config.json", config.to_dict())
+        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
         write_json_atomic(provenance_path, provenance)
     else:
-        provenance = json.loads(provenance_path.read_text())
-        provenance.setdefault("resumed", []).append(collect_provenance(simulated=simulated, engine="")["utc"])
-    writer = RunWriter(out)
+        provenance = resumed_provenance(read_provenance(provenance_path), out)
+    run_writer = RunWriter(out)  # the record of truth
+    writer = open_trackers(  # the run directory's writer, and the --logger trackers beside it
+        **(trackers or {"names": ()}),
+        inner=run_writer,
+        out=out,
+        config=config.to_dict(),
+        provenance=provenance,
+    )
     # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not grow
     # with its steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
     recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
     if kept:
         recorder.preload(kept)
+        run_writer.count_existing(kept)
+    status.counter = run_writer.counts  # each checkpoint records the rows it covers
     received: list[str] = []
     try:
         with signals_as_interrupts(received):
@@ -209,21 +269,29 @@ def execute(
                 config, progress=progress, echo=echo, recorder=recorder, components=components, status=status
             )
     except BaseException as exc:
-        writer.close()
+        writer.close()  # the trackers (never raises)
+        with contextlib.suppress(OSError):  # a full disk fails the last flush too
+            run_writer.close()
+        if write_failed(exc):  # full disk, file-size limit: what was checkpointed is safe
+            _stopped_by_write_error(exc, out, status)
         # A signal raised inside the event loop's machinery can surface as another error (for example
         # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
-        if not isinstance(exc, KeyboardInterrupt) and not received:
+        # An engine with no replica left cannot go on, but every completed step is saved: interrupted.
+        lost = isinstance(exc, EngineLost)
+        if not isinstance(exc, KeyboardInterrupt) and not received and not lost:
             status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
             status.save()
             raise
-        by = received[0] if received else "SIGINT"
-        status.state, status.message = "interrupted", f"stopped by {by}"
+        by = received[0] if received else ENGINE_LOST if lost else "SIGINT"
+        if lost and echo is not None:
+            echo(f"error: {exc}")
+        status.state, status.message = "interrupted", f"stopped by {by}" + (f": {exc}" if lost else "")
         status.save()
         if echo is not None:
             done = sum(status.completed.values())
             echo(
                 f"interrupted: {done} step(s) are saved in {out}; continue with "
-                f"`python -m april_bench run --resume {out}`"
+                f"`{_prog()} run --resume {out}`"
             )
         return RunOutcome(out=out, interrupted_by=by)
     provenance = collect_provenance(
@@ -235,12 +303,43 @@ def execute(
         started=provenance,
         torch_threads=thread_choice(config.engine_args, config.trainer_args),
     )
-    write_json_atomic(provenance_path, provenance)
-    summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
-    stored = writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
-    status.state = "complete"
-    status.save()
+    if result.placement:
+        provenance["placement"] = result.placement
+    try:
+        write_json_atomic(provenance_path, provenance)
+        summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
+        stored = run_writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
+        status.state = "complete"
+        status.save()
+    except OSError as exc:
+        writer.close()
+        _stopped_by_write_error(exc, out, status)
+    writer.finish(summary)  # the trackers get the summary the run directory got
+    writer.close()
     return RunOutcome(out=out, result=result, stored=stored)
+
+
+def _prog() -> str:
+    """How the user invoked us (``april-bench`` or ``python -m april_bench``), for lines they copy."""
+    from pathlib import PurePath
+
+    return "april-bench" if PurePath(sys.argv[0]).name.startswith("april-bench") else "python -m april_bench"
+
+
+def _stopped_by_write_error(exc: BaseException, out: Path, status: RunStatus) -> NoReturn:
+    """A write failed (disk full, file-size limit): the run stops as interrupted, and one line (a
+    ``ConfigError``) says so with the resume command."""
+    from april_bench.config import ConfigError
+
+    reason = getattr(exc, "strerror", None) or str(exc)
+    status.state, status.message = "interrupted", f"a write failed: {reason}"
+    with contextlib.suppress(OSError):
+        status.save()
+    done = sum(status.completed.values())
+    raise ConfigError(
+        f"writing to {out} failed ({reason}); {done} step(s) are saved: free space (or raise the file-size "
+        f"limit), then continue with `{_prog()} run --resume {out}`"
+    ) from None
 
 
 @contextlib.contextmanager

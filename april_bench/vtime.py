@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import selectors
-from collections.abc import Coroutine
+import signal
+import threading
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 __all__ = ["SimulationDeadlock", "VirtualTimeLoop", "run_real", "run_virtual"]
@@ -108,13 +110,60 @@ def _quiet_interrupts(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) 
 
 def _run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     loop.set_exception_handler(_quiet_interrupts)
-    try:
-        return loop.run_until_complete(coro)
-    finally:
+    main = loop.create_task(coro)
+    interrupted: list[int] = []
+    with _interrupts_cancel(loop, main, interrupted):
         try:
-            _cancel_leftovers(loop)
+            return loop.run_until_complete(main)
+        except asyncio.CancelledError:
+            if interrupted:  # the signal cancelled the run: report it as the interrupt it was
+                raise KeyboardInterrupt from None
+            raise
         finally:
-            loop.close()
+            try:
+                _cancel_leftovers(loop)
+            finally:
+                loop.close()
+
+
+@contextlib.contextmanager
+def _interrupts_cancel(
+    loop: asyncio.AbstractEventLoop, main: asyncio.Task[Any], interrupted: list[int]
+) -> Iterator[None]:
+    """While the loop runs, SIGINT/SIGTERM cancel the main task instead of raising ``KeyboardInterrupt``
+    wherever the loop happens to be (as ``asyncio.run`` does for SIGINT).  An exception raised between
+    two lines of the loop's own machinery can lose a task's wake-up: the task then never ends, and once
+    the loop is closed its clean-up fails with ``RuntimeError: Event loop is closed``.  A cancellation
+    unwinds every task at an ``await``.  The handler installed before (the CLI's, which records the
+    signal) still runs first; only signals with a Python handler are taken over, in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        handler = previous.get(signum)
+        try:
+            if callable(handler):
+                handler(signum, frame)  # the caller's handler: records the signal, then raises
+        except KeyboardInterrupt:
+            pass
+        interrupted.append(signum)
+        if not main.done():
+            main.cancel()
+            loop.call_soon_threadsafe(lambda: None)  # wake a loop blocked in select()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(sig)
+        if callable(current):
+            previous[sig] = current
+            signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is on_signal:  # the caller's handler may have set SIG_IGN since
+                signal.signal(signum, handler)
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

@@ -142,6 +142,7 @@ def run_whatif(
     out: Path | None = None,
     *,
     overwrite: bool = False,
+    allow_dirty: bool = False,
     progress: bool = False,
     echo: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -151,14 +152,20 @@ def run_whatif(
     ``KeyboardInterrupt``."""
     from april_bench import runner
     from april_bench.profiles.hardware import hardware_profile
+    from april_bench.results.lock import RunLock
     from april_bench.results.rundir import start_run_dir
 
     trace = read_trace(trace_path, arm=setup.arm)
     config, arms = whatif_config(trace, setup)
     components = runner.prepare(config, progress=progress)  # validated before a directory is claimed
     name = f"whatif-{trace.path.stem if trace.arm is None else trace.path.parent.name}-{config.hardware}"
-    status = start_run_dir(out, default_name=name, overwrite=overwrite)
-    outcome = runner.execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+    runner.check_reference_run(out, allow_dirty=allow_dirty)
+    lock = RunLock()  # one process per run directory while the replay runs
+    try:
+        status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock)
+        outcome = runner.execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+    finally:
+        lock.release()
     if outcome.stored is None:
         stopped = outcome.interrupted_by
         raise KeyboardInterrupt(f"stopped by {stopped}; the replay in {outcome.out} is cut short")

@@ -263,5 +263,10 @@ def test_cli_flags_stay_few() -> None:
             "--allow-dirty",
             "--no-progress",
             "--recipe",
+            "--config",  # the field's conventions (docs/conventions.md): config files, trackers, labels
+            "--logger",
+            "--logger-project",
+            "--logger-offline",
+            "--metadata",
         ]
     )

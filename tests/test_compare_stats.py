@@ -147,3 +147,30 @@ def test_compare_passes_an_unchanged_run_and_fails_an_injected_10_percent_regres
     out = capsys.readouterr().out
     assert "REGRESSED" in out and "april" in out
     assert main(["compare", str(base), str(regressed), "--gains", "throughput", "--fail", "median:50%"]) == 0
+
+
+def test_compare_json_is_only_json_and_a_config_difference_names_its_field(tmp_path: Path, capsys) -> None:
+    base, new = tmp_path / "base", tmp_path / "new"
+    assert main(["run", *SIM, "--out", str(base)]) == 0
+    assert main(["run", *SIM, "--rollout-arg", "temperature=0.5", "--out", str(new)]) == 0
+    config = json.loads((base / "config.json").read_text())
+    config["rollout"].pop("top_p")  # an older run without a field the newer one holds ...
+    (base / "config.json").write_text(json.dumps(config))
+    config = json.loads((new / "config.json").read_text())
+    config["rollout"]["top_p"] = None  # ... at None: the same setting, not a difference
+    (new / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["compare", str(base), str(new), "--json"]) == 0
+    captured = capsys.readouterr()
+    verdicts = json.loads(captured.out)  # the whole of stdout parses: pipeable to jq
+    assert verdicts["regressions"] == 0 and verdicts["rows"]
+    assert "rollout.temperature: 0.8 vs 0.5" in captured.err
+    assert "top_p" not in captured.err
+
+
+def test_config_differences_walk_nested_fields() -> None:
+    from april_bench.results.compare import config_differences
+
+    a = {"rollout": {"n": 1, "x": None}, "steps": 2, "strategies": ["sync"]}
+    b = {"rollout": {"n": 2}, "steps": 2, "strategies": ("sync",)}
+    assert config_differences(a, b, ("rollout", "steps", "strategies")) == ["rollout.n: 1 vs 2"]

@@ -19,6 +19,7 @@ import pytest
 from april_bench.data import (
     DATASETS,
     TEMPLATES,
+    DataError,
     DatasetStats,
     LoadedDataset,
     MathProblem,
@@ -430,6 +431,15 @@ def test_hub_load_goes_through_datasets(monkeypatch: pytest.MonkeyPatch, shared_
     assert calls == [("math-ai/aime25", None, "test"), ("someone/aime", "all", "train")]
     with pytest.raises(ValueError, match="either a local `path` or a `hub_id`"):
         load("aime-2025", shared_data / "aime-2025", hub_id="someone/aime")
+
+
+def test_an_unreachable_hub_names_the_local_file_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load_dataset(repo: str, config: str | None, *, split: str) -> list[dict[str, Any]]:
+        raise ConnectionError("Couldn't reach 'math-ai/aime24' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(DataError, match=r"cannot be loaded \(ConnectionError.*--data-path aime-2024=FILE"):
+        load("aime-2024")
 
 
 # --------------------------------------------------------------------------------------------------

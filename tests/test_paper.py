@@ -252,7 +252,7 @@ def test_figures_of_a_sim_run_say_simulated(sim_run: Path) -> None:
         assert fig is not None, name
         assert fig.get_suptitle().startswith("SIMULATED: "), name
         if name == "occupancy":
-            assert "steps 0-1 (sim-tiny)" in fig.get_suptitle()
+            assert "steps 0-1\n(runs: sim-tiny)" in fig.get_suptitle()
         plt.close(fig)
     # Telemetry rows add a GPU panel on the run clock.
     start = tables["events"]["t"].min()
@@ -278,14 +278,52 @@ def test_accuracy_figure_from_evals_says_measured(tmp_path: Path) -> None:
     plt.close(fig)
 
 
-def test_plot_command_writes_pngs(sim_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_command_writes_pdf_and_png(
+    sim_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["plot", str(sim_run), "--out", str(tmp_path)]) == 0
     written = capsys.readouterr().out.split()
     names = sorted(Path(p).name for p in written)
-    assert names == ["lengths.png", "occupancy.png", "throughput.png", "versions.png"]
-    for path in written:
-        assert Path(path).parent == tmp_path / "sim-tiny"
-        assert Path(path).read_bytes()[:8] == PNG_MAGIC
+    stems = ("lengths", "occupancy", "throughput", "versions")
+    assert names == sorted(f"{stem}.{fmt}" for stem in stems for fmt in ("pdf", "png"))
+    for path in map(Path, written):
+        assert path.parent == tmp_path / "sim-tiny"
+        magic = PNG_MAGIC if path.suffix == ".png" else b"%PDF-"
+        assert path.read_bytes()[: len(magic)] == magic
+
+
+def test_figures_are_paper_ready(tmp_path: Path) -> None:
+    """Two-column width, the kind label and run name never cut however long the name, legends below
+    every axes (covering no data)."""
+    import matplotlib.pyplot as plt
+
+    from april_bench.results.figures import FIGURES, WIDTH_IN
+    from april_bench.results.frames import frames_of
+
+    long_name = "20261126-131500-cpu-grpo-synthetic-" + "x" * 60  # a default run name and then some
+    tables = frames_of([_tiny_run(long_name, simulated=False)])
+    drawn = 0
+    for name, build in FIGURES.items():
+        fig = build(tables)
+        if fig is None:
+            continue
+        drawn += 1
+        assert fig.get_size_inches()[0] == pytest.approx(WIDTH_IN), name
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        frame = fig.bbox
+        title = fig._suptitle  # the Text artist of the title
+        assert title is not None and title.get_text().startswith("MEASURED: "), name
+        box = title.get_window_extent(renderer)
+        assert frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1, f"{name}: title cut"
+        legends = fig.legends
+        assert legends and all(ax.get_legend() is None for ax in fig.axes), name
+        legend = legends[0].get_window_extent(renderer)
+        assert frame.x0 - 1 <= legend.x0 and legend.x1 <= frame.x1 + 1, f"{name}: legend cut"
+        for ax in fig.axes:
+            assert not legend.overlaps(ax.get_window_extent(renderer)), f"{name}: legend over an axes"
+        plt.close(fig)
+    assert drawn >= 3
 
 
 @pytest.mark.slow  # draws the figures twice (~10 s on 2 cores)
@@ -311,7 +349,7 @@ def test_paper_command_updates_the_readme_and_check_finds_it_stale(sim_run: Path
     readme.write_text(text.replace("| sync ", "| SYNC ", 1))  # a hand edit between the markers
     assert main([*paper, "--check"]) == 1
     assert main(paper) == 0 and main([*paper, "--check"]) == 0
-    (out / "sim-tiny" / "versions.png").unlink()
+    (out / "sim-tiny" / "versions.pdf").unlink()  # the vector copy is part of the product
     assert main([*paper, "--check"]) == 1
 
 
@@ -349,4 +387,4 @@ def test_plot_without_the_plot_extra_names_the_install(
         importlib.util, "find_spec", lambda name, *rest: None if name == "seaborn" else real(name, *rest)
     )
     assert main(["plot", str(tmp_path)]) == 2
-    assert "seaborn: install the plot extra (pip install 'april-bench[plot]')" in capsys.readouterr().err
+    assert "seaborn, which april-bench installs: reinstall it" in capsys.readouterr().err

@@ -329,7 +329,7 @@ def test_bad_simulator_input_is_one_line_naming_the_fix(args: list[str], message
         (["--max-response-len", "2000"], "prompt + response need"),
         (["--engine-arg", "dtype=float8"], "dtype must be"),
         (["--engine-arg", "device=cuda"], "no CUDA device is visible"),
-        (["--model", "qwen3-4b", "--dataset", "deepscaler", "--max-response-len", "20000"], "KV cache needs"),
+        (["--model", "qwen3-4b", "--max-response-len", "20000"], "KV cache needs"),
         (["--workload-arg", "response_median=3"], "--workload-arg is not used by this run's synthetic task"),
     ],
 )
@@ -456,13 +456,13 @@ def test_a_reference_run_from_a_dirty_tree_is_refused(capsys, monkeypatch: pytes
 
     root = provenance.source_root()
     assert root is not None  # the tests run from the checkout
-    monkeypatch.setattr(provenance, "git_info", lambda path=None: {"commit": "abc", "dirty": True})
+    monkeypatch.setattr(provenance, "git_info", lambda path=None, **kw: {"commit": "abc", "dirty": True})
     target = root / "results" / "runs" / "never-written"
     _fails(capsys, ["run", "--engine", "sim", "--steps", "1", "--out", str(target)], "--allow-dirty")
     assert not target.exists()
     runner.check_reference_run(target, allow_dirty=True)  # asked for: allowed
     runner.check_reference_run(root.parent / "elsewhere", allow_dirty=False)  # not a reference run
-    monkeypatch.setattr(provenance, "git_info", lambda path=None: {"commit": "abc", "dirty": False})
+    monkeypatch.setattr(provenance, "git_info", lambda path=None, **kw: {"commit": "abc", "dirty": False})
     runner.check_reference_run(target, allow_dirty=False)  # a clean tree: allowed
 
 

@@ -78,7 +78,7 @@ def test_bad_trace_files_say_what_is_wrong(tmp_path: Path) -> None:
         TraceLengths(tmp_path / "missing.jsonl", 2)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"len": 3}\n')
-    with pytest.raises(ConfigError, match="needs a 'length' column"):
+    with pytest.raises(ConfigError, match="line 1: no 'length' field"):
         TraceLengths(bad, 2)
 
 

@@ -112,3 +112,31 @@ def test_missing_baseline_or_saturation_gives_none_not_a_number() -> None:
     assert s["april"]["throughput_gain"] is None
     assert s["april"]["rollout_efficiency"] is None
     assert s["april"]["accuracy"] is None and s["april"]["accuracy_improvement"] is None
+
+
+def test_the_table_legend_explains_every_column_a_reader_sees() -> None:
+    from april_bench.results.legend import COLUMN_MEANINGS, table_legend
+    from april_bench.results.table import DETAIL_COLUMNS, PAPER_COLUMNS
+
+    self_explaining = {"Dataset", "Model", "Algorithm", "Hardware", "Strategy", "Source", "Rollout s/step"}
+    self_explaining |= {"Step s/step", "Gen tok/s", "Useful tok/s", "Useful gain"}
+    for column in (*PAPER_COLUMNS, *DETAIL_COLUMNS):
+        assert column in COLUMN_MEANINGS or column in self_explaining, column
+    summary = {
+        "sync": {
+            "baseline": "sync",
+            "accuracy": 0.15,
+            "accuracy_equal_time": 0.16,
+            "equal_time_budget_s": 59.4,
+        },
+        "april": {
+            "baseline": "sync",
+            "accuracy": 0.16,
+            "accuracy_equal_time": 0.16,
+            "equal_time_budget_s": 59.4,
+        },
+    }
+    legend = table_legend(summary, simulated=False)
+    assert "docs/results-schema.md" in legend and "- Tail share: " in legend
+    assert "The baseline (sync) shows two accuracies" in legend and "59.4 s" in legend
+    assert "two accuracies" not in table_legend(summary, simulated=True)

@@ -114,6 +114,10 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
     if missing:
         raise ConfigError(missing)
     trains = spec.produces_tokens and not spec.simulated  # a model's tokens: something to train on
+    if trains:
+        from april_bench.hub import resolve_model
+
+        config = config.replace(model=resolve_model(config.model))  # a hub id: its local snapshot
     trainer_spec = resolve_trainer(config.trainer, engine=engine_name, produces_tokens=trains)
     task = build_task(
         config, produces_tokens=spec.produces_tokens, simulated=spec.simulated, progress=progress

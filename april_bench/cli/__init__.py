@@ -24,12 +24,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import EngineError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "prog_name"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,13 +38,28 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """An invalid choice that differs only in case names the right one (``--hw MI300X``)."""
+        choices = action.choices
+        if choices is not None and value not in choices and isinstance(value, str):
+            folded = [str(c) for c in choices if str(c).lower() == value.lower()]
+            if folded:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r}. Did you mean: {folded[0]}?")
+        super()._check_value(action, value)
+
+
+def prog_name(argv0: str | None = None) -> str:
+    """How the user invoked us: ``april-bench`` (the console script) or ``python -m april_bench``."""
+    name = os.path.basename(sys.argv[0] if argv0 is None else argv0)
+    return "april-bench" if name.startswith("april-bench") else "python -m april_bench"
+
 
 def build_parser() -> argparse.ArgumentParser:
     from april_bench.cli import ablate, commands, evaldata, gate, paper, simcheck, whatif
     from april_bench.cli.args import add_run_arguments
 
     parser = _Parser(
-        prog="python -m april_bench",
+        prog=prog_name(),
         description="APRIL (Active Partial Rollouts) against synchronous baselines, on real or simulated "
         "engines. Every number is labelled simulated or measured.",
         epilog="Start with `run` (the embedded default on this CPU) or `run --hw mi300x --algo dapo` (the "
@@ -72,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     paper.add_parsers(sub)
     whatif.add_parsers(sub)
     simcheck.add_parsers(sub)
+    from april_bench.cli.helptext import name_defaults
+
+    for name, command in sub.choices.items():
+        if name not in ("run", "validate"):  # those two name the recipes' defaults already
+            name_defaults(command, recipe={})
     return parser
 
 

@@ -8,8 +8,8 @@ drivers (``--drivers``: one-step-off, stale with max_staleness 1 and 2) on the s
 rollouts at their first knob values, so partial rollout is isolated inside a bounded-staleness async
 system; each off-policy mode is a run of its own (it changes the loss, not the rollout).  Each run
 is an ordinary run directory under ``OUT/<mode>/`` (``report`` and ``run --resume`` work on it);
-``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table, ``OUT/ablation.png`` the figure when
-matplotlib is installed.
+``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table, ``OUT/ablation.{png,pdf}`` the figure
+(PNG for the docs, vector PDF for a paper).
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from april_bench.cli.args import config_from_args
     from april_bench.cli.commands import print_outcome
     from april_bench.config import ConfigError
+    from april_bench.results.lock import RunLock
+    from april_bench.results.reference import check_reference_output
     from april_bench.results.rundir import claim_run_dir, default_run_name, start_run_dir
     from april_bench.results.store import load_run
 
@@ -151,7 +153,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         mode: runner.prepare(config, progress=not args.no_progress) for mode, config in configs.items()
     }
     name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
+    check_reference_output(args.out, allow_dirty=args.allow_dirty)  # results/ holds committed evidence
+    lock = RunLock()  # held until the ablation ends: a second ablate into this --out is refused
+    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, lock=lock)
     _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
     rows: list[dict[str, Any]] = []
     simulated = True
@@ -170,7 +174,10 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         simulated = simulated and run.simulated
         summary = run.summary()
         rows += [_row(arm, mode, summary[arm.label], base.rollout.rollout_batch_size) for arm in arms]
+    from april_bench.results.schema import SCHEMA_VERSION
+
     result = {
+        "schema_version": SCHEMA_VERSION,
         "result_kind": "simulated" if simulated else "measured",
         "hardware": base.hardware,
         "algorithm": base.algorithm,
@@ -266,36 +273,43 @@ def _accuracy(row: dict[str, Any]) -> str:
 
 
 def _figure(result: dict[str, Any], path: Path) -> Path | None:
-    """Throughput and useful-token gain per arm, if matplotlib is installed (it is not a dependency)."""
-    try:
-        import matplotlib
+    """Throughput, useful-token and end-to-end gain per arm: ``path`` (PNG) and a vector PDF beside it,
+    titled MEASURED or SIMULATED, the legend below the bars (it covers none)."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    from april_bench.results.figures import PAPER_RC, WIDTH_IN
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rows = result["rows"]
     labels = [
         f"{r['arm']} ({r['off_policy_mode']})" if len({x["off_policy_mode"] for x in rows}) > 1 else r["arm"]
         for r in rows
     ]
-    fig, ax = plt.subplots(figsize=(9, 0.4 * len(rows) + 1.5))
-    ys = range(len(rows))
-    bars = (
-        ("throughput_gain", "throughput gain"),
-        ("useful_gain", "useful-token gain"),
-        ("end_to_end_gain", "end-to-end gain (trained tokens per second of step time)"),
-    )
-    for i, (key, label) in enumerate(bars):
-        ax.barh(
-            [y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label
+    with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]
+        fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.22 * len(rows) + 1.6), layout="constrained")
+        ys = range(len(rows))
+        bars = (
+            ("throughput_gain", "throughput gain"),
+            ("useful_gain", "useful-token gain"),
+            ("end_to_end_gain", "end-to-end gain (trained tokens per second of step time)"),
         )
-    ax.set_yticks(list(ys), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_xlabel(f"% against {result['baseline']} ({result['result_kind']})")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        for i, (key, label) in enumerate(bars):
+            ax.barh(
+                [y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label
+            )
+        ax.set_yticks(list(ys), labels, fontsize=6)
+        ax.invert_yaxis()
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"% against {result['baseline']}")
+        kind = str(result["result_kind"]).upper()
+        where = ", ".join(str(result.get(k, "")) for k in ("hardware", "algorithm", "dataset"))
+        fig.suptitle(f"{kind}: strategy ablation ({where})")
+        fig.legend(loc="outside lower center", ncols=3, frameon=False)
+        fig.savefig(path, dpi=150, metadata={"Software": None})
+        fig.savefig(
+            path.with_suffix(".pdf"), metadata={"Creator": None, "Producer": None, "CreationDate": None}
+        )
     plt.close(fig)
     return path

@@ -12,7 +12,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_run_arguments", "config_from_args", "flags_set", "key_value", "name_path"]
+__all__ = [
+    "add_run_arguments",
+    "config_from_args",
+    "flags_set",
+    "key_value",
+    "metadata_pair",
+    "name_path",
+    "split_list",
+]
 
 
 def key_value(text: str) -> tuple[str, Any]:
@@ -24,6 +32,18 @@ def key_value(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return key.strip().replace("-", "_"), value
+
+
+def metadata_pair(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with the key kept as written and the value read as JSON when it parses."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, e.g. cluster=a100-pool, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
 
 
 def name_path(text: str) -> tuple[str, str]:
@@ -78,6 +98,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help=exp["hardware"] + "; cpu runs the embedded default",
     )
     what.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="start from a .toml or .yaml file of run fields (a run's config.yaml repeats it); fields it "
+        "leaves out come from the --hw recipe, flags given apply on top (docs/conventions.md)",
+    )
+    what.add_argument(
         "--recipe",
         choices=list(PAPER_RECIPES),
         help="start from a calibrated row of APRIL's paper table (simulated; docs/calibration.md)",
@@ -89,9 +116,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--engine-url",
         metavar="URL",
-        help="attach to a running server (vllm, sglang) instead of launching one",
+        help="attach to a running server (vllm, sglang) at http://host:port or https://host:port (TLS "
+        "verified against the system's CAs; SSL_CERT_FILE for a private one) instead of launching one",
     )
-    what.add_argument("--trainer", choices=["auto", *TRAINERS.names()], help=exp["trainer"])
+    what.add_argument(
+        "--trainer",
+        choices=["auto", *TRAINERS.names()],
+        help="auto (torch on a token engine, sim on the simulator) or one of " + ", ".join(TRAINERS.names()),
+    )
     what.add_argument(
         "--strategies",
         metavar="LIST",
@@ -195,6 +227,34 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "changes; refused otherwise, since its provenance could not name the code that produced it",
     )
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    out.add_argument(
+        "--logger",
+        metavar="LIST",
+        help="also send the rows (steps, evals, telemetry, engine counters) and the summary to "
+        "experiment trackers: comma-separated tensorboard, wandb, mlflow (optional extras; "
+        "docs/conventions.md)",
+    )
+    out.add_argument(
+        "--logger-project", default="april-bench", metavar="NAME", help="W&B project / MLflow experiment"
+    )
+    out.add_argument(
+        "--logger-offline",
+        action="store_true",
+        help="W&B offline into RUN/wandb (`wandb sync` later), MLflow into RUN/mlflow.db even if "
+        "MLFLOW_TRACKING_URI is set",
+    )
+    out.add_argument(
+        "--metadata",
+        action="append",
+        type=metadata_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label merged into the results (provenance.json and summary.json 'metadata', and every "
+        "--logger sink), e.g. cluster=a100-pool or ticket=123, as `vllm bench serve --metadata` (repeatable)",
+    )
+    from april_bench.cli.helptext import name_defaults
+
+    name_defaults(p)
 
 
 _TOP_LEVEL = {
@@ -235,6 +295,11 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(s.strip() for s in _split_arms(text) if s.strip())
 
 
+def split_list(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")``."""
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
 def _split_arms(text: str) -> list[str]:
     """Split on commas outside brackets: ``sync,april[a=1,b=2]`` is two arms."""
     parts: list[str] = []
@@ -258,7 +323,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
     strategies = None if args.strategies is None else _split(args.strategies)
     devices = None if args.telemetry_devices is None else _devices(args.telemetry_devices)
     eval_datasets = None if args.eval_datasets is None else _split(args.eval_datasets)
-    base = recipe_for(args.hw, getattr(args, "recipe", None))
+    if getattr(args, "config", None) is not None:
+        from april_bench.config_files import config_from_file
+
+        hardware = None if args.hw == "cpu" else args.hw  # --hw's default must not override the file's
+        base = config_from_file(args.config, hardware=hardware, recipe=getattr(args, "recipe", None))
+    else:
+        base = recipe_for(args.hw, getattr(args, "recipe", None))
     if args.engine not in (None, "auto"):
         from april_bench.engines import ENGINES
 
@@ -313,7 +384,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def flags_set(args: argparse.Namespace) -> list[str]:
     """The run flags the user gave (those whose value differs from the parser's default)."""
-    defaults = {"hw": "cpu", "no_progress": False, "overwrite": False}
+    defaults = {"hw": "cpu", "no_progress": False, "overwrite": False, "logger_project": "april-bench"}
     given = []
     for name, value in vars(args).items():
         if name in ("command", "handler"):

@@ -32,24 +32,37 @@ def _resume(args: argparse.Namespace) -> RunOutcome:
     from april_bench.config import ConfigError
 
     out = Path(args.resume).expanduser()
-    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress")]
+    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress", "--allow-dirty")]
     if extra:
         raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
-    return runner.resume(out, progress=not args.no_progress, echo=_echo)
+    return runner.resume(out, progress=not args.no_progress, echo=_echo, allow_dirty=args.allow_dirty)
 
 
 def _run(args: argparse.Namespace) -> RunOutcome:
     from april_bench import runner
     from april_bench.cli.args import config_from_args
 
+    config = config_from_args(args)
+    trackers = _trackers(args)  # a tracker whose library is missing: refused before anything runs
     return runner.run_into(
-        config_from_args(args),
+        config,
         args.out,
         overwrite=args.overwrite,
         allow_dirty=args.allow_dirty,
         progress=not args.no_progress,
         echo=_echo,
+        metadata=dict(args.metadata),
+        trackers=trackers,
     )
+
+
+def _trackers(args: argparse.Namespace) -> dict[str, Any]:
+    from april_bench.cli.args import split_list
+    from april_bench.results.trackers import check_trackers
+
+    names = split_list(args.logger) if args.logger else ()
+    check_trackers(names)
+    return {"names": names, "project": args.logger_project, "offline": args.logger_offline}
 
 
 def print_outcome(outcome: RunOutcome) -> int:
@@ -78,6 +91,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from april_bench.cli.args import config_from_args
 
     config = config_from_args(args)
+    _trackers(args)
     components = runner.prepare(config)
     for note in components.notes:
         print(note)
@@ -101,13 +115,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def add_inspect_parsers(sub: Any) -> None:
     ls = sub.add_parser(
-        "ls", help="list strategies, engines, trainers, hardware, models, data sets, algorithms"
+        "ls",
+        help="list strategies, engines, trainers, hardware, models, data sets, algorithms",
+        description="What a run can be built from: every registry's entries with one line each "
+        "(`ls engines` also says which engines are installed here, `ls strategies` their options).",
     )
-    ls.add_argument("what", nargs="?", default="all", choices=("all", *LS_SECTIONS))
+    ls.add_argument(
+        "what",
+        nargs="?",
+        default="all",
+        choices=("all", *LS_SECTIONS),
+        help="the section to list (default: all)",
+    )
     ls.set_defaults(handler=cmd_ls)
-    report = sub.add_parser("report", help="re-render a run directory's tables from its rows")
-    report.add_argument("run_dir", type=Path)
-    report.add_argument("--no-check", action="store_true", help="render even if the rows do not add up")
+    report = sub.add_parser(
+        "report",
+        help="re-render a run directory's tables from its rows",
+        description="Print a run directory's tables again, recomputed from its rows (steps, samples, "
+        "evals); refuses an interrupted run, or one whose rows do not add up or repeat, unless "
+        "--allow-incomplete. Columns: docs/results-schema.md.",
+    )
+    report.add_argument("run_dir", type=Path, help="a run directory written by `run`")
+    report.add_argument(
+        "--allow-incomplete",
+        "--no-check",
+        dest="allow_incomplete",
+        action="store_true",
+        help="render an interrupted run, or rows that do not add up or repeat, with a note saying so "
+        "(default: off)",
+    )
     report.set_defaults(handler=cmd_report)
 
 
@@ -130,6 +166,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
             print(f"{name}:")
             for key in registry:
                 print(f"  {key:22s} {registry.describe(key)}")
+                if name == "engines":
+                    missing = registry.get(key).missing()
+                    print(f"      {'not installed here: ' + missing if missing else 'installed here'}")
                 if name == "strategies" and args.what == name:
                     for option, text in strategy_options(key).items():
                         print(f"      {option}: {text}")
@@ -169,24 +208,11 @@ def _ls_hardware(*, verbose: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from april_bench.config import ConfigError
-    from april_bench.results.store import check_run, load_run, render_tables
+    from april_bench.results.fitness import check_fit
+    from april_bench.results.store import load_run, render_tables
 
     run = load_run(args.run_dir)
-    problems = check_run(run)
-    if problems and not args.no_check:
-        raise ConfigError(
-            f"{args.run_dir}: the rows do not add up, so its numbers would be wrong: {'; '.join(problems)}"
-        )
-    state = _state(args.run_dir)
-    if state not in (None, "complete"):
-        print(f"note: this run is {state}; the tables cover its completed steps", file=sys.stderr)
+    for note in check_fit(run, allow_incomplete=args.allow_incomplete, doing="report it"):
+        print(f"note: {note}", file=sys.stderr)
     print(render_tables(run.config, run.summary(), run.simulated))
     return 0
-
-
-def _state(run_dir: Path) -> str | None:
-    try:
-        return str(json.loads((run_dir / "status.json").read_text()).get("state"))
-    except (OSError, json.JSONDecodeError):
-        return None

@@ -24,7 +24,11 @@ def _add_eval_parser(sub: Any) -> None:
         description="Evaluate a checkpoint directory with the hf engine: avg@k accuracy per data set, graded "
         "with each data set's recipe grader. Data comes from --data-path files, else from the hub.",
     )
-    ev.add_argument("--model", required=True, help="checkpoint directory (weights + tokenizer)")
+    ev.add_argument(
+        "--model",
+        required=True,
+        help="checkpoint directory (weights + tokenizer) or hub id (Qwen/Qwen3-0.6B, from the local cache)",
+    )
     ev.add_argument("--datasets", default="aime-2024,aime-2025,math-500", help="comma-separated data sets")
     ev.add_argument(
         "--data-path",
@@ -55,6 +59,9 @@ def _add_eval_parser(sub: Any) -> None:
         help="hf engine setting, e.g. device=cuda or max_running_requests=256",
     )
     ev.add_argument("--out", type=Path, help="write eval.json and eval_rows.jsonl here")
+    ev.add_argument(
+        "--allow-dirty", action="store_true", help="write --out under results/ from uncommitted code"
+    )
     ev.set_defaults(handler=cmd_eval)
 
 
@@ -78,7 +85,11 @@ def _add_data_parser(sub: Any) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
+    from april_bench.hub import resolve_model
+    from april_bench.results.reference import check_reference_output
 
+    args.model = resolve_model(args.model)  # a hub id: its snapshot in the local cache
+    check_reference_output(args.out, allow_dirty=args.allow_dirty)  # results/ holds committed evidence
     if not Path(args.model).expanduser().is_dir():
         raise ConfigError(
             f"--model {args.model}: no such checkpoint directory; eval reads a local checkpoint "
@@ -117,7 +128,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for name, d in result.by_dataset.items()
     ]
     print(render_markdown(("Dataset", "Model", "Metric", "Accuracy", "Problems", "Source"), rows))
+    from april_bench.results.schema import SCHEMA_VERSION
+
     summary = {
+        "schema_version": SCHEMA_VERSION,
         "result_kind": "measured",
         "model": args.model,
         "samples": args.samples,

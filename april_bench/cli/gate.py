@@ -36,36 +36,58 @@ def add_parsers(sub: Any) -> None:
         "gains); iterations:0 (the tokens-per-engine-iteration gains)",
     )
     p.add_argument(
-        "--gains", default="throughput,useful,end_to_end", help="which gains to compare (comma-separated)"
+        "--gains",
+        default="throughput,useful,end_to_end",
+        metavar="LIST",
+        help="which gains to compare, comma-separated: throughput (generated tokens per rollout second), "
+        "useful (trained tokens per rollout second), end_to_end (trained tokens per step wall time) "
+        "(default: %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print the verdicts as one JSON document too")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print only the verdicts, as one JSON document on stdout (for jq; default: the table)",
+    )
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="compare even an interrupted run, or one whose rows do not add up or repeat, with a "
+        "note saying so (default: off)",
+    )
     p.set_defaults(handler=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from april_bench.config import ConfigError
     from april_bench.results.compare import GAINS, compare_runs, default_rules, parse_rule, render_comparison
+    from april_bench.results.fitness import check_fit
     from april_bench.results.store import load_run
 
     base, new = load_run(args.base), load_run(args.new)
+    for which, run in (("BASE", base), ("NEW", new)):
+        for note in check_fit(run, allow_incomplete=args.allow_incomplete, doing=f"compare it as {which}"):
+            print(f"note: {which} {note}", file=sys.stderr)
     if base.simulated != new.simulated:
         raise ConfigError("one run is simulated and the other measured: compare like with like")
     gains = [g.strip() for g in args.gains.split(",") if g.strip()]
     unknown = sorted(set(gains) - set(GAINS))
     if unknown:
         raise ConfigError(f"--gains {', '.join(unknown)}: choose from {', '.join(GAINS)}")
-    differ = [k for k in _SAME if base.config.get(k) != new.config.get(k)]
+    from april_bench.results.compare import config_differences
+
+    differ = config_differences(base.config, new.config, _SAME)
     if differ:
         print(
-            f"note: the runs differ in {', '.join(differ)}; their gains may not be comparable",
+            f"note: the runs differ in {'; '.join(differ)}; their gains may not be comparable",
             file=sys.stderr,
         )
     rules = [parse_rule(r) for r in args.fail] or default_rules(base.simulated)
     rows = compare_runs(base.summary(), new.summary(), rules, gains)
-    print(render_comparison(rows))
     regressed = [r for r in rows if r.regressed]
-    print(f"\n{len(regressed)} regression(s) in {len(rows)} comparison(s)")
-    if args.json:
+    if not args.json:
+        print(render_comparison(rows))
+        print(f"\n{len(regressed)} regression(s) in {len(rows)} comparison(s)")
+    else:
         print(
             json.dumps(
                 {

@@ -20,23 +20,42 @@ def add_parsers(sub: Any) -> None:
     )
     plot.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories")
     plot.add_argument(
-        "--out", type=Path, default=None, help="write DIR/<run name>/*.png (default: RUN/figures/)"
+        "--out", type=Path, default=None, help="write DIR/<run name>/*.pdf and *.png (default: RUN/figures/)"
+    )
+    plot.add_argument(
+        "--allow-incomplete", action="store_true", help="draw an interrupted or inconsistent run too (noted)"
+    )
+    plot.add_argument(
+        "--allow-dirty", action="store_true", help="write figures under results/ from uncommitted code"
     )
     plot.set_defaults(handler=cmd_plot)
     paper = sub.add_parser(
         "paper",
-        help="regenerate the README's tables and figures from committed runs",
+        help="regenerate the README's and docs/results.md's tables and figures from committed runs",
         description="Write paper tables (Markdown, LaTeX, CSV) and figures for every run under --runs, "
         "and rewrite the README between <!-- paper:table:start/end --> and "
         "<!-- paper:figures:start/end --> markers.",
     )
     paper.add_argument("--runs", type=Path, default=Path("results/runs"), help="folder of run directories")
     paper.add_argument("--out", type=Path, default=Path("docs/figures"), help="where tables and figures go")
-    paper.add_argument("--readme", type=Path, default=Path("README.md"), help="the file with the markers")
+    paper.add_argument(
+        "--readme",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="a Markdown file with <!-- paper:table|figures:start/end --> markers, rewritten between them "
+        "(repeatable; default: README.md, which holds the table, and docs/results.md, which holds both)",
+    )
     paper.add_argument(
         "--check",
         action="store_true",
         help="write nothing; exit 1 if the README or the tables are stale or a figure is missing (for CI)",
+    )
+    paper.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="include interrupted or inconsistent runs (their rows are marked 'incomplete' in the tables)",
     )
     paper.set_defaults(handler=cmd_paper)
 
@@ -56,7 +75,8 @@ def find_runs(folder: Path) -> list[Path]:
 
 
 def _require_plotting() -> None:
-    """The figures need the ``plot`` extra; without it, one line naming the install, not a traceback."""
+    """The figures need pandas, matplotlib and seaborn (core dependencies); an environment that lost one
+    gets one line naming the install, not a traceback."""
     import importlib.util
 
     from april_bench.config import ConfigError
@@ -64,21 +84,23 @@ def _require_plotting() -> None:
     missing = [name for name in ("pandas", "matplotlib", "seaborn") if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(
-            f"figures need {', '.join(missing)}: install the plot extra (pip install 'april-bench[plot]')"
+            f"figures need {', '.join(missing)}, which april-bench installs: reinstall it (pip install -e .)"
         )
 
 
-def _load_checked(dirs: Sequence[Path]) -> list[Any]:
-    """Load runs, refusing any whose rows do not add up (its numbers would be wrong)."""
-    from april_bench.config import ConfigError
-    from april_bench.results.store import check_run, load_run
+def _load_checked(
+    dirs: Sequence[Path], *, allow_incomplete: bool = False, doing: str = "use it"
+) -> list[Any]:
+    """Load runs, refusing any that is incomplete or whose rows do not add up or repeat (its numbers
+    would be wrong) unless ``allow_incomplete``."""
+    from april_bench.results.fitness import check_fit
+    from april_bench.results.store import load_run
 
     runs = []
     for path in dirs:
         run = load_run(path)
-        problems = check_run(run)
-        if problems:
-            raise ConfigError(f"{path}: the rows do not add up: {'; '.join(problems)}")
+        for note in check_fit(run, allow_incomplete=allow_incomplete, doing=doing):
+            print(f"note: {path}: {note}", file=sys.stderr)
         runs.append(run)
     return runs
 
@@ -86,9 +108,11 @@ def _load_checked(dirs: Sequence[Path]) -> list[Any]:
 def cmd_plot(args: argparse.Namespace) -> int:
     from april_bench.results.figures import save_figures
     from april_bench.results.frames import frames_of, one_run
+    from april_bench.results.reference import check_reference_output
 
+    check_reference_output(args.out, allow_dirty=args.allow_dirty)
     _require_plotting()
-    runs = _load_checked(args.runs)
+    runs = _load_checked(args.runs, allow_incomplete=args.allow_incomplete, doing="plot it")
     tables = frames_of(runs)
     for run in runs:
         out = run.path / "figures" if args.out is None else args.out / run.path.name
@@ -108,7 +132,9 @@ def cmd_paper(args: argparse.Namespace) -> int:
     )
 
     _require_plotting()
-    runs = _load_checked(find_runs(args.runs))
+    runs = _load_checked(
+        find_runs(args.runs), allow_incomplete=args.allow_incomplete, doing="put it in the paper tables"
+    )
     paper = paper_tables(runs)
     files = _table_files(paper, args.out)
     long_tables = frames_of(runs)
@@ -117,21 +143,25 @@ def cmd_paper(args: argparse.Namespace) -> int:
         name: [args.out / name / f"{figure}.png" for figure in figure_names(tables)]
         for name, tables in per_run.items()
     }
-    readme_text = args.readme.read_text() if args.readme.is_file() else None
-    new_readme = None
-    if readme_text is not None and marked_sections(readme_text):
-        sections = {
-            "table": render_paper_markdown(paper),
-            "figures": _figure_links(runs, figures, args.readme.parent),
-        }
-        new_readme = replace_sections(readme_text, sections)
-    else:
-        print(
-            f"note: {args.readme} has no <!-- paper:table:start --> markers; it is left as it is",
-            file=sys.stderr,
-        )
+    readmes = args.readme or [Path("README.md"), Path("docs/results.md")]
+    rewritten: dict[Path, tuple[str | None, str | None]] = {}  # file -> (text now, text it should have)
+    for readme in readmes:
+        readme_text = readme.read_text() if readme.is_file() else None
+        new_readme = None
+        if readme_text is not None and marked_sections(readme_text):
+            sections = {
+                "table": render_paper_markdown(paper),
+                "figures": _figure_links(runs, figures, readme.parent),
+            }
+            new_readme = replace_sections(readme_text, sections)
+        else:
+            print(
+                f"note: {readme} has no <!-- paper:table:start --> markers; it is left as it is",
+                file=sys.stderr,
+            )
+        rewritten[readme] = (readme_text, new_readme)
     if args.check:
-        return _check(files, figures, args.readme, readme_text, new_readme)
+        return _check(files, figures, rewritten)
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -139,9 +169,10 @@ def cmd_paper(args: argparse.Namespace) -> int:
     for name, tables in per_run.items():
         for path in save_figures(tables, args.out / name):
             print(path)
-    if new_readme is not None and new_readme != readme_text:
-        args.readme.write_text(new_readme)
-        print(f"{args.readme} updated")
+    for readme, (readme_text, new_readme) in rewritten.items():
+        if new_readme is not None and new_readme != readme_text:
+            readme.write_text(new_readme)
+            print(f"{readme} updated")
     return 0
 
 
@@ -173,16 +204,19 @@ def _figure_links(runs: Sequence[Any], figures: Mapping[str, Sequence[Path]], ba
 def _check(
     files: Mapping[Path, str],
     figures: Mapping[str, Sequence[Path]],
-    readme: Path,
-    readme_text: str | None,
-    new_readme: str | None,
+    rewritten: Mapping[Path, tuple[str | None, str | None]],
 ) -> int:
     """Exit status 1 and one line per stale file; figures are checked for presence only (their pixels
     depend on the installed fonts and matplotlib)."""
     stale = [str(path) for path, text in files.items() if not path.is_file() or path.read_text() != text]
-    stale += [f"{path} (missing)" for paths in figures.values() for path in paths if not path.is_file()]
-    if new_readme is not None and new_readme != readme_text:
-        stale.append(str(readme))
+    stale += [
+        f"{path} (missing)"
+        for paths in figures.values()
+        for png in paths
+        for path in (png.with_suffix(".pdf"), png)  # the vector copy for papers, the PNG for the README
+        if not path.is_file()
+    ]
+    stale += [str(readme) for readme, (now, new) in rewritten.items() if new is not None and new != now]
     if stale:
         print(
             f"stale: {', '.join(stale)}; regenerate with `python -m april_bench paper` and commit",

@@ -57,6 +57,9 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("--out", type=Path, default=None, help="run directory to write (default: runs/whatif-...)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument(
+        "--allow-dirty", action="store_true", help="write --out under results/ from uncommitted code"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=cmd_whatif)
 
@@ -136,6 +139,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             setup,
             args.out,
             overwrite=args.overwrite,
+            allow_dirty=args.allow_dirty,
             progress=not args.no_progress,
             echo=lambda line: print(line, file=sys.stderr),
         )

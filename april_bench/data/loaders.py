@@ -393,7 +393,14 @@ def _hub_rows(dataset: str, hub_id: str, split: str) -> Iterator[tuple[str, Any]
             f"(a .parquet/.json/.jsonl file or a directory of them)"
         ) from exc
     repo, _, config = hub_id.partition(":")
-    ds = datasets.load_dataset(repo, config or None, split=split)
+    try:
+        ds = datasets.load_dataset(repo, config or None, split=split)
+    except Exception as exc:  # offline, unreachable, gated or renamed: datasets raises many kinds
+        raise DataError(
+            f"{dataset}: the hub copy {hub_id} [{split}] cannot be loaded ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:160] if str(exc) else 'no detail'}); offline, pass the file with "
+            f"--data-path {dataset}=FILE (`python -m april_bench data stats {dataset} --path FILE` checks it)"
+        ) from None
     source = f"hub:{hub_id}[{split}]"
     for row in ds:
         yield source, row

@@ -9,13 +9,15 @@ whose rows and state agree.
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 from typing import Any
 
 from april_bench.backends.weights import WeightSync
 from april_bench.engines.protocol import Engine, EngineState
 from april_bench.results.resume import RunStatus, state_path
 from april_bench.results.store import write_json_atomic
+from april_bench.results.validate_files import load_trainer_state, read_checkpoint, save_trainer_state
+from april_bench.results.validate_files import trainer_file as stored_trainer_file
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.trainers.protocol import Trainer, TrainerState
 
@@ -40,8 +42,8 @@ def save(
     path.parent.mkdir(parents=True, exist_ok=True)
     trainer_file = None
     if isinstance(trainer, TrainerState):
-        trainer_file = str(path.with_suffix(".trainer.pt"))
-        trainer.save_state(trainer_file)
+        trainer_file = f"state/{path.with_suffix('.trainer.pt').name}"  # relative: a run dir moves
+        save_trainer_state(trainer, path.with_suffix(".trainer.pt"))
     write_json_atomic(
         path,
         {
@@ -67,20 +69,23 @@ def load(status: RunStatus | None, arm: str, repeat: int, name: str) -> dict[str
     if not completed:
         return None
     path = state_path(status.path.parent, arm, repeat, completed)
-    try:
-        saved: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RuntimeError(f"{path}: the checkpoint of {name} cannot be read ({exc})") from None
-    return saved
+    return read_checkpoint(path, name, completed)
 
 
 async def restore(
-    saved: dict[str, Any], *, rollout: RolloutLoop, engine: Engine, trainer: Trainer, sync: WeightSync
+    saved: dict[str, Any],
+    *,
+    rollout: RolloutLoop,
+    engine: Engine,
+    trainer: Trainer,
+    sync: WeightSync,
+    run_dir: Path,
 ) -> int:
-    """Put trainer, engine, rollout loop and strategy back to ``saved``; the completed steps."""
+    """Put trainer, engine, rollout loop and strategy back to ``saved``; the completed steps.  The
+    trainer's state file is the one inside ``run_dir`` (a moved or copied run resumes from its own)."""
     done = int(saved["completed_steps"])
     if saved["trainer_file"] and isinstance(trainer, TrainerState):
-        trainer.load_state(saved["trainer_file"])
+        load_trainer_state(stored_trainer_file(run_dir, saved["trainer_file"]), trainer.load_state)
         await sync.push(trainer, engine, done)  # before the clock restarts
     if saved["engine"] is not None and isinstance(engine, EngineState):
         engine.restore_state(saved["engine"])

@@ -15,10 +15,12 @@ import april_bench.experiment.checkpoint as checkpoint
 from april_bench.backends import Components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
 from april_bench.engines.protocol import Engine, EngineMetrics
+from april_bench.engines.replicas import FaultEvent, FaultReport, Placed
 from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
 from april_bench.results.resume import RunStatus
+from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.rollout.registry import ArmSpec, build_strategy
@@ -31,19 +33,38 @@ __all__ = ["ArmSession", "Bars"]
 class Bars:
     """One progress bar per session."""
 
-    def __init__(self, sessions: list[ArmSession], steps: int, progress: bool) -> None:
+    def __init__(
+        self, sessions: list[ArmSession], steps: int, progress: bool, status: RunStatus | None = None
+    ) -> None:
         self._bars = [
-            tqdm(total=steps, desc=f"{s.name:>18}", unit="step", disable=not progress, file=sys.stderr)
+            tqdm(
+                total=steps,
+                initial=_resumed_steps(s, steps, status),
+                desc=f"{s.name:>18}",
+                unit="step",
+                disable=not progress,
+                file=sys.stderr,
+            )
             for s in sessions
         ]
         self._index = {id(s): i for i, s in enumerate(sessions)}
 
     def advance(self, session: ArmSession, n: int = 1) -> None:
-        self._bars[self._index[id(session)]].update(n)
+        bar = self._bars[self._index[id(session)]]
+        bar.update(max(n, session._done - bar.n))  # a resumed session counts from its saved step
 
     def close(self) -> None:
         for bar in self._bars:
             bar.close()
+
+
+def _resumed_steps(session: ArmSession, steps: int, status: RunStatus | None) -> int:
+    """Steps a resumed session starts from: its checkpoint's, except an unfinished asynchronous arm,
+    which restarts from step 0."""
+    done = 0 if status is None else status.completed.get(f"{session.arm.label}#{session.repeat}", 0)
+    if session.arm.driver.asynchronous and done < steps:
+        return 0
+    return done
 
 
 class ArmSession:
@@ -72,6 +93,8 @@ class ArmSession:
         self.name = arm.label if config.repeats == 1 else f"{arm.label} #{repeat}"
         self.simulated = True
         self.engine_version: str | None = None
+        #: Where the engine's replicas run (a Ray pool's placement; empty for other engines).
+        self.placement: list[dict[str, Any]] = []
         self.engine_dtype: str | None = None
         self._engine: Engine | None = None
         self._trainer: Trainer | None = None
@@ -111,11 +134,15 @@ class ArmSession:
         if driver.asynchronous:
             make_engine, make_trainer, _ = self.components.split(driver.train_gpus)
         engine = self._engine = make_engine()
+        if isinstance(engine, FaultReport):  # a replica pool: its failures go to the events table
+            engine.watch_faults(self._fault_event)
         await engine.start()
         info = engine.info  # known once started
         self.simulated, self.engine_version, self.engine_dtype = info.simulated, info.version, info.dtype
+        if isinstance(engine, Placed):
+            self.placement = engine.placement  # the pool's own list: restarts update it
         self._trainer = make_trainer()
-        self._scratch = tempfile.TemporaryDirectory(prefix="april-bench-weights-")
+        self._scratch = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch_root(self.status))
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
         rollout_config = self.config.rollout_config()
         if self.components.task.replay_lengths:
@@ -343,6 +370,22 @@ class ArmSession:
             )
         )
 
+    def _fault_event(self, fault: FaultEvent) -> None:
+        """A replica pool's failure handling, as it happens, in the step being rolled out."""
+        self.recorder.add(
+            EventRecord(
+                arm=self.arm.label,
+                step=self._done,
+                kind=fault.kind,
+                t=fault.t - (self.run_origin or 0.0),
+                repeat=self.repeat,
+                replica=fault.replica,
+                requests=fault.requests,
+                tokens=fault.tokens,
+                detail=fault.detail,
+            )
+        )
+
     def _engine_metrics(self, step: int, phase: str, t: float) -> None:
         if isinstance(self._engine, EngineMetrics):
             self.recorder.add(
@@ -402,7 +445,13 @@ class ArmSession:
     async def _restore(self, saved: dict[str, Any]) -> None:
         assert self._rollout is not None and self._engine is not None and self._trainer is not None
         assert self._sync is not None
+        assert self.status is not None  # a checkpoint exists only in a run directory
         self._done = await checkpoint.restore(
-            saved, rollout=self._rollout, engine=self._engine, trainer=self._trainer, sync=self._sync
+            saved,
+            rollout=self._rollout,
+            engine=self._engine,
+            trainer=self._trainer,
+            sync=self._sync,
+            run_dir=self.status.path.parent,
         )
         self._set_origin(asyncio.get_running_loop().time() - saved["session_elapsed"])

@@ -50,7 +50,8 @@ def model_config(name: str, *, vocab_size: int | None = None) -> PretrainedConfi
     if name == "tiny32":
         return Qwen3Config(vocab_size=vocab_size or 32, **TINY32)
     if name not in NAMED_MODELS:
-        close = difflib.get_close_matches(name, NAMED_MODELS, n=2)
+        folded = [key for key in NAMED_MODELS if key.lower() == name.lower()]  # Qwen3-4B -> qwen3-4b
+        close = folded or difflib.get_close_matches(name, NAMED_MODELS, n=2)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise ConfigError(
             f"unknown model {name!r}.{hint} Use one of {', '.join(NAMED_MODELS)} or a checkpoint directory"

@@ -47,6 +47,7 @@ __all__ = [
     "Comparison",
     "Rule",
     "compare_runs",
+    "config_differences",
     "default_rules",
     "parse_rule",
     "render_comparison",
@@ -186,3 +187,29 @@ def render_comparison(rows: Sequence[Comparison]) -> str:
         for r in rows
     ]
     return render_markdown(("Arm", "Gain", "Rule", "Base", "New", "Change", "Verdict"), table)
+
+
+def config_differences(base: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str]) -> list[str]:
+    """``field: BASE vs NEW`` for every differing (nested) field under ``keys`` of two configs.
+
+    A field one run lacks and the other holds as ``None`` is the same setting (a field added to the
+    config since, at its default), not a difference."""
+    out: list[str] = []
+
+    def walk(path: str, a: Any, b: Any) -> None:
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            for key in dict.fromkeys([*a, *b]):
+                walk(f"{path}.{key}", a.get(key), b.get(key))
+        elif a != b and not (
+            isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)
+        ):
+            out.append(f"{path}: {a!r} vs {b!r}")
+
+    for key in keys:
+        walk(key, base.get(key), new.get(key))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists: a config read back from JSON holds lists where the live one held tuples."""
+    return list(value) if isinstance(value, tuple) else value

@@ -3,7 +3,10 @@
 Each figure function takes the long tables of **one** run and returns a matplotlib
 ``Figure`` (or ``None`` when the run has no rows for it: no evaluations, say); it
 reads no file and keeps no state.  Every title starts with MEASURED or SIMULATED,
-from the run's provenance.  :func:`save_figures` writes them as small PNGs.
+from the run's provenance.  :func:`save_figures` writes each as a vector PDF (for a paper) and a PNG
+(for the README), sized for a two-column paper: 7 in wide (a ``figure*`` spanning both columns),
+8 pt text, the title wrapped so its MEASURED/SIMULATED label is never cut, legends below the axes so
+they cover no data.
 
 matplotlib (Agg backend, never a window) and seaborn are imported here only.
 Checked against matplotlib 3.11.2, seaborn 0.13.2 and pandas 3.1.1.
@@ -11,6 +14,8 @@ Checked against matplotlib 3.11.2, seaborn 0.13.2 and pandas 3.1.1.
 
 from __future__ import annotations
 
+import functools
+import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,8 +41,25 @@ Tables = Mapping[str, "pd.DataFrame"]
 #: Steps the occupancy figure shows (from the first): enough to see aborts and resumes, few
 #: enough that each step's ramp and tail stay visible.
 OCCUPANCY_STEPS = 6
-#: Small PNGs: the committed figures live in the repository.
-DPI = 80
+#: PNG resolution: sharp on a screen and in a PDF viewer; the PDF beside it is vector.
+DPI = 150
+#: Full text width of a two-column paper (ACL/NeurIPS/ICML ``figure*``), inches.
+WIDTH_IN = 7.0
+#: Two-column papers set captions at 9 pt and figure text at 7-8 pt.
+PAPER_RC: Mapping[str, Any] = {
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "legend.title_fontsize": 7,
+    "figure.titlesize": 9,
+    "pdf.fonttype": 42,  # TrueType: text stays text (searchable, editable), as publishers ask
+    "svg.fonttype": "none",
+}
+#: The formats :func:`save_figures` writes, vector first.
+FORMATS = ("pdf", "png")
 
 
 def kind_label(tables: Tables) -> str:
@@ -47,11 +69,27 @@ def kind_label(tables: Tables) -> str:
 
 
 def _title(tables: Tables, what: str) -> str:
+    """``LABEL: what`` on the first line, the runs below; wrapped to the figure's width, never cut."""
     runs = ", ".join(tables["runs"]["run"])
-    return f"{kind_label(tables)}: {what} ({runs})"
+    width = int(WIDTH_IN * 72 / (PAPER_RC["figure.titlesize"] * 0.55))  # characters at ~0.55 em each
+    head = textwrap.fill(f"{kind_label(tables)}: {what}", width)
+    return f"{head}\n" + textwrap.fill(f"(runs: {runs})", width)
 
 
-def _new_figure(rows: int, cols: int, *, height: float = 2.6, width: float = 7.0) -> tuple[Figure, Any]:
+def _paper_style(build: Callable[[Tables], Figure | None]) -> Callable[[Tables], Figure | None]:
+    """Build the figure under :data:`PAPER_RC` (fonts are fixed when the artists are made)."""
+
+    @functools.wraps(build)
+    def styled(tables: Tables) -> Figure | None:
+        import matplotlib
+
+        with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]
+            return build(tables)
+
+    return styled
+
+
+def _new_figure(rows: int, cols: int, *, height: float = 2.6, width: float = WIDTH_IN) -> tuple[Figure, Any]:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display is opened
@@ -59,6 +97,40 @@ def _new_figure(rows: int, cols: int, *, height: float = 2.6, width: float = 7.0
 
     fig, axes = plt.subplots(rows, cols, figsize=(width, height * rows), squeeze=False, layout="constrained")
     return fig, axes
+
+
+def _legend_columns(labels: list[str]) -> int:
+    """As many columns as fit the figure's width: an entry is its label plus the handle, ~0.55 em a
+    character at the legend's font size."""
+    em = PAPER_RC["legend.fontsize"] / 72  # inches
+    entry = (max(len(label) for label in labels) + 6) * 0.55 * em
+    return max(1, min(len(labels), int(WIDTH_IN * 0.95 / entry)))
+
+
+def _legend_below(fig: Figure, axes: Any) -> None:
+    """One legend for the figure, below every axes (so it covers no data), entries from all axes once."""
+    entries: dict[str, Any] = {}
+    title = None
+    for ax in axes.flat:
+        legend = ax.get_legend()
+        if legend is not None:  # seaborn draws its own legend; its handles are not on the axes
+            handles, labels = legend.legend_handles, [t.get_text() for t in legend.get_texts()]
+            title = title or legend.get_title().get_text() or None
+            legend.remove()
+        else:
+            handles, labels = ax.get_legend_handles_labels()
+        for handle, label in zip(handles, labels, strict=False):
+            if label and not label.startswith("_"):
+                entries.setdefault(label, handle)
+    if entries:
+        fig.legend(
+            list(entries.values()),
+            list(entries),
+            loc="outside lower center",
+            ncols=_legend_columns(list(entries)),
+            frameon=False,
+            title=None if title == "arm" else title,
+        )
 
 
 def _first_repeat(frame: pd.DataFrame) -> pd.DataFrame:
@@ -122,13 +194,13 @@ def occupancy_figure(tables: Tables, *, steps: int = OCCUPANCY_STEPS) -> Figure 
         for i, t in enumerate(stop):
             ax.axvline(t, color="tab:red", ls="--", lw=0.8, label="abort (N groups in)" if i == 0 else None)
         ax.set_ylabel("requests")
-        ax.set_title(arm, fontsize=9, loc="left")
-        ax.legend(fontsize=7, loc="upper right")
+        ax.set_title(arm, loc="left")
     axes[len(arms) - 1, 0].set_xlabel("arm clock (s)")
     if not telemetry.empty:
         _gpu_panel(axes[-1, 0], tables)
+    _legend_below(fig, axes)
     last = int(requests["step"].max())
-    fig.suptitle(_title(tables, f"engine occupancy, steps 0-{last}"), fontsize=9)
+    fig.suptitle(_title(tables, f"engine occupancy, steps 0-{last}"))
     return fig
 
 
@@ -157,7 +229,6 @@ def _gpu_panel(ax: Any, tables: Tables) -> None:
     ax.set_ylabel("GPU util (%)")
     ax.set_xlabel("run clock (s)")
     ax.set_ylim(0, 105)
-    ax.legend(fontsize=7, loc="upper right", ncol=2)
 
 
 def throughput_figure(tables: Tables) -> Figure | None:
@@ -178,7 +249,8 @@ def throughput_figure(tables: Tables) -> Figure | None:
         sns.lineplot(data=data, x="step", y=column, hue="arm", ax=ax, errorbar=None, lw=1)
         ax.set_ylabel(f"{label} tok/s")
         ax.set_ylim(bottom=0)
-    fig.suptitle(_title(tables, "tokens per rollout second, per step (mean over repeats)"), fontsize=9)
+    _legend_below(fig, axes)
+    fig.suptitle(_title(tables, "tokens per rollout second, per step (mean over repeats)"))
     return fig
 
 
@@ -195,12 +267,11 @@ def length_figure(tables: Tables) -> Figure | None:
     cap = tables["runs"]["max_response_len"].dropna()
     if not cap.empty:
         ax.axvline(float(cap.max()), color="tab:red", ls="--", lw=1)
-        ax.annotate(
-            "cap", (float(cap.max()), 1), xycoords=("data", "axes fraction"), fontsize=8, ha="right", va="top"
-        )
+        ax.annotate("cap", (float(cap.max()), 1), xycoords=("data", "axes fraction"), ha="right", va="top")
     ax.set_xlabel("response tokens")
     ax.set_ylabel("trained samples")
-    fig.suptitle(_title(tables, "response length of trained samples"), fontsize=9)
+    _legend_below(fig, axes)
+    fig.suptitle(_title(tables, "response length of trained samples"))
     return fig
 
 
@@ -221,8 +292,8 @@ def accuracy_figure(tables: Tables) -> Figure | None:
     axes[0, 1].set_xlabel("training time (s, evaluations excluded)")
     for ax in axes[0]:
         ax.set_ylabel("held-out accuracy")
-        ax.legend(fontsize=7)
-    fig.suptitle(_title(tables, "accuracy against steps and wall time"), fontsize=9)
+    _legend_below(fig, axes)
+    fig.suptitle(_title(tables, "accuracy against steps and wall time"))
     return fig
 
 
@@ -255,22 +326,33 @@ def version_figure(tables: Tables) -> Figure | None:
         frame["share"] = frame["count"] / frame.groupby("arm")["count"].transform("sum")
         sns.barplot(data=frame, x=x, y="share", hue="arm", ax=ax)
         ax.set_ylabel(ylabel)
-    fig.suptitle(_title(tables, "policy versions of trained tokens"), fontsize=9)
+    _legend_below(fig, axes)
+    fig.suptitle(_title(tables, "policy versions of trained tokens"))
     return fig
 
 
 #: Every figure of a run, by file stem.
 FIGURES: Mapping[str, Callable[[Tables], Figure | None]] = {
-    "occupancy": occupancy_figure,
-    "throughput": throughput_figure,
-    "lengths": length_figure,
-    "accuracy": accuracy_figure,
-    "versions": version_figure,
+    "occupancy": _paper_style(occupancy_figure),
+    "throughput": _paper_style(throughput_figure),
+    "lengths": _paper_style(length_figure),
+    "accuracy": _paper_style(accuracy_figure),
+    "versions": _paper_style(version_figure),
 }
 
 
-def save_figures(tables: Tables, out: Path) -> list[Path]:
-    """Write every figure the run has rows for as ``out/<name>.png``; the paths written, in order."""
+#: No software or date metadata: the same rows give the same bytes, so regenerated figures diff clean.
+_METADATA: Mapping[str, Mapping[str, Any]] = {
+    "png": {"Software": None},
+    "pdf": {"Creator": None, "Producer": None, "CreationDate": None},
+    "svg": {"Creator": None, "Date": None},
+}
+
+
+def save_figures(tables: Tables, out: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:
+    """Write every figure the run has rows for as ``out/<name>.<format>`` (PDF and PNG by default);
+    the paths written, in order."""
+    import matplotlib
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
@@ -279,9 +361,10 @@ def save_figures(tables: Tables, out: Path) -> list[Path]:
         fig = build(tables)
         if fig is None:
             continue
-        path = out / f"{name}.png"
-        # No Software/date metadata: the same rows give the same bytes, so regenerated figures diff clean.
-        fig.savefig(path, dpi=DPI, metadata={"Software": None})
+        with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]
+            for fmt in formats:
+                path = out / f"{name}.{fmt}"
+                fig.savefig(path, dpi=DPI, metadata=dict(_METADATA.get(fmt, {})))
+                written.append(path)
         plt.close(fig)
-        written.append(path)
     return written

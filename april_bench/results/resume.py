@@ -8,34 +8,43 @@ the prompt stream's position, the strategy's and the engine's state, the arm
 clock, and the trainer's state file.  Rows are streamed as they are recorded,
 so an interrupted step leaves rows behind; :func:`rows_to_keep` drops them and
 the resumed session records that step again.
+
+Durability: the row files are flushed *and fsynced* before the status that
+counts them is written (atomically: a unique temporary file, fsync, rename,
+directory fsync), and the status records how many rows of every table each
+session's checkpoint covers (``rows``).  ``--resume`` counts the rows again and
+refuses, naming the file, when fewer are left (a torn or lost line) instead of
+finishing with rows missing.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.results.coverage import covered, row_key, session_key, state_path
 from april_bench.results.records import TABLES
-from april_bench.results.store import write_json_atomic
+from april_bench.results.store import _umask, fsync_dir, write_json_atomic
 
-__all__ = ["RunStatus", "read_rows_for_resume", "rows_to_keep", "session_key", "state_path"]
+__all__ = [
+    "RowCounts",
+    "RunStatus",
+    "covered",
+    "read_rows_for_resume",
+    "rows_to_keep",
+    "session_key",
+    "state_path",
+]
 
-
-def session_key(arm: str, repeat: int) -> str:
-    return f"{arm}#{repeat}"
-
-
-def state_path(run_dir: Path, arm: str, repeat: int, completed: int) -> Path:
-    """The checkpoint of a session after ``completed`` steps.  One file per step count: the status
-    names the count, so an interrupt between writing a checkpoint and recording it in the status
-    resumes from the previous checkpoint, never from one the rows on disk do not match."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", arm).strip("_") or "arm"
-    return run_dir / "state" / f"{slug}-r{repeat}-s{completed}.json"
+#: ``(session_key, done)`` -> rows per table that the session's first ``done`` steps cover
+#: (``done=None``: the finished session's every row).  The run's :class:`RunWriter` answers it.
+RowCounts = Callable[[str, "int | None"], dict[str, int]]
 
 
 @dataclass(slots=True)
@@ -49,26 +58,24 @@ class RunStatus:
     #: Sessions whose end-of-run rows (buffered leftovers) are written.
     finished: list[str] = field(default_factory=list)
     message: str = ""
+    #: ``session_key`` -> table -> rows on disk that the session's checkpoint covers (fsynced).
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Counts a session's rows when it checkpoints (the run's writer); ``None``: no counts kept.
+    counter: RowCounts | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunStatus:
+        from april_bench.results.validate_files import read_status
+
         path = run_dir / "status.json"
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(
-                f"{run_dir} has no status.json: it is not a run april-bench can resume"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path} is damaged ({exc.msg} at line {exc.lineno}); the run cannot resume"
-            ) from None
+        data = read_status(path)
         return cls(
             path=path,
-            state=data.get("state", "running"),
-            completed=dict(data.get("completed", {})),
-            finished=list(data.get("finished", [])),
-            message=data.get("message", ""),
+            state=data["state"],
+            completed=data["completed"],
+            finished=data["finished"],
+            message=data["message"],
+            rows=data["rows"],
         )
 
     def save(self) -> None:
@@ -79,65 +86,109 @@ class RunStatus:
                 "completed": self.completed,
                 "finished": self.finished,
                 "message": self.message,
+                "rows": self.rows,
             },
         )
 
     def step_done(self, arm: str, repeat: int, steps: int) -> None:
-        self.completed[session_key(arm, repeat)] = steps
+        key = session_key(arm, repeat)
+        self.completed[key] = steps
+        if self.counter is not None:
+            self.rows[key] = self.counter(key, steps)
         self.save()
 
     def session_finished(self, arm: str, repeat: int) -> None:
         key = session_key(arm, repeat)
         if key not in self.finished:
             self.finished.append(key)
+        if self.counter is not None:
+            self.rows[key] = self.counter(key, None)
         self.save()
 
 
 def rows_to_keep(table: str, row: Mapping[str, Any], status: RunStatus, total_steps: int) -> bool:
     """Whether a streamed row belongs to the part of the run its checkpoints cover."""
-    key = session_key(row.get("arm", ""), row.get("repeat", 0))
+    key, step, end_of_run = row_key(row)
     if key in status.finished:
         return True
-    done = status.completed.get(key, 0)
-    step = row.get("step", 0)
-    if table == "evals":
-        return step <= done  # the evaluation after step k-1 is part of checkpoint k
-    return step < done and not (table == "samples" and row.get("reason") == "end_of_run")
+    return covered(table, step, end_of_run, status.completed.get(key, 0))
 
 
 def read_rows_for_resume(
     run_dir: Path, status: RunStatus, total_steps: int
 ) -> dict[str, list[dict[str, Any]]]:
     """Every table's rows that the checkpoints cover, with the row files rewritten to hold just those
-    (a torn last line from an interrupted write is dropped)."""
+    (a torn last line from an interrupted write is dropped).
+
+    Refuses (``ConfigError``, before any file is rewritten) when a table holds fewer rows of a session
+    than its checkpoint counted: resuming would finish the run with those rows missing."""
     kept: dict[str, list[dict[str, Any]]] = {}
     for table in TABLES:
         path = run_dir / f"{table}.jsonl"
         rows = list(_read_tolerant(path)) if path.exists() else []
         kept[table] = [r for r in rows if rows_to_keep(table, r, status, total_steps)]
-        _rewrite(path, kept[table])
+        _check_counts(path, table, kept[table], status)
+    for table in TABLES:
+        _rewrite(run_dir / f"{table}.jsonl", kept[table])
     return kept
 
 
+def _check_counts(path: Path, table: str, rows: list[dict[str, Any]], status: RunStatus) -> None:
+    have: dict[str, int] = {}
+    for row in rows:
+        key = row_key(row)[0]
+        have[key] = have.get(key, 0) + 1
+    for key, expected in sorted(status.rows.items()):
+        want, got = expected.get(table, 0), have.get(key, 0)
+        if got < want:
+            raise ConfigError(
+                f"{path} holds {got} of the {want} {table} rows of session {key} that its checkpoint "
+                "covers (a line was torn or lost); resuming would finish with rows missing: start the "
+                "run again with --overwrite, or restore the file"
+            )
+
+
 def _read_tolerant(path: Path) -> Iterable[dict[str, Any]]:
-    lines = path.read_text().split("\n")
+    try:
+        lines = path.read_bytes().decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 (byte {exc.start}); the run directory is damaged: start the run again "
+            "with --overwrite"
+        ) from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            row = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):  # the last line, cut by the interruption: drop it
                 return
             raise ConfigError(
-                f"{path}, line {number}: not a JSON row; the run directory is damaged"
+                f"{path}, line {number}: not a JSON row; the run directory is damaged: start the run "
+                "again with --overwrite"
             ) from None
+        if not isinstance(row, dict):
+            raise ConfigError(
+                f"{path}, line {number}: a row must be a JSON object; the run directory is damaged: start "
+                "the run again with --overwrite"
+            )
+        yield row
 
 
 def _rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, separators=(",", ":")))
-            f.write("\n")
-    tmp.replace(path)
+    """Replace ``path`` with ``rows``, durably: a uniquely named temporary file, fsync, rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row, separators=(",", ":")))
+                f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

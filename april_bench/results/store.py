@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from april_bench.config import ConfigError
+from april_bench.results.coverage import covered, row_key
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
 from april_bench.results.headline import HEADLINE_COLUMNS, WORK_COLUMNS, has_work, headline_table, work_table
 from april_bench.results.records import TABLES, as_row
@@ -46,6 +47,7 @@ __all__ = [
     "RunDirectory",
     "RunWriter",
     "check_run",
+    "fsync_dir",
     "load_run",
     "render_tables",
     "write_json_atomic",
@@ -87,15 +89,34 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
+    """A uniquely named temporary file, fsynced, renamed over ``path``, then the directory fsynced: after
+    a crash ``path`` holds the old text or the new, never a torn or empty file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a run directory is shared like any file
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory; the rename is then as durable as it gets
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:
@@ -107,14 +128,17 @@ def _umask() -> int:
 class RunWriter:
     """Streams rows into ``<out>/<table>.jsonl`` as they are recorded (a :class:`RowSink`).
 
-    Files are opened for append on first use; :meth:`flush` pushes buffered rows to the OS (the
-    driver calls it after every step); :meth:`close` closes them.  ``append=True`` continues the
-    files of an interrupted run.
+    Files are opened for append on first use; :meth:`flush` pushes buffered rows to the disk (flush
+    and fsync: the session calls it before every checkpoint, so the rows a checkpoint counts survive
+    a power cut); :meth:`close` closes them.  The writer counts the rows it holds per session and
+    step, so a checkpoint can record how many rows it covers (:meth:`counts`).
     """
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self._files: dict[str, IO[str]] = {}
+        #: (table, session key) -> (step, end_of_run) -> rows
+        self._counts: dict[tuple[str, str], dict[tuple[int, bool], int]] = {}
         for table in TABLES:  # every table has a file, empty or not: a reader sees what was recorded
             (out / f"{table}.jsonl").touch()
 
@@ -124,10 +148,35 @@ class RunWriter:
             f = self._files[table] = (self.out / f"{table}.jsonl").open("a")
         f.write(json.dumps(row, separators=(",", ":")))
         f.write("\n")
+        self._count(table, row)
+
+    def count_existing(self, tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> None:
+        """Count rows already in the files (a resumed run's kept rows) as if written here."""
+        for table, rows in tables.items():
+            for row in rows:
+                self._count(table, row)
+
+    def _count(self, table: str, row: Mapping[str, Any]) -> None:
+        key, step, end_of_run = row_key(row)
+        per_step = self._counts.setdefault((table, key), {})
+        per_step[(step, end_of_run)] = per_step.get((step, end_of_run), 0) + 1
+
+    def counts(self, key: str, done: int | None) -> dict[str, int]:
+        """Rows per table of session ``key`` that its checkpoint after ``done`` steps covers
+        (``None``: every row of the finished session)."""
+        out: dict[str, int] = {}
+        for (table, session), per_step in self._counts.items():
+            if session != key:
+                continue
+            out[table] = sum(
+                n for (step, end), n in per_step.items() if done is None or covered(table, step, end, done)
+            )
+        return out
 
     def flush(self) -> None:
         for f in self._files.values():
             f.flush()
+            os.fsync(f.fileno())
 
     def close(self) -> None:
         for f in self._files.values():
@@ -160,9 +209,17 @@ def write_summary(
     run: RunDirectory, summary: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Write ``summary.json`` and ``table.md`` of a run directory from its rows (or ``summary``)."""
+    from april_bench.results.schema import SCHEMA_VERSION, with_old_names
+
     summary = run.summary() if summary is None else summary
     write_json_atomic(
-        run.path / "summary.json", {"result_kind": run.provenance.get("result_kind"), "arms": summary}
+        run.path / "summary.json",
+        {
+            "schema_version": SCHEMA_VERSION,
+            "result_kind": run.provenance.get("result_kind"),
+            "metadata": run.provenance.get("metadata", {}),
+            "arms": {arm: with_old_names(metrics) for arm, metrics in summary.items()},
+        },
     )
     _write_text_atomic(run.path / "table.md", render_tables(run.config, summary, run.simulated) + "\n")
     return summary
@@ -274,7 +331,7 @@ def check_run(run: RunDirectory) -> list[str]:
     Every launched prompt must end trained, dropped or buffered, exactly one of them; and for a
     complete run, every generated token is trained, wasted or still buffered at the end.
     """
-    problems = []
+    problems = _duplicates(run)
     steps, samples = run.rows("steps"), run.rows("samples")
     if steps and not samples:
         problems.append(f"{run.path}: {len(steps)} step rows but no sample rows (samples.jsonl empty)")
@@ -288,6 +345,31 @@ def check_run(run: RunDirectory) -> list[str]:
                 f"arm {arm}: {m['generated_tokens']:,} tokens generated but {balance:,} trained, wasted or "
                 "buffered: rows are missing"
             )
+    return problems
+
+
+#: What identifies a row of each table: two rows with one identity are one row recorded twice (row
+#: files concatenated, a resume that appended without dropping).
+_IDENTITY = {
+    "steps": ("arm", "repeat", "step"),
+    "evals": ("arm", "repeat", "step"),
+    "requests": ("arm", "repeat", "request_id", "t_submit"),
+    "samples": ("arm", "repeat", "group_uid", "sample_index", "step", "fate", "reason"),
+}
+
+
+def _duplicates(run: RunDirectory) -> list[str]:
+    problems = []
+    for table, fields in _IDENTITY.items():
+        seen: set[tuple[Any, ...]] = set()
+        twice = 0
+        for row in run.rows(table):
+            key = tuple(json.dumps(row.get(f), sort_keys=True) for f in fields)
+            if key in seen:
+                twice += 1
+            seen.add(key)
+        if twice:
+            problems.append(f"{twice:,} duplicated {table} rows (the same {', '.join(fields)})")
     return problems
 
 
@@ -340,4 +422,6 @@ def render_tables(
     if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
         engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))
         text += f"\n\n### Engine: re-prefill on resume and log-prob gap to the trainer ({label})\n\n{engine}"
-    return text
+    from april_bench.results.legend import table_legend
+
+    return f"{text}\n\n{table_legend(summary, simulated)}"

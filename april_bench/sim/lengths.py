@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -149,12 +149,101 @@ def _truthy(value: object) -> bool:
 
 
 def _read_rows(path: Path) -> Sequence[dict[str, str]]:
+    """The trace's rows, every one checked: a bad row is one ``ConfigError`` naming the file, the line
+    and what the row needs (never a ``ValueError`` from deep inside a run)."""
     if not path.exists():
         raise ConfigError(f"length trace {path} does not exist")
-    if path.suffix in {".jsonl", ".json"}:
-        with path.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path.suffix == ".csv":
-        with path.open(newline="") as f:
-            return list(csv.DictReader(f))
-    raise ConfigError(f"length trace {path}: use .jsonl or .csv")
+    if path.suffix not in {".jsonl", ".json", ".csv"}:
+        raise ConfigError(f"length trace {path}: use .jsonl or .csv")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"length trace {path} cannot be read ({exc.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"length trace {path}, line {line}: not UTF-8 text (byte {exc.start}); give a .jsonl or .csv "
+            "text file"
+        ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise ConfigError(f"length trace {path}, line {line}: a NUL byte; give a .jsonl or .csv text file")
+    numbered = _json_rows(path, text) if path.suffix in {".jsonl", ".json"} else _csv_rows(path, text)
+    rows = []
+    group_key = next((k for k in ("uid", "prompt_id") if numbered and k in numbered[0][1]), None)
+    for line, row in numbered:
+        _check_row(path, line, row)
+        if group_key is not None and row.get(group_key) in (None, ""):
+            raise ConfigError(
+                f"length trace {path}, line {line}: no '{group_key}' (the first row has one, so every row "
+                "needs one)"
+            )
+        rows.append(row)
+    return rows
+
+
+def _json_rows(path: Path, text: str) -> list[tuple[int, dict[str, str]]]:
+    rows = []
+    for line, raw in enumerate(text.split("\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"length trace {path}, line {line}: not a JSON object ({exc.msg}); each line must be one "
+                'object such as {"uid": 0, "length": 812}'
+            ) from None
+        if not isinstance(row, dict):
+            raise ConfigError(
+                f"length trace {path}, line {line}: a row must be a JSON object such as "
+                '{"uid": 0, "length": 812}, '
+                f"got {type(row).__name__}"
+            )
+        rows.append((line, row))
+    return rows
+
+
+def _csv_rows(path: Path, text: str) -> list[tuple[int, dict[str, str]]]:
+    import io
+
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        return [(reader.line_num, row) for row in reader]
+    except csv.Error as exc:
+        raise ConfigError(f"length trace {path}, line {reader.line_num}: not CSV ({exc})") from None
+
+
+def _check_row(path: Path, line: int, row: dict[str, Any]) -> None:
+    """``length``: a whole number >= 1 (``12`` or ``"12"``; NaN, infinities, null, text refused);
+    ``uid``, when present: a whole number; ``None`` keys (a CSV row longer than its header) refused."""
+    where = f"length trace {path}, line {line}"
+    if None in row:
+        raise ConfigError(f"{where}: more cells than the header has columns; fix the row")
+    if "length" not in row:
+        raise ConfigError(f"{where}: no 'length' field (found {sorted(map(str, row))}); every row needs one")
+    length = _whole(row["length"])
+    if length is None or length < 1:
+        raise ConfigError(
+            f"{where}: 'length' must be a whole number of tokens >= 1, got {row['length']!r:.40}"
+        )
+    row["length"] = str(length)
+    if "uid" in row and _whole(row["uid"]) is None:
+        raise ConfigError(f"{where}: 'uid' must be a whole number, got {row['uid']!r:.40}")
+    if "uid" in row:
+        row["uid"] = str(_whole(row["uid"]))
+
+
+def _whole(value: object) -> int | None:
+    """``value`` as a whole number, or ``None`` (NaN, infinite, fractional, empty, text, null, bool)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(number) or number != int(number):
+        return None
+    return int(number)

@@ -117,10 +117,11 @@ def checkpoint_of(
     """A cached checkpoint directory of a named architecture with the given starting weights."""
     from april_bench.models.checkpoint import save_state_dict
     from april_bench.models.zoo import build_model
-    from april_bench.tasks.warmstart import cache_dir
+    from april_bench.tasks.warmstart import cache_dir, writable_cache
 
     path = cache_dir() / "checkpoints" / f"{model}-{key}"
     if not (path / "config.json").exists():
+        writable_cache(path.parent)
         module = build_model(model, vocab_size=vocab, seed=seed)
         state = weights()
         if state is not None:

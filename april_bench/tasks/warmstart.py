@@ -24,11 +24,27 @@ from april_bench.models.zoo import build_model, model_config
 from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
 from april_bench.threads import choose_threads, torch_threads
 
-__all__ = ["WarmStart", "cache_dir"]
+__all__ = ["WarmStart", "cache_dir", "writable_cache"]
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("APRIL_BENCH_CACHE", Path.home() / ".cache" / "april-bench"))
+
+
+def writable_cache(path: Path) -> Path:
+    """Create ``path`` (a folder in the cache); an unwritable cache (a read-only or missing HOME) is
+    one line naming ``APRIL_BENCH_CACHE``, the way to put the cache elsewhere."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe, name = tempfile.mkstemp(dir=path, prefix=".write-check-")
+        os.close(probe)
+        os.unlink(name)
+    except OSError as exc:
+        raise ConfigError(
+            f"the cache {path} cannot be written ({exc.strerror}); set APRIL_BENCH_CACHE to a writable "
+            "directory"
+        ) from None
+    return path
 
 
 class WarmStart(Configurable):
@@ -84,11 +100,11 @@ class WarmStart(Configurable):
                     f"the cached warm start {self.path} is damaged ({type(exc).__name__}); delete it and "
                     "run again (it is retrained in about a minute)"
                 ) from None
+        writable_cache(self.path.parent)  # before training: a read-only HOME fails at once
         state = self.train(progress=progress)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self.path.parent, suffix=".tmp", delete=False) as tmp:
-            torch.save(state, tmp.name)
-        os.replace(tmp.name, self.path)
+        from april_bench.trainers.state_file import save_atomic
+
+        save_atomic(state, self.path)  # a unique temporary file, removed if the save fails
         return state
 
     def train(self, *, progress: bool = True) -> dict[str, torch.Tensor]:

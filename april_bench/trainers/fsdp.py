@@ -253,9 +253,9 @@ def _serve(trainer: _RankTrainer, pipe: Connection, rank: int) -> None:
             model_state = get_model_state_dict(trainer.model, options=full)
             optim_state = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=full)
             if rank == 0:
-                tmp = f"{path}.tmp"
-                torch.save({"model": model_state, "optimizer": optim_state}, tmp)
-                os.replace(tmp, path)
+                from april_bench.trainers.state_file import save_atomic
+
+                save_atomic({"model": model_state, "optimizer": optim_state}, path)
             return None
         if command == "load_state":
             (path,) = args

@@ -149,9 +149,9 @@ class MegatronTrainer(Configurable):
     def save_state(self, path: str) -> None:
         """Every rank's model shard and AdamW state, in one file written atomically."""
         states = self._ranks.call("state")
-        tmp = f"{path}.tmp"
-        torch.save({"tp": self.config.tp, "pp": self.config.pp, "ranks": states}, tmp)
-        os.replace(tmp, path)
+        from april_bench.trainers.state_file import save_atomic
+
+        save_atomic({"tp": self.config.tp, "pp": self.config.pp, "ranks": states}, path)
 
     def load_state(self, path: str) -> None:
         saved = torch.load(path, map_location="cpu", weights_only=True)

