@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from april_bench.engines.protocol import EngineLost
+
 if TYPE_CHECKING:
     from april_bench.backends import Components
     from april_bench.experiment import RunResult
@@ -43,6 +45,10 @@ __all__ = [
 
 Echo = Callable[[str], None]
 
+#: ``RunOutcome.interrupted_by`` of a run whose engine lost every replica (exit status 75, EX_TEMPFAIL:
+#: the completed steps are saved and ``run --resume`` continues once the engine is back).
+ENGINE_LOST = "engine_lost"
+
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
@@ -55,13 +61,16 @@ class RunOutcome:
     out: Path
     result: RunResult | None = None
     stored: RunDirectory | None = None
-    #: The signal that stopped the run (``"SIGINT"`` for Ctrl-C); ``None``: it completed.
+    #: The signal that stopped the run (``"SIGINT"`` for Ctrl-C), or :data:`ENGINE_LOST`; ``None``: it
+    #: completed.
     interrupted_by: str | None = None
 
     @property
     def exit_code(self) -> int:
         if self.interrupted_by is None:
             return 0
+        if self.interrupted_by == ENGINE_LOST:
+            return 75
         return 130 if self.interrupted_by == "SIGINT" else 143
 
 
@@ -227,12 +236,16 @@ def execute(
             _stopped_by_write_error(exc, out, status)
         # A signal raised inside the event loop's machinery can surface as another error (for example
         # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
-        if not isinstance(exc, KeyboardInterrupt) and not received:
+        # An engine with no replica left cannot go on, but every completed step is saved: interrupted.
+        lost = isinstance(exc, EngineLost)
+        if not isinstance(exc, KeyboardInterrupt) and not received and not lost:
             status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
             status.save()
             raise
-        by = received[0] if received else "SIGINT"
-        status.state, status.message = "interrupted", f"stopped by {by}"
+        by = received[0] if received else ENGINE_LOST if lost else "SIGINT"
+        if lost and echo is not None:
+            echo(f"error: {exc}")
+        status.state, status.message = "interrupted", f"stopped by {by}" + (f": {exc}" if lost else "")
         status.save()
         if echo is not None:
             done = sum(status.completed.values())
@@ -250,6 +263,8 @@ def execute(
         started=provenance,
         torch_threads=thread_choice(config.engine_args, config.trainer_args),
     )
+    if result.placement:
+        provenance["placement"] = result.placement
     try:
         write_json_atomic(provenance_path, provenance)
         summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)

@@ -148,6 +148,19 @@ ENGINES.register(
     "deterministic fake: one token per tick per request (virtual time)",
 )
 ENGINES.register(
+    "fake-pool",
+    EngineSpec(
+        "fake-pool",
+        "april_bench.engines.fake_pool:fake_pool_from_settings",
+        produces_tokens=True,
+        simulated=True,
+        virtual_time=True,
+        checker="april_bench.engines.fake_pool:check_fake_pool",
+        inflight_updates=True,
+    ),
+    "fake engine replicas in process behind the fault-tolerant replica router (virtual time, chaos)",
+)
+ENGINES.register(
     "sglang",
     EngineSpec(
         "sglang",

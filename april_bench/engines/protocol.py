@@ -37,7 +37,10 @@ Optional capabilities, checked with ``isinstance``:
   run continues an engine exactly where the interrupted one stood;
 * :class:`EngineAccounting` - ``work()``, the engine's exact work counters
   (:class:`EngineWork`: forward passes, decode tokens, prefill and re-prefill
-  tokens), which the rollout loop differences into every step row.
+  tokens), which the rollout loop differences into every step row;
+* :class:`HealthCheck` - ``health()``, a liveness probe (a server's ``/health``, a Ray actor's
+  answer); the replica router (:mod:`april_bench.engines.replicas`) calls it with a timeout and
+  probes an engine without it with ``load()``.
 
 Weights reach an engine as a :class:`WeightUpdate`: an in-process state dict
 (``weights``), or a checkpoint directory (``path``) for an engine in another
@@ -62,11 +65,13 @@ __all__ = [
     "EngineError",
     "EngineInfo",
     "EngineLoad",
+    "EngineLost",
     "EngineMetrics",
     "EngineSettings",
     "EngineState",
     "EngineWork",
     "GenerateRequest",
+    "HealthCheck",
     "SamplingParams",
     "SaturationModel",
     "WeightUpdate",
@@ -75,6 +80,11 @@ __all__ = [
 
 class EngineError(RuntimeError):
     """The engine failed or broke its contract."""
+
+
+class EngineLost(EngineError):
+    """Every replica of the engine is gone (and none can be restarted): the run cannot go on, but what
+    it completed is saved, so it ends as interrupted and ``run --resume`` continues it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,3 +352,12 @@ class EngineState(Protocol):
     def restore_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`export_state` (called after ``start()``)."""
         ...
+
+
+@runtime_checkable
+class HealthCheck(Protocol):
+    """Optional: an engine with its own liveness probe."""
+
+    async def health(self) -> None:
+        """Return when the engine answers and is healthy; raise :class:`EngineError` when it is not.
+        The caller bounds the wait: an engine that does not answer in time counts as dead."""

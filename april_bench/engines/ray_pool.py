@@ -21,14 +21,16 @@ Ray is imported only when the pool starts.  Checked against ray 2.60.0: async ac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
     Completion,
+    Engine,
     EngineError,
     EngineInfo,
     EngineLoad,
@@ -36,7 +38,8 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.routing import ROUTER_POLICIES, Router
+from april_bench.engines.replicas import FaultEvent, FaultOptions, ReplicaRouter, split_options
+from april_bench.engines.routing import ROUTER_POLICIES
 from april_bench.engines.stream import CompletionStream
 
 __all__ = [
@@ -50,7 +53,7 @@ __all__ = [
 
 
 class RayEnginePool(Configurable):
-    """``replicas`` engines as Ray actors; the engine protocol over all of them."""
+    """``replicas`` engines as Ray actors behind the replica router (:mod:`.replicas`)."""
 
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
@@ -64,6 +67,7 @@ class RayEnginePool(Configurable):
             "PACK", help="placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"
         )
         placement_timeout_s: float = param(120.0, help="seconds to wait for Ray to place the replicas")
+        faults: FaultOptions = param(help="failure handling and chaos", default_factory=FaultOptions)
         engine_args: Mapping[str, Any] = param(help="options of each replica's engine", default_factory=dict)
 
         def __post_init__(self) -> None:
@@ -78,13 +82,8 @@ class RayEnginePool(Configurable):
         self.config = config
         self._settings = settings
         self._simulated = simulated
-        self._router = Router(config.router_policy, config.replicas)
-        self._actors: list[Any] = []
         self._group: Any = None
-        self._pumps: list[asyncio.Task[None]] = []
-        self._outstanding = [0] * config.replicas
-        self._streams: dict[str, tuple[int, CompletionStream]] = {}
-        self._info = EngineInfo(
+        info = EngineInfo(
             name=f"ray:{config.engine}",
             simulated=simulated,
             produces_tokens=True,
@@ -93,16 +92,28 @@ class RayEnginePool(Configurable):
             hardware=settings.hardware,
             model=settings.model,
         )
+        self._router = ReplicaRouter(
+            make=self._replica,
+            replicas=config.replicas,
+            policy=config.router_policy,
+            faults=config.faults,
+            info=info,
+        )
+        #: Where each replica runs: ``{"replica", "node_id", "node_ip", "bundle"}`` (provenance).
+        self.placement: list[dict[str, Any]] = []
 
     @property
     def info(self) -> EngineInfo:
-        return self._info
+        return self._router.info
+
+    @property
+    def router(self) -> ReplicaRouter:
+        return self._router
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if not ray.is_initialized():
             ray.init(address=self.config.address, include_dashboard=False, log_to_driver=False)
@@ -121,108 +132,142 @@ class RayEnginePool(Configurable):
                 f"within {self.config.placement_timeout_s:g} s; free now: {ray.available_resources()}. "
                 "Every arm holds its own replicas: lower --engine-arg num_cpus / num_gpus or add nodes"
             ) from None
-        actor: Any = ray.remote(ReplicaActor)
-        self._actors = [
-            actor.options(
-                num_cpus=self.config.num_cpus,
-                num_gpus=self.config.num_gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._group, placement_group_bundle_index=i
-                ),
-            ).remote(i, self.config.engine, self._settings, dict(self.config.engine_args))
-            for i in range(self.config.replicas)
-        ]
-        infos = await asyncio.gather(*(a.start.remote() for a in self._actors))
-        first: EngineInfo = infos[0]
-        self._info = dataclasses.replace(
-            self._info, weight_formats=first.weight_formats, version=first.version, simulated=self._simulated
+        first = await self._router.start()
+        self._router.describe(
+            weight_formats=first.weight_formats, version=first.version, simulated=self._simulated
         )
-        self._pumps = [asyncio.ensure_future(self._pump(i)) for i in range(self.config.replicas)]
+
+    async def _replica(self, index: int) -> Engine:
+        """A started replica actor in bundle ``index`` (a restart takes the dead one's bundle)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        actor: Any = ray.remote(ReplicaActor)
+        handle = actor.options(
+            num_cpus=self.config.num_cpus,
+            num_gpus=self.config.num_gpus,
+            max_restarts=0,  # the router restarts a replica (and gives it the current weights)
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._group, placement_group_bundle_index=index
+            ),
+        ).remote(index, self.config.engine, self._settings, dict(self.config.engine_args))
+        replica = RayReplica(handle, index)
+        await replica.start()
+        where = await handle.node.remote()
+        self.placement = [p for p in self.placement if p["replica"] != index]
+        self.placement.append({"replica": index, "bundle": index, **where})
+        self.placement.sort(key=lambda p: p["replica"])
+        self._router.record("replica_placed", index, f"node {where['node_ip']} {where['node_id']}")
+        return replica
 
     async def close(self) -> None:
         import ray
 
-        for pump in self._pumps:
-            pump.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        self._pumps = []
-        if self._actors:
-            await asyncio.gather(*(a.close.remote() for a in self._actors), return_exceptions=True)
-            for a in self._actors:
-                ray.kill(a)
-            self._actors = []
+        await self._router.close()
         if self._group is not None:
             ray.util.remove_placement_group(self._group)
             self._group = None
 
     # ------------------------------------------------------------ requests
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
-        if not self._actors:
+        if self._group is None:
             raise EngineError("ray engine pool not started: call await engine.start() first")
+        return self._router.generate(requests)
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        await self._router.abort(request_ids)
+
+    async def load(self) -> EngineLoad:
+        return await self._router.load()
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """The same update on every replica; a state dict travels through the object store once (and a
+        restarted replica reads it from there too)."""
+        import ray
+
+        if update.weights is not None:
+            update = dataclasses.replace(update, weights=ray.put(update.weights))
+        await self._router.update_weights(update)
+
+    def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None:
+        self._router.watch_faults(callback)
+
+
+class RayReplica:
+    """One replica actor as an engine (the router's view of it): a pump long-polls its finished
+    completions; a dead actor fails every stream it holds; ``health()`` asks the actor to answer."""
+
+    def __init__(self, actor: Any, index: int) -> None:
+        self.actor = actor
+        self.index = index
+        self._streams: dict[str, CompletionStream] = {}
+        self._pump: asyncio.Task[None] | None = None
+        self._info: EngineInfo | None = None
+
+    @property
+    def info(self) -> EngineInfo:
+        assert self._info is not None, "start() first"
+        return self._info
+
+    async def start(self) -> None:
+        self._info = await self.actor.start.remote()
+        self._pump = asyncio.ensure_future(self._poll())
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
         stream = CompletionStream(len(requests))
-        shares: list[list[GenerateRequest]] = [[] for _ in self._actors]
         for req in requests:
-            replica = self._router.route(req.routing_key, self._outstanding)
-            self._outstanding[replica] += 1
-            self._streams[req.request_id] = (replica, stream)
-            shares[replica].append(req)
-        for actor, share in zip(self._actors, shares, strict=True):
-            if share:
-                actor.submit.remote(share)  # Ray runs one caller's calls to an actor in order
+            self._streams[req.request_id] = stream
+        self.actor.submit.remote(list(requests))  # Ray runs one caller's calls to an actor in order
         return stream
 
-    async def _pump(self, replica: int) -> None:
-        """Deliver replica ``replica``'s finished completions as they come."""
-        actor = self._actors[replica]
+    async def _poll(self) -> None:
         while True:
             try:
-                finished: list[Completion] = await actor.poll.remote()
+                finished: list[Completion] = await self.actor.poll.remote()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the actor died or its engine failed: fail its callers
-                self._fail(replica, EngineError(f"ray replica {replica} failed: {exc}"))
+                error = EngineError(f"ray replica {self.index} failed: {exc}")
+                for stream in set(self._streams.values()):
+                    stream.fail(error)
+                self._streams.clear()
                 return
             for completion in finished:
-                entry = self._streams.pop(completion.request_id, None)
-                if entry is None:
-                    continue
-                self._outstanding[replica] -= 1
-                entry[1].deliver(dataclasses.replace(completion, replica=replica))
+                if completion.request_id in self._streams:
+                    self._streams.pop(completion.request_id).deliver(completion)
 
-    def _fail(self, replica: int, error: EngineError) -> None:
-        for request_id, (where, stream) in list(self._streams.items()):
-            if where == replica:
-                del self._streams[request_id]
-                stream.fail(error)
+    async def health(self) -> None:
+        await self.actor.load.remote()  # a dead actor raises; a hung one never answers (the caller's timeout)
 
     async def abort(self, request_ids: Collection[str] | None = None) -> None:
-        wanted = None if request_ids is None else list(request_ids)
-        await asyncio.gather(*(a.abort.remote(wanted) for a in self._actors))
+        await self.actor.abort.remote(None if request_ids is None else list(request_ids))
 
     async def load(self) -> EngineLoad:
-        loads: list[EngineLoad] = await asyncio.gather(*(a.load.remote() for a in self._actors))
-        undelivered = sum(self._outstanding) - sum(x.running + x.waiting for x in loads)
-        return EngineLoad(
-            running=sum(x.running for x in loads),
-            # finished on a replica, not yet delivered here: still in flight for the caller
-            waiting=sum(x.waiting for x in loads) + max(0, undelivered),
-            kv_tokens_used=_total(loads, "kv_tokens_used"),
-            kv_tokens_capacity=_total(loads, "kv_tokens_capacity"),
-        )
+        load: EngineLoad = await self.actor.load.remote()
+        return load
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """The same update on every replica; a state dict travels through the object store once."""
+        # the state dict's ObjectRef travels as a top-level argument: Ray resolves it in the actor
+        await self.actor.update_weights.remote(dataclasses.replace(update, weights=None), update.weights)
+
+    async def close(self) -> None:
         import ray
 
-        weights = None if update.weights is None else ray.put(update.weights)
-        bare = dataclasses.replace(update, weights=None)
-        await asyncio.gather(*(a.update_weights.remote(bare, weights) for a in self._actors))
-        self._router.forget_prefixes()
+        if self._pump is not None:
+            self._pump.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.actor.close.remote(), 30.0)
+        ray.kill(self.actor, no_restart=True)
 
+    async def kill(self) -> None:
+        """Fault injection: the actor process is killed (its pending calls raise ``RayActorError``)."""
+        import ray
 
-def _total(loads: Sequence[EngineLoad], field: str) -> int | None:
-    values = [getattr(x, field) for x in loads]
-    return None if any(v is None for v in values) else sum(values)
+        ray.kill(self.actor, no_restart=True)
+
+    async def hang(self) -> None:
+        """Fault injection: the actor's event loop blocks, so nothing it is asked returns."""
+        self.actor.hang.remote()
 
 
 class ReplicaActor:
@@ -279,6 +324,20 @@ class ReplicaActor:
         # ``weights`` came in as a top-level argument: Ray resolved it from the object store
         await self.engine.update_weights(dataclasses.replace(update, weights=weights))
 
+    async def node(self) -> dict[str, Any]:
+        """Where this actor runs (the placement written into provenance)."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+
+    async def hang(self) -> None:
+        """Fault injection: block this actor's event loop, so it answers nothing (a hung engine)."""
+        import time
+
+        while True:
+            time.sleep(3600)
+
     async def close(self) -> None:
         for task in list(self._consumers):
             task.cancel()
@@ -308,17 +367,14 @@ def portable_settings(settings: EngineSettings, *, weights: bool) -> EngineSetti
 
 def _config(settings: EngineSettings, args: Mapping[str, Any], engine: str) -> RayEnginePool.Config:
     """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine."""
-    own = {f.name for f in dataclasses.fields(RayEnginePool.Config)} - {"engine", "engine_args"}
-    pool = {k: v for k, v in args.items() if k in own}
-    inner = {
-        **dict(args.get("engine_args", {})),
-        **{k: v for k, v in args.items() if k not in own | {"engine_args"}},
-    }
+    own = {f.name for f in dataclasses.fields(RayEnginePool.Config)} - {"engine", "engine_args", "faults"}
+    pool, faults, inner = split_options(args, own)
     if "engine" in args:
         raise ConfigError(f"--engine-arg engine: this pool always runs {engine!r} replicas")
+    fault_options = config_from(FaultOptions, faults, where="--engine-arg", owner="ray")
     config = config_from(
         RayEnginePool.Config,
-        {**pool, "engine": engine, "engine_args": inner},
+        {**pool, "faults": fault_options, "engine": engine, "engine_args": inner},
         where="--engine-arg",
         owner="ray",
     )

@@ -6,6 +6,9 @@
   is flushed);
 * ``round_robin``: replicas in turn;
 * ``least_load``: the replica with the fewest outstanding requests (ties: the lowest index).
+
+``alive`` (the replica router's failure handling) restricts every policy to the replicas still
+serving: a prefix on a dead replica is forgotten and its key goes to the least-loaded survivor.
 """
 
 from __future__ import annotations
@@ -31,17 +34,26 @@ class Router:
         self._rr = 0
         self._affinity: dict[str, int] = {}
 
-    def route(self, routing_key: str | None, outstanding: Sequence[int]) -> int:
-        """The replica for one request; ``outstanding[i]``: requests replica ``i`` has not returned."""
+    def route(
+        self, routing_key: str | None, outstanding: Sequence[int], alive: Sequence[bool] | None = None
+    ) -> int:
+        """The replica for one request; ``outstanding[i]``: requests replica ``i`` has not returned;
+        ``alive[i]`` False: replica ``i`` is down (``None``: every replica serves)."""
+        up = range(self.replicas) if alive is None else [i for i in range(self.replicas) if alive[i]]
+        if not up:
+            raise ValueError("no replica is alive to route to")
         if self.policy == "round_robin":
-            self._rr = (self._rr + 1) % self.replicas
+            for _ in range(self.replicas):
+                self._rr = (self._rr + 1) % self.replicas
+                if alive is None or alive[self._rr]:
+                    break
             return self._rr
         if self.policy == "cache_aware" and routing_key is not None:
             chosen = self._affinity.get(routing_key)
-            if chosen is None:
-                chosen = self._affinity[routing_key] = _least_loaded(outstanding)
+            if chosen is None or (alive is not None and not alive[chosen]):
+                chosen = self._affinity[routing_key] = _least_loaded(outstanding, up)
             return chosen
-        return _least_loaded(outstanding)
+        return _least_loaded(outstanding, up)
 
     def forget_prefixes(self) -> None:
         """New weights: no replica holds a useful prefix any more."""
@@ -55,5 +67,5 @@ class Router:
         self._affinity = dict(state["affinity"])
 
 
-def _least_loaded(outstanding: Sequence[int]) -> int:
-    return min(range(len(outstanding)), key=lambda i: (outstanding[i], i))
+def _least_loaded(outstanding: Sequence[int], among: Sequence[int] | range) -> int:
+    return min(among, key=lambda i: (outstanding[i], i))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from april_bench.backends import Components, build_components, check_drivers, validate
 from april_bench.experiment.session import ArmSession, Bars
@@ -68,6 +69,9 @@ class RunResult:
     engine_version: str | None = None
     #: The dtype the engine computed in (``None``: not reported).
     engine_dtype: str | None = None
+    #: Where each session's engine replicas ran, ``{"arm#repeat": [{"replica", "node_id", ...}]}``
+    #: (Ray pools; empty otherwise).
+    placement: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def run(
@@ -122,6 +126,7 @@ def run(
         notes=list(components.notes),
         engine_version=first.engine_version,
         engine_dtype=first.engine_dtype,
+        placement={f"{s.arm.label}#{s.repeat}": s.placement for s in sessions if s.placement},
     )
 
 

@@ -15,6 +15,7 @@ import april_bench.experiment.checkpoint as checkpoint
 from april_bench.backends import Components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
 from april_bench.engines.protocol import Engine, EngineMetrics
+from april_bench.engines.replicas import FaultEvent, FaultReport, Placed
 from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
@@ -73,6 +74,8 @@ class ArmSession:
         self.name = arm.label if config.repeats == 1 else f"{arm.label} #{repeat}"
         self.simulated = True
         self.engine_version: str | None = None
+        #: Where the engine's replicas run (a Ray pool's placement; empty for other engines).
+        self.placement: list[dict[str, Any]] = []
         self.engine_dtype: str | None = None
         self._engine: Engine | None = None
         self._trainer: Trainer | None = None
@@ -112,9 +115,13 @@ class ArmSession:
         if driver.asynchronous:
             make_engine, make_trainer, _ = self.components.split(driver.train_gpus)
         engine = self._engine = make_engine()
+        if isinstance(engine, FaultReport):  # a replica pool: its failures go to the events table
+            engine.watch_faults(self._fault_event)
         await engine.start()
         info = engine.info  # known once started
         self.simulated, self.engine_version, self.engine_dtype = info.simulated, info.version, info.dtype
+        if isinstance(engine, Placed):
+            self.placement = engine.placement  # the pool's own list: restarts update it
         self._trainer = make_trainer()
         self._scratch = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch_root(self.status))
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
@@ -341,6 +348,22 @@ class ArmSession:
         self.recorder.add(
             EventRecord(
                 arm=self.arm.label, step=step, kind=kind, t=t - self._origin_of_run, repeat=self.repeat
+            )
+        )
+
+    def _fault_event(self, fault: FaultEvent) -> None:
+        """A replica pool's failure handling, as it happens, in the step being rolled out."""
+        self.recorder.add(
+            EventRecord(
+                arm=self.arm.label,
+                step=self._done,
+                kind=fault.kind,
+                t=fault.t - (self.run_origin or 0.0),
+                repeat=self.repeat,
+                replica=fault.replica,
+                requests=fault.requests,
+                tokens=fault.tokens,
+                detail=fault.detail,
             )
         )
 

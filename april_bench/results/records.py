@@ -195,13 +195,21 @@ class EventRecord:
     ``time.monotonic`` based; virtual seconds for a simulated run), the clock telemetry samples use.
     ``kind``: ``arm_start``, ``rollout_start``, ``rollout_stop`` (N groups in: the abort begins),
     ``rollout_end``, ``train_start``, ``train_end``, ``weight_sync_start``, ``weight_sync_end``,
-    ``eval_start``, ``eval_end``, ``arm_end``."""
+    ``eval_start``, ``eval_end``, ``arm_end``; a replica pool adds ``replica_placed`` (``detail``: the
+    Ray node) and, handling failures, ``fault_injected``, ``replica_failed``, ``requests_requeued``
+    (``tokens``: re-prefilled), ``replica_restarted``, ``replica_restart_failed``, ``replica_lost_all``
+    (:mod:`april_bench.engines.replicas`), with the replica, the requests and tokens concerned
+    and a reason in ``detail``."""
 
     arm: str
     step: int
     kind: str
     t: float
     repeat: int = 0
+    replica: int | None = None
+    requests: int | None = None
+    tokens: int | None = None
+    detail: str | None = None
 
 
 @dataclass(slots=True)

@@ -268,6 +268,14 @@ class HFEngine(Configurable):
     async def load(self) -> EngineLoad:
         return EngineLoad(running=len(self._active), waiting=len(self._waiting))
 
+    async def health(self) -> None:
+        """Healthy while its scheduler runs (:class:`~april_bench.engines.protocol.HealthCheck`)."""
+        if self._task is None:
+            raise EngineError("hf engine not started")
+        if self._task.done():
+            error = None if self._task.cancelled() else self._task.exception()
+            raise EngineError(f"the hf engine's scheduler stopped: {error}")
+
     async def update_weights(self, update: WeightUpdate) -> None:
         """Installed between two forward passes (the scheduler yields to the loop after each one, and
         nothing here awaits): in-flight sequences keep their KV and decode on with the new weights."""

@@ -49,6 +49,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
+from april_bench.engines.server.health import check_health, freeze_server, kill_server
 from april_bench.engines.server.http import HTTPClient, HTTPError
 from april_bench.engines.server.metrics import parse_prometheus
 from april_bench.engines.server.process import ServerHandle, ServerProcess, flag_args, free_port
@@ -197,6 +198,19 @@ class SGLangEngine(Configurable):
             if loop.time() > deadline:
                 raise EngineError(f"the sglang server at {self.url} is not healthy (GET /health)")
             await asyncio.sleep(0.5)
+
+    async def health(self) -> None:
+        """``GET /health`` (:class:`~april_bench.engines.protocol.HealthCheck`)."""
+        timeout = self.config.control_timeout_s
+        await check_health(self._http, name="sglang", url=self.url, server=self.server, timeout_s=timeout)
+
+    async def kill(self) -> None:
+        """Fault injection (:class:`~april_bench.engines.replicas.Killable`): SIGKILL the launched server."""
+        kill_server(self.server, name="sglang")
+
+    async def hang(self) -> None:
+        """Fault injection: SIGSTOP the launched server, so it answers nothing."""
+        freeze_server(self.server, name="sglang")
 
     async def close(self) -> None:
         """Fail what is still in flight, close the connections, stop a launched server."""

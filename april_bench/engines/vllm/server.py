@@ -80,6 +80,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
+from april_bench.engines.server.health import check_health
 from april_bench.engines.server.http import HTTPClient, HTTPError, HTTPStream
 from april_bench.engines.server.metrics import parse_prometheus
 from april_bench.engines.server.process import ServerProcess, flag_args, free_port
@@ -234,6 +235,11 @@ class VLLMServerEngine(Configurable):
         except BaseException:
             await self.close()
             raise
+
+    async def health(self) -> None:
+        """``GET /health`` (:class:`~april_bench.engines.protocol.HealthCheck`)."""
+        timeout = self.config.control_timeout_s
+        await check_health(self._http, name="vllm", url=self.url, server=self.server, timeout_s=timeout)
 
     async def close(self) -> None:
         inflight, self._inflight = self._inflight, {}

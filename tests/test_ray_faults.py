@@ -1,0 +1,100 @@
+"""Chaos on a real local Ray cluster: replica actors killed (or hung) at seeded token counts while the
+sync and APRIL arms run; every run finishes with nothing lost (``pytest -m ray``)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_replica_faults import _check_nothing_lost, _faults
+
+from april_bench.cli import main
+
+RUN = [
+    "run",
+    "--engine",
+    "ray-fake",
+    "--engine-arg",
+    "replicas=3",
+    "--engine-arg",
+    "num_cpus=0.25",
+    "--engine-arg",
+    "token_time_s=0.0002",
+    # generous: a loaded machine must not make a healthy replica look dead
+    "--engine-arg",
+    "health_interval_s=1",
+    "--engine-arg",
+    "health_timeout_s=30",
+    "--rollout-arg",
+    "replay_lengths=true",
+    "--hw",
+    "cpu",
+    "--dataset",
+    "deepscaler",
+    "--model",
+    "qwen3-4b",
+    "--max-response-len",
+    "16384",
+    "--steps",
+    "3",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--over-sampling-batch-size",
+    "8",
+    "--strategies",
+    "sync,april",
+    "--no-progress",
+]
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_killed_replica_actors_lose_no_prompt(seed: int, local_ray: None, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    chaos = [f"chaos_seed={seed}", "chaos_faults=2", "chaos_window_tokens=200000"]
+    argv = [*RUN, *(x for c in chaos for x in ("--engine-arg", c)), "--out", str(out)]
+    assert main(argv) == 0
+    _check_nothing_lost(out)  # also: every request of step s carries version s (restarts got weights)
+    for arm in ("sync", "april"):
+        mine = [e for e in _faults(out) if e["arm"] == arm]
+        injected = [e for e in mine if e["kind"] == "fault_injected"]
+        failed = [e for e in mine if e["kind"] == "replica_failed"]
+        assert injected, "the schedule fired"
+        # every killed actor is found dead (by its pump, a call, or the health probe) and restarted
+        assert sorted(int(str(e["replica"])) for e in failed) == sorted(
+            int(str(e["replica"])) for e in injected
+        )
+        assert {e["kind"] for e in mine} >= {"replica_failed", "replica_restarted"}
+        assert all("died" in str(e["detail"]).lower() or "killed" in str(e["detail"]) for e in failed)
+    # requests that were out on a killed actor came back from a survivor
+    assert any(e["kind"] == "requests_requeued" and e["requests"] for e in _faults(out))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_hung_replica_actor_is_found_by_the_health_timeout(local_ray: None, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    chaos = ["chaos_seed=4", "chaos_faults=1", "chaos_window_tokens=80000", "chaos_mode=hang"]
+    argv = [*RUN, *(x for c in chaos for x in ("--engine-arg", c)), "--out", str(out)]
+    assert main(argv) == 0
+    _check_nothing_lost(out)
+    failed = [e for e in _faults(out) if e["kind"] == "replica_failed"]
+    assert failed and all("no answer within 30 s (hung)" in str(e["detail"]) for e in failed)
