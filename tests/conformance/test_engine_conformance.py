@@ -280,8 +280,13 @@ def test_abort_of_one_request_leaves_the_others_running(host: EngineHost) -> Non
     async def body() -> None:
         engine = host.engine
         assert engine is not None
+        before = await generated_tokens(engine)
         stream = engine.generate([request("stop-me", LONG, replay=LONG), request("finish-me", 30, replay=30)])
-        while (await engine.load()).running < 1:  # "finish-me" may be done before both are seen running
+        # "finish-me" may be done before both are seen running, and a load poll can come back after the
+        # engine decoded both (see until_or_missed): stop polling once its own count shows both done
+        while (await engine.load()).running < 1:
+            if before is not None and (await generated_tokens(engine) or 0) >= before + LONG + 30:
+                break
             await asyncio.sleep(0.01)
         await engine.abort(["stop-me"])
         done = {c.request_id: c async for c in stream}
