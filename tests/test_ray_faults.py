@@ -84,8 +84,14 @@ def test_killed_replica_actors_lose_no_prompt(seed: int, local_ray: None, tmp_pa
         )
         assert {e["kind"] for e in mine} >= {"replica_failed", "replica_restarted"}
         assert all("died" in str(e["detail"]).lower() or "killed" in str(e["detail"]) for e in failed)
-    # requests that were out on a killed actor came back from a survivor
-    assert any(e["kind"] == "requests_requeued" and e["requests"] for e in _faults(out))
+    # every request that was out on a killed actor came back from a survivor.  Whether any was out at
+    # the kill depends on Ray's timing (a replica answers whole completions), so this checks the count
+    # against the failure's own count; the exact re-queue schedule is tested on the fake pool
+    # (tests/test_replica_faults.py), whose clock is virtual.
+    events = _faults(out)
+    lost = sorted(int(e["requests"] or 0) for e in events if e["kind"] == "replica_failed" and e["requests"])
+    requeued = sorted(int(e["requests"] or 0) for e in events if e["kind"] == "requests_requeued")
+    assert requeued == lost
 
 
 @pytest.mark.slow
