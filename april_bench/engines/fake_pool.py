@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.replicas import FaultEvent, FaultOptions, ReplicaRouter, split_options
+from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront, split_options
 from april_bench.engines.routing import ROUTER_POLICIES
 from april_bench.engines.stream import CompletionStream
 
@@ -124,7 +124,7 @@ class InProcessReplica:
         self._hung = True
 
 
-class FakeReplicaPool(Configurable):
+class FakeReplicaPool(RouterFront, Configurable):
     """``fake-pool``: ``replicas`` in-process fake engines behind the replica router, on the virtual
     clock: routing, failure detection, re-queueing and restarts, exactly repeatable."""
 
@@ -164,34 +164,11 @@ class FakeReplicaPool(Configurable):
             make=make, replicas=config.replicas, policy=config.router_policy, faults=config.faults, info=info
         )
 
-    @property
-    def info(self) -> EngineInfo:
-        return self._router.info
-
-    @property
-    def router(self) -> ReplicaRouter:
-        return self._router
-
     async def start(self) -> None:
         await self._router.start()
 
     async def close(self) -> None:
         await self._router.close()
-
-    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
-        return self._router.generate(requests)
-
-    async def abort(self, request_ids: Collection[str] | None = None) -> None:
-        await self._router.abort(request_ids)
-
-    async def load(self) -> EngineLoad:
-        return await self._router.load()
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        await self._router.update_weights(update)
-
-    def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None:
-        self._router.watch_faults(callback)
 
     def work(self) -> EngineWork:
         """The replicas' work summed (:class:`~april_bench.engines.protocol.EngineAccounting`): the

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.replicas import FaultEvent, FaultOptions, ReplicaRouter, split_options
+from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront, split_options
 from april_bench.engines.routing import ROUTER_POLICIES
 from april_bench.engines.stream import CompletionStream
 
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 
-class RayEnginePool(Configurable):
+class RayEnginePool(RouterFront, Configurable):
     """``replicas`` engines as Ray actors behind the replica router (:mod:`.replicas`)."""
 
     @dataclass(kw_only=True, slots=True, frozen=True)
@@ -101,14 +101,6 @@ class RayEnginePool(Configurable):
         )
         #: Where each replica runs: ``{"replica", "node_id", "node_ip", "bundle"}`` (provenance).
         self.placement: list[dict[str, Any]] = []
-
-    @property
-    def info(self) -> EngineInfo:
-        return self._router.info
-
-    @property
-    def router(self) -> ReplicaRouter:
-        return self._router
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -174,12 +166,6 @@ class RayEnginePool(Configurable):
             raise EngineError("ray engine pool not started: call await engine.start() first")
         return self._router.generate(requests)
 
-    async def abort(self, request_ids: Collection[str] | None = None) -> None:
-        await self._router.abort(request_ids)
-
-    async def load(self) -> EngineLoad:
-        return await self._router.load()
-
     async def update_weights(self, update: WeightUpdate) -> None:
         """The same update on every replica; a state dict travels through the object store once (and a
         restarted replica reads it from there too)."""
@@ -188,9 +174,6 @@ class RayEnginePool(Configurable):
         if update.weights is not None:
             update = dataclasses.replace(update, weights=ray.put(update.weights))
         await self._router.update_weights(update)
-
-    def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None:
-        self._router.watch_faults(callback)
 
 
 class RayReplica:

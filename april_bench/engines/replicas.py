@@ -562,3 +562,33 @@ def split_options(
         **{k: v for k, v in args.items() if k not in {*own, *FAULT_OPTIONS, "engine_args"}},
     }
     return pool, faults, inner
+
+
+class RouterFront:
+    """The engine members a replica pool answers by asking its :class:`ReplicaRouter` (``self._router``,
+    set by the pool's constructor); a pool adds how its replicas are made and placed."""
+
+    _router: ReplicaRouter
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._router.info
+
+    @property
+    def router(self) -> ReplicaRouter:
+        return self._router
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        return self._router.generate(requests)
+
+    async def abort(self, request_ids: Collection[str] | None = None) -> None:
+        await self._router.abort(request_ids)
+
+    async def load(self) -> EngineLoad:
+        return await self._router.load()
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        await self._router.update_weights(update)
+
+    def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None:
+        self._router.watch_faults(callback)
