@@ -102,6 +102,11 @@ def _measure_curve(components: Any, config: ExperimentConfig) -> Any:
 
     engine: Engine = components.engine()
     vocab = components.engine_settings.vocab_size or 100
+    # Time the batches the arms run at, up to every request of an over-sampled launch wave, so the
+    # fitted per-sequence cost is not extrapolated from small batches (measure_cost_curve caps them
+    # at what the engine holds).
+    wave = config.rollout.over_sampling_batch_size * config.rollout.n_samples_per_prompt
+    batches = sorted({1, 4, 16, *(b for b in (64, 256) if b < wave), wave})
 
     async def measure() -> Any:
         await engine.start()
@@ -112,6 +117,7 @@ def _measure_curve(components: Any, config: ExperimentConfig) -> Any:
                 model=config.model,
                 hardware=config.hardware,
                 vocab=vocab,
+                batches=batches,
             )
         finally:
             await engine.close()
