@@ -15,7 +15,7 @@
 # Everything lands in $WORK (default runs/gpu-recipe); after every stage the whole folder is packed
 # into $PACK (default $WORK.tar.gz), so a stage killed by its limit keeps the ones before it.
 #
-#   bash benchmarks/gpu_recipe.sh                                  # on one H100 (under 10 minutes: the stage limits add up to 580 s)
+#   bash benchmarks/gpu_recipe.sh                                  # on one H100 (under 10 minutes: the stage limits add up to 560 s)
 #   DEVICE=cpu MODEL=tiny HW=cpu SMALL=1 bash benchmarks/gpu_recipe.sh   # a dry run of every stage on a CPU
 set -u
 WORK=${WORK:-runs/gpu-recipe}
@@ -84,5 +84,5 @@ stage tests 100 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_hf_st
 # shellcheck disable=SC2086
 stage run 150 $PY -m april_bench run $COMMON --strategies sync,april $RUN_SIZES --telemetry auto --out "$WORK/run-synthetic-$MODEL"
 # shellcheck disable=SC2086
-stage simcheck 120 $PY -m april_bench simcheck $COMMON $SIM_SIZES --out "$WORK/simcheck-hf-$DEVICE"
+stage simcheck 100 $PY -m april_bench simcheck $COMMON $SIM_SIZES --out "$WORK/simcheck-hf-$DEVICE"
 echo "packed: $PACK"
