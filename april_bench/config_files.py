@@ -116,7 +116,8 @@ def write_config_file(path: Path, config: ExperimentConfig) -> None:
         "# april-bench run configuration: `python -m april_bench run --config THIS_FILE` repeats the run.\n"
         "# Fields: docs/results-schema.md and `run --help`; any field left out comes from the recipe.\n"
     )
+    from april_bench.results.store import write_text_atomic
+
     body = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + body)
-    tmp.replace(path)  # atomic: a reader sees the old file or the whole new one
+    # atomic, through a uniquely named temporary file: a reader sees the old file or the whole new one
+    write_text_atomic(path, header + body)

@@ -493,6 +493,27 @@ def test_trainer_state_files_use_unique_temporary_names(tmp_path: Path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.trainer.pt", "s.trainer.pt.tmp"]  # no leftover
 
 
+def test_config_and_trace_files_use_unique_temporary_names(tmp_path: Path) -> None:
+    """The probes rerun found two more fixed ``.NAME.tmp`` names (config.yaml, `whatif --out` traces):
+    another process's file of that name is left alone, and no temporary file is left behind."""
+    from april_bench.config_files import read_config_file, write_config_file
+    from april_bench.experiment_config import ExperimentConfig
+    from april_bench.trace.format import TraceHeader, write_trace
+
+    config_path, trace_path = tmp_path / "config.yaml", tmp_path / "t.jsonl"
+    for path in (config_path, trace_path):
+        path.with_name(f".{path.name}.tmp").write_text("another process's temporary file")
+    write_config_file(config_path, ExperimentConfig())
+    assert read_config_file(config_path)
+    header = TraceHeader(source="test", evidence="per-sample", token_counts="exact")
+    assert write_trace(trace_path, header, []) == 0
+    assert json.loads(trace_path.read_text())["source"] == "test"
+    for path in (config_path, trace_path):
+        assert path.with_name(f".{path.name}.tmp").read_text() == "another process's temporary file"
+        assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
+    assert len(list(tmp_path.iterdir())) == 4
+
+
 # ---------------------------------------------------------------- the hostile-input suite
 
 #: (file in the run directory, content) -> the message's part. ``None`` content: the file is deleted.

@@ -88,6 +88,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
     _write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a uniquely named temporary file and a rename (see below)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(path, text)
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     """A uniquely named temporary file, fsynced, renamed over ``path``, then the directory fsynced: after
     a crash ``path`` holds the old text or the new, never a torn or empty file."""
