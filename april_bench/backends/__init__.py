@@ -178,7 +178,7 @@ def check_drivers(config: ExperimentConfig, components: Components) -> None:
     """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
     cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off)."""
     from april_bench.rollout.driver_config import WeightUpdateMode
-    from april_bench.rollout.registry import STRATEGIES
+    from april_bench.strategies import STRATEGIES
 
     for arm in config.arms:
         driver = arm.driver

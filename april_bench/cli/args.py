@@ -83,8 +83,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from april_bench.profiles.hardware import hardware_names
     from april_bench.recipes import PAPER_RECIPES
     from april_bench.rollout.loop import RolloutConfig
-    from april_bench.rollout.registry import STRATEGIES
     from april_bench.rollout.strategy import RefillMode
+    from april_bench.strategies import STRATEGIES
     from april_bench.telemetry.sampler import BACKENDS, TelemetryConfig
     from april_bench.trainers.registry import TRAINERS
 

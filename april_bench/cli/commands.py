@@ -139,7 +139,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from april_bench.algorithms import ALGORITHMS
     from april_bench.engines import ENGINES
     from april_bench.profiles.models import MODELS
-    from april_bench.rollout.registry import STRATEGIES, strategy_options
+    from april_bench.strategies import STRATEGIES, strategy_options
     from april_bench.trainers.registry import TRAINERS
 
     sections: dict[str, Any] = {
