@@ -214,7 +214,7 @@ class SummaryAccumulator:
     def _sample(self, s: Row) -> None:
         arm = self._arm(s["arm"])
         fate = s["fate"]
-        response = int(s["response_len"])
+        response = int(s["response_len"]) - int(s.get("observation_tokens", 0))  # generated tokens
         arm.wasted += int(s.get("discarded_tokens", 0))
         if fate == "trained":
             arm.trained += 1

@@ -42,7 +42,9 @@ from april_bench.engines.protocol import (
     SamplingParams,
     SaturationModel,
 )
+from april_bench.envs.protocol import Environment, EpisodeWorkload
 from april_bench.results.records import Fate, RequestRecord, RunRecorder, StepRecord
+from april_bench.rollout import episodes
 from april_bench.rollout.buffer import GroupBuffer
 from april_bench.rollout.state import group_from_dict, group_to_dict
 from april_bench.rollout.step import CarryOver, InFlight, Meter, Pending, ProgressView, StepState, step_record
@@ -161,6 +163,8 @@ class RolloutLoop(Configurable):
         self._sampling = config.sampling_params()
         self._replay = config.replay_lengths or not engine.info.produces_tokens
         self._seeded = engine.info.produces_tokens  # an engine that samples gets per-sample seeds
+        #: Multi-turn episodes (rollout/episodes.py): the workload's environment answers each turn.
+        self.env: Environment | None = workload.environment if isinstance(workload, EpisodeWorkload) else None
         self._next_request = 0
         self._next_order = 0
 
@@ -203,6 +207,7 @@ class RolloutLoop(Configurable):
         t_stop = loop.time()
         abort_rounds = await self._stop(st) if st.pending else 0
         await asyncio.gather(*st.pumps, *st.aborts)
+        await episodes.drain(st)  # environment calls out at the stop finish (docs/agents.md)
         self._raise_if_failed(st)
         t_end = loop.time()
         work_after = self._work()
@@ -348,6 +353,14 @@ class RolloutLoop(Configurable):
         elif sample.response_len and not self.strategy.keep_partial(sample, view):
             st.restart_tokens += sample.restart()
             st.restarted += 1
+        if self.env is not None and sample.env_state is None:
+            episodes.begin(self.env, sample, st)
+        return self.next_request(st, sample, view, priority)
+
+    def next_request(
+        self, st: StepState, sample: Sample, view: RolloutView, priority: int
+    ) -> GenerateRequest | None:
+        """The request that continues ``sample`` (``None``: it is finished, or has no budget left)."""
         if sample.status.is_finished:
             return None
         remaining = self.config.max_response_len - sample.response_len
@@ -359,7 +372,10 @@ class RolloutLoop(Configurable):
             sample.start_step = st.step
         replay = None
         if self._replay:
-            target = self.workload.replay_len(sample.prompt, sample.index, sample.start_step)
+            if self.env is not None and sample.env_state is not None:
+                target = self.env.replay_len(sample.env_state)  # this turn's end
+            else:
+                target = self.workload.replay_len(sample.prompt, sample.index, sample.start_step)
             if target is None:
                 raise ConfigError(
                     f"engine {self.engine.info.name!r} needs replayed lengths but workload "
@@ -446,11 +462,17 @@ class RolloutLoop(Configurable):
                 repeat=self.repeat,
             )
         )
-        flight = pending.flight
+        if self.env is not None and c.finish_reason is FinishReason.STOP:
+            episodes.call(self, st, pending)  # the turn ended: the environment answers the action
+            return
+        self.request_returned(st, pending.flight)
+
+    def request_returned(self, st: StepState, flight: InFlight) -> None:
+        """One of ``flight``'s samples is back (its request, or its episode's last environment call)."""
         flight.outstanding -= 1
         if flight.outstanding == 0:
             self._on_group_returned(st, flight)
-        if not st.pending:
+        if not st.pending and not st.env_pending:
             st.all_returned.set()
 
     def _on_group_returned(self, st: StepState, flight: InFlight) -> None:
