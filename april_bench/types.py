@@ -187,7 +187,9 @@ class Sample:
         """Generated response tokens produced by a policy older than ``train_version`` (an episode's
         observation tokens are not generated and never count)."""
         if any(s.observation for s in self.segments):
-            return sum(s.num_tokens for s in self.segments if not s.observation and s.policy_version < train_version)
+            return sum(
+                s.num_tokens for s in self.segments if not s.observation and s.policy_version < train_version
+            )
         return sum(n for v, n in self.version_runs() if v < train_version)
 
     @property

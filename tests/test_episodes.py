@@ -39,7 +39,9 @@ SETTINGS: dict[str, Any] = {
 }
 
 
-def _loop(arm: str, fake: FakeEngine, workload: ScriptedEpisodes, recorder: RunRecorder, **rollout: Any) -> RolloutLoop:
+def _loop(
+    arm: str, fake: FakeEngine, workload: ScriptedEpisodes, recorder: RunRecorder, **rollout: Any
+) -> RolloutLoop:
     spec = ArmSpec.parse(arm)
     return RolloutConfig(**{**SETTINGS, **rollout}).build(
         arm=spec.label,
@@ -122,7 +124,11 @@ def test_sync_waits_for_the_slowest_episode() -> None:
         "env_state": {"uid": 0, "sample": 0, "turn": 4, "done_len": 26},
     }
     # the turns of uid 1 sample 0: each request continues the episode after the observation
-    sends = [(r.prefix_len, r.max_new_tokens, r.output_len, r.finish_reason) for r in recorder["requests"] if (r.group_uid, r.sample_index) == (1, 0)]
+    sends = [
+        (r.prefix_len, r.max_new_tokens, r.output_len, r.finish_reason)
+        for r in recorder["requests"]
+        if (r.group_uid, r.sample_index) == (1, 0)
+    ]
     assert sends == [(0, 64, 3, "stop"), (5, 59, 3, "stop")]
 
 
@@ -143,7 +149,7 @@ def test_observations_are_masked_and_keep_the_episode_state_through_the_buffer()
 
 
 def test_april_resumes_episodes_across_steps_with_their_state() -> None:
-    outcomes, recorder, loop, workload = episode_arm("april", steps=4)
+    outcomes, recorder, _, workload = episode_arm("april", steps=4)
     # Step 0: uids 0-3 launch at 0.  1, 2, 3 finish at 8 (3 + 1 + 3 + 1); two are accepted, and the
     # abort lets uid 0 (turn 2 began at 7.5) finish its token in flight at 8.5.  Generated: 3 x 12
     # + 2 x (5 + 1) = 48; calls: 12 short + 2 long (17 s); observations 12 + 4.
@@ -171,7 +177,9 @@ def test_april_resumes_episodes_across_steps_with_their_state() -> None:
         (2, 21, 43, 3, "abort", 2),
         (3, 24, 40, 2, "stop", 3),
     ]
-    trained = next(s for s in recorder["samples"] if (s.group_uid, s.sample_index) == (0, 0) and s.fate == "trained")
+    trained = next(
+        s for s in recorder["samples"] if (s.group_uid, s.sample_index) == (0, 0) and s.fate == "trained"
+    )
     assert trained.episode is not None and trained.episode["steps"] == [0, 1, 2, 3]
     assert trained.episode["env_state"] == {"uid": 0, "sample": 0, "turn": 4, "done_len": 26}
     assert trained.version_runs == [[0, 8], [1, 8], [2, 8], [3, 2]]
@@ -188,13 +196,15 @@ def test_april_conserves_every_prompt_and_generated_token() -> None:
     _, recorder, _, _ = episode_arm("april", steps=4)
     m = recorder.summary(baseline="april")["april"]
     assert m["prompts"] == {"launched": 10, "trained": 8, "dropped": 0, "buffered": 2, "inconsistent": 0}
-    assert m["generated_tokens"] == 172 == m["trained_tokens"] + m["buffered_tokens_at_end"] + m["wasted_tokens"]
+    assert (
+        m["generated_tokens"] == 172 == m["trained_tokens"] + m["buffered_tokens_at_end"] + m["wasted_tokens"]
+    )
     assert m["wasted_tokens"] == 0
 
 
 def test_a_call_out_at_the_stop_finishes_and_no_turn_follows() -> None:
     # oversample-discard: at the stop (t=8) uid 0 is in turn 2; it is dropped after its token in flight
-    outcomes, recorder, _, workload = episode_arm("oversample-discard", steps=1)
+    outcomes, recorder, _, _workload = episode_arm("oversample-discard", steps=1)
     assert [g.uid for g in outcomes[0].batch] == [3, 1]
     dropped = [s for s in recorder["samples"] if s.group_uid == 0]
     assert {s.fate for s in dropped} == {"dropped"} and {s.response_len for s in dropped} == {8}
@@ -287,7 +297,9 @@ def test_stale_driver_updates_weights_during_a_tool_call() -> None:
         await pipeline.run(range(3), on_step)
 
     run_virtual(main())
-    phases = [(d.rollout_start, d.rollout_end, d.train_start, d.train_end, d.sync_start, d.sync_end) for d in done]
+    phases = [
+        (d.rollout_start, d.rollout_end, d.train_start, d.train_end, d.sync_start, d.sync_end) for d in done
+    ]
     assert phases == [(0, 6, 6, 8.5, 8.5, 9.5), (6, 12.5, 12.5, 15, 15, 16), (12.5, 19, 19, 21.5, 21.5, 22.5)]
     runs = [{tuple(s.version_runs()) for g in d.outcome.batch for s in g.samples} for d in done]
     # turn 1 and its observation on the old version, turn 2 on the new: every token keeps its version

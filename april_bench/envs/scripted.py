@@ -43,11 +43,15 @@ class ScriptedEnvironment:
         script = self._turns(uid, index)
         tokens, latency, observed = script[turn]
         if len(action) != tokens:
-            raise ValueError(f"episode {uid}/{index} turn {turn}: action of {len(action)} tokens, script {tokens}")
+            raise ValueError(
+                f"episode {uid}/{index} turn {turn}: action of {len(action)} tokens, script {tokens}"
+            )
         await asyncio.sleep(latency)
         self.calls.append((uid, index, turn))
         done = turn + 1 == len(script)
-        obs = () if done else tuple(1000 + (uid * 31 + index * 7 + turn * 3 + i) % 97 for i in range(observed))
+        obs = (
+            () if done else tuple(1000 + (uid * 31 + index * 7 + turn * 3 + i) % 97 for i in range(observed))
+        )
         new = {**state, "turn": turn + 1, "done_len": int(state["done_len"]) + tokens + len(obs)}
         return EnvStep(obs, new, done=done)
 

@@ -98,7 +98,9 @@ async def _call(loop: RolloutLoop, st: StepState, pending: Pending) -> None:
             request = loop.next_request(st, sample, loop._view(st), pending.request.priority)
             if request is not None:  # the next turn, at once
                 now = clock.time()
-                st.pending[request.request_id] = Pending(pending.flight, sample, request, sample.response_len, now)
+                st.pending[request.request_id] = Pending(
+                    pending.flight, sample, request, sample.response_len, now
+                )
                 st.requests += 1
                 st.peak_concurrency = max(st.peak_concurrency, len(st.pending))
                 st.all_returned.clear()

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from april_bench.config import BaseConfig, ConfigError, config_from, param
+from april_bench.config import ConfigError, config_from, param
 from april_bench.engines.protocol import Engine, GenerateRequest
 from april_bench.envs.protocol import EnvStep
 from april_bench.evaluation import AvgAtK, EvalItem, EvalResult, EvalRow
@@ -75,7 +75,7 @@ class AgentTask(SyntheticTask):
 
     def observation(self, x: int, k: int) -> str:
         """The calculator's answer from ``x``: the next ``chunk`` chain values, ``,`` if more follow."""
-        values = []
+        values: list[str] = []
         while x - k >= 0 and len(values) < self.config.chunk:
             x -= k
             values.append(str(x))
@@ -173,14 +173,21 @@ class EpisodeAvgAtK(AvgAtK):
     async def _episode(self, engine: Engine, request: GenerateRequest, at: tuple[EvalItem, int]) -> EvalRow:
         item, j = at
         problem: Problem = item.reference
-        prompt = Prompt(uid=-1, source_id=item.source_id, length=len(item.prompt_ids), metadata={"n": problem.n, "k": problem.k})
+        prompt = Prompt(
+            uid=-1,
+            source_id=item.source_id,
+            length=len(item.prompt_ids),
+            metadata={"n": problem.n, "k": problem.k},
+        )
         state = self.calculator.reset(prompt, j).state
         response: list[int] = []
         turn = 0
         while True:
             budget = self.max_new_tokens - len(response)
             ids = (*item.prompt_ids, *response)
-            req = GenerateRequest(f"{request.request_id}-t{turn}", len(ids), budget, request.sampling, input_ids=ids)
+            req = GenerateRequest(
+                f"{request.request_id}-t{turn}", len(ids), budget, request.sampling, input_ids=ids
+            )
             action: tuple[int, ...] = ()
             async for c in engine.generate([req]):
                 action = c.output_ids or ()
@@ -206,7 +213,9 @@ def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: b
             "the synthetic-agent task trains a named architecture (--model tiny) from its own warm start; "
             f"it cannot use the checkpoint {config.model}"
         )
-    task = config_from(AgentTask.Config, config.task_args, where="--task-arg", owner="the synthetic-agent task")
+    task = config_from(
+        AgentTask.Config, config.task_args, where="--task-arg", owner="the synthetic-agent task"
+    )
     agent = AgentTask(task)
     warm_options = {"model": config.model, "seed": config.seed, **config.warmstart_args}
     warm = config_from(WarmStart.Config, warm_options, where="--warmstart-arg").build(task=agent)
@@ -215,7 +224,8 @@ def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: b
     workload = AgentWorkload(agent, seed=config.seed)
     rollout = config.rollout
     items = [
-        EvalItem("synthetic-agent-heldout", p.prompt, tuple(agent.prompt_ids(p)), p) for p in agent.heldout_problems
+        EvalItem("synthetic-agent-heldout", p.prompt, tuple(agent.prompt_ids(p)), p)
+        for p in agent.heldout_problems
     ]
     evaluator = EpisodeAvgAtK(
         Calculator(agent, seed=config.seed, wait=False),
