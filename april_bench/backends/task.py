@@ -32,6 +32,8 @@ def build_task(
     model = check_model(config)
     if config.dataset in ("synthetic", "synthetic-agent") and produces_tokens and not simulated:
         kind = config.dataset
+    elif config.dataset == "synthetic-agent":
+        kind = "synthetic-agent-replayed"  # the simulator or the fake engine: episodes, no model
     elif produces_tokens and not simulated and Path(model).expanduser().is_dir():
         kind = "math"
     else:

@@ -254,3 +254,74 @@ def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: b
         initial_weights=weights,
         checkpoint=checkpoint,
     )
+
+
+class ReplayedCalculator(Calculator):
+    """The calculator for an engine that replays lengths (the simulator, the fake engine): the policy
+    is the worked transcript (a call turn is the ``?`` token, the last turn ``#`` + the answer + EOS),
+    so turns, observations and latencies are the task's own; the action's ids are not read."""
+
+    def __init__(self, task: AgentTask, *, seed: int, solve_rate: float) -> None:
+        super().__init__(task, seed=seed)
+        self.solve_rate = solve_rate
+
+    def reset(self, prompt: Prompt, sample_index: int) -> EnvStep:
+        first = super().reset(prompt, sample_index)
+        return EnvStep((), {**first.state, "done_len": 0})
+
+    def replay_len(self, state: Mapping[str, Any]) -> int | None:
+        x, k = int(state["x"]), int(state["k"])
+        return int(state["done_len"]) + (1 if x >= k else len(f"#{x}") + 1)
+
+    async def step(self, state: Mapping[str, Any], action: Sequence[int]) -> EnvStep:
+        x, k, calls = int(state["x"]), int(state["k"]), int(state["calls"])
+        done_len = int(state["done_len"]) + len(action)
+        if x < k:  # the answer turn: right with the seeded solve rate
+            rng = random.Random(f"{self.seed}:reward:{state['uid']}:{state['sample']}")
+            reward = 1.0 if rng.random() < self.solve_rate else 0.0
+            return EnvStep((), {**state, "done_len": done_len}, reward=reward, done=True)
+        await asyncio.sleep(self.latency(state))
+        obs = self.task.observation(x, k)
+        ids = tuple(self.task.tokenizer.encode(obs))
+        last = int(obs.rstrip(",").rsplit(",", 1)[-1])
+        return EnvStep(ids, {**state, "x": last, "calls": calls + 1, "done_len": done_len + len(ids)})
+
+
+class ReplayedAgentWorkload(AgentWorkload):
+    """The agent task's episodes with replayed turns (no model): for ``--engine sim`` and ``fake``."""
+
+    def __init__(self, task: AgentTask, *, seed: int, solve_rate: float) -> None:
+        super().__init__(task, seed=seed)
+        self.name = "synthetic-agent (replayed turns)"
+        self.environment = ReplayedCalculator(task, seed=seed, solve_rate=solve_rate)
+
+    def reward(self, sample: Sample) -> float:
+        return 0.0  # a truncated episode: never answered
+
+
+#: Held-out accuracy of the agent warm start (tiny, seed 0, defaults): 0.83-0.86 over 4 steps of
+#: ``run --dataset synthetic-agent`` (docs/agents.md); the replayed episodes' solve rate.
+REPLAYED_SOLVE_RATE = 0.84
+
+
+def build_replayed(
+    config: ExperimentConfig, *, produces_tokens: bool = False, progress: bool = False
+) -> Task:
+    """The agent task on an engine without a model (simulator, fake): replayed episodes, no accuracy."""
+    options = dict(config.task_args)
+    solve_rate = float(options.pop("solve_rate", REPLAYED_SOLVE_RATE))
+    if not 0 <= solve_rate <= 1:
+        raise ConfigError(f"--task-arg solve_rate must be in [0, 1], got {solve_rate}")
+    task = config_from(AgentTask.Config, options, where="--task-arg", owner="the synthetic-agent task")
+    agent = AgentTask(task)
+    workload = ReplayedAgentWorkload(agent, seed=config.seed, solve_rate=solve_rate)
+    return Task(
+        kind="synthetic-agent-replayed",
+        workload=workload,
+        evaluator=None,
+        longest_prompt=workload.longest_prompt(),
+        replay_lengths=True,
+        eos_token_ids=(CharTokenizer.EOS, agent.call_id),
+        pad_token_id=CharTokenizer.PAD,
+        vocab_size=agent.tokenizer.vocab_size,
+    )

@@ -53,6 +53,7 @@ class Task:
 _TASK_OPTIONS = {
     "synthetic": ("task_args", "warmstart_args"),
     "synthetic-agent": ("task_args", "warmstart_args"),
+    "synthetic-agent-replayed": ("task_args",),
     "math": ("task_args",),
     "lengths": ("workload_args",),
 }
