@@ -117,6 +117,9 @@ class Sample:
     #: Environment calls this episode made, and the seconds they took (loop clock).
     env_calls: int = 0
     env_time_s: float = 0.0
+    #: Seconds its engine requests took (submit to return, queueing included): an episode's time
+    #: outside the environment.
+    request_time_s: float = 0.0
 
     def append(self, segment: Segment) -> None:
         """Add what one engine request (or, for an observation, the environment) returned and update

@@ -119,6 +119,7 @@ def test_sync_waits_for_the_slowest_episode() -> None:
         "turns": 4,
         "env_calls": 4,
         "env_time_s": 10.0,
+        "request_time_s": 20.0,
         "generated_tokens": 20,
         "steps": [0],
         "env_state": {"uid": 0, "sample": 0, "turn": 4, "done_len": 26},
@@ -130,6 +131,22 @@ def test_sync_waits_for_the_slowest_episode() -> None:
         if (r.group_uid, r.sample_index) == (1, 0)
     ]
     assert sends == [(0, 64, 3, "stop"), (5, 59, 3, "stop")]
+
+
+def test_the_summary_reports_per_episode_figures() -> None:
+    _, recorder, _, _ = episode_arm("sync", steps=2)
+    # trained: 2 long episodes (4 turns, 20 generated, 6 observed, 10 s of calls, 20 s of requests) and
+    # 6 short ones (2 turns, 6, 2, 2 s, 6 s)
+    assert recorder.summary(baseline="sync")["sync"]["episodes"] == {
+        "episodes": 8,
+        "turns_per_episode": 20 / 8,
+        "generated_tokens_per_turn": 76 / 20,
+        "observation_tokens_per_turn": 24 / 20,
+        "env_time_share": 32 / (32 + 76),
+        "env_calls_per_step": 10.0,
+        "resumed_across_versions": 0,
+        "resumed_across_versions_share": 0.0,
+    }
 
 
 def test_observations_are_masked_and_keep_the_episode_state_through_the_buffer() -> None:
@@ -183,6 +200,8 @@ def test_april_resumes_episodes_across_steps_with_their_state() -> None:
     assert trained.episode is not None and trained.episode["steps"] == [0, 1, 2, 3]
     assert trained.episode["env_state"] == {"uid": 0, "sample": 0, "turn": 4, "done_len": 26}
     assert trained.version_runs == [[0, 8], [1, 8], [2, 8], [3, 2]]
+    figures = recorder.summary(baseline="april")["april"]["episodes"]
+    assert figures["resumed_across_versions"] == 2  # uid 0's two samples
     # off-policy: generated tokens of versions 0-2 (5+1, 4+2, 3+3), observations excluded
     assert trained.off_policy_tokens == 18
     # every episode's calls happened exactly once, in order, though its turns spanned steps

@@ -405,6 +405,7 @@ def _episode(s: Sample) -> dict[str, Any] | None:
         "turns": turns,
         "env_calls": s.env_calls,
         "env_time_s": s.env_time_s,
+        "request_time_s": s.request_time_s,
         "generated_tokens": s.response_len - s.observation_tokens,
         "steps": sorted({seg.step for seg in s.segments if not seg.observation}),
         "env_state": s.env_state,

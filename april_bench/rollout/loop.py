@@ -462,9 +462,11 @@ class RolloutLoop(Configurable):
                 repeat=self.repeat,
             )
         )
-        if self.env is not None and c.finish_reason is FinishReason.STOP:
-            episodes.call(self, st, pending)  # the turn ended: the environment answers the action
-            return
+        if self.env is not None:
+            sample.request_time_s += c.t_done - pending.t_submit
+            if c.finish_reason is FinishReason.STOP:
+                episodes.call(self, st, pending)  # the turn ended: the environment answers the action
+                return
         self.request_returned(st, pending.flight)
 
     def request_returned(self, st: StepState, flight: InFlight) -> None:

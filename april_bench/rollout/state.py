@@ -61,7 +61,12 @@ def _episode_to_dict(s: Sample) -> dict[str, Any]:
     """A multi-turn episode's environment state and call counts (nothing for a plain sample)."""
     if s.env_state is None and not s.env_calls:
         return {}
-    return {"env_state": s.env_state, "env_calls": s.env_calls, "env_time_s": s.env_time_s}
+    return {
+        "env_state": s.env_state,
+        "env_calls": s.env_calls,
+        "env_time_s": s.env_time_s,
+        "request_time_s": s.request_time_s,
+    }
 
 
 def _sample_from_dict(data: dict[str, Any], prompt: Prompt) -> Sample:
@@ -93,4 +98,5 @@ def _sample_from_dict(data: dict[str, Any], prompt: Prompt) -> Sample:
         env_state=data.get("env_state"),
         env_calls=data.get("env_calls", 0),
         env_time_s=data.get("env_time_s", 0.0),
+        request_time_s=data.get("request_time_s", 0.0),
     )
