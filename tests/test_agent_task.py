@@ -181,3 +181,75 @@ def test_interrupt_then_resume_an_agent_run_gives_the_same_rows(
         key = (f["arm"], f["group_uid"], f["sample_index"])
         fates[key] = fates.get(key, 0) + 1
     assert set(fates.values()) == {1}  # no episode lost or doubled
+
+
+class _Recording:
+    """An engine that records every request it is given and otherwise is the engine it wraps."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.requests: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, requests: Any) -> Any:
+        self.requests += list(requests)
+        return self._engine.generate(requests)
+
+
+def test_the_hf_engine_continues_an_episode_by_token_ids() -> None:
+    from april_bench.engines.hf import HFEngine
+    from april_bench.envs.scripted import ScriptedEpisodes
+    from april_bench.results.records import RunRecorder
+    from april_bench.rollout.loop import RolloutConfig
+    from april_bench.rollout.registry import ArmSpec, build_strategy
+    from april_bench.vtime import run_real
+
+    hf = HFEngine.Config(model="tiny", dtype="float64", max_context_len=64, eos_token_ids=(2,)).build(
+        vocab_size=1100  # the scripted observations are ids 1000-1096
+    )
+    engine = _Recording(hf)
+    workload = ScriptedEpisodes(lambda uid, i: [(3, 0.01, 2), (2, 0.01, 1), (4, 0.0, 0)])
+    config = RolloutConfig(
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=2,
+        max_response_len=32,
+        replay_lengths=True,
+    )
+
+    async def main() -> Any:
+        await engine.start()
+        try:
+            loop = config.build(
+                arm="sync",
+                engine=engine,
+                strategy=build_strategy(ArmSpec.parse("sync")),
+                workload=workload,
+                prompts=workload.prompt_stream(),
+                recorder=RunRecorder(),
+            )
+            return await loop.run_step(0, 0)
+        finally:
+            await engine.close()
+
+    outcome = run_real(main())
+    by_sample: dict[tuple[str, int | None], list[Any]] = {}  # a sample's requests share its seed
+    for request in engine.requests:
+        by_sample.setdefault((request.routing_key, request.sampling.seed), []).append(request)
+    for group in outcome.batch:
+        for s in group.samples:
+            ids = [*s.prompt.token_ids, *s.response_ids()]
+            (sent,) = [
+                r
+                for r in by_sample.values()
+                if r[-1].input_ids == tuple(ids[: len(r[-1].input_ids)])
+                and r[0].routing_key == str(group.uid)
+                and len(r[-1].input_ids) > 4
+            ]
+            # three turns; each continues from the prompt and everything before it, observations included
+            assert [len(r.input_ids) for r in sent] == [4, 4 + 3 + 2, 4 + 3 + 2 + 2 + 1]
+            assert all(tuple(ids[: len(r.input_ids)]) == r.input_ids for r in sent)
+            assert s.loss_mask == [1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1, 1]
+            assert s.status.is_finished and s.env_calls == 3
