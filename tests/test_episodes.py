@@ -323,3 +323,62 @@ def test_stale_driver_updates_weights_during_a_tool_call() -> None:
     runs = [{tuple(s.version_runs()) for g in d.outcome.batch for s in g.samples} for d in done]
     # turn 1 and its observation on the old version, turn 2 on the new: every token keeps its version
     assert runs == [{((0, 5),)}, {((0, 3), (1, 2))}, {((1, 3), (2, 2))}]
+
+
+def test_cancel_at_the_stop_ends_the_step_at_once_and_repeats_the_call_on_resume() -> None:
+    # As above, with env_calls_at_stop=cancel: at t=8 uid 0's calls (1-11) are cancelled, so the step
+    # ends at 8 with no drain; the episode keeps its unanswered turn.  Step 1 makes the call again
+    # (0-10) but N groups are in at 8 again: a call longer than a step is cancelled every step and the
+    # episode never advances - the price of cancelling (docs/agents.md).
+    def slow(uid: int, index: int) -> list[Turn]:
+        return [(1, 10.0, 2), (1, 1.0, 0)] if uid == 0 else [(3, 1.0, 2)] * 2
+
+    fake = FakeEngine.Config().build()
+    workload = ScriptedEpisodes(slow)
+    recorder = RunRecorder()
+
+    async def main() -> tuple[RolloutLoop, list[StepOutcome]]:
+        await fake.start()
+        loop = _loop("april", fake, workload, recorder, env_calls_at_stop="cancel")
+        return loop, [await loop.run_step(step, step) for step in range(3)]
+
+    loop, outcomes = run_virtual(main())
+    assert [(o.record.rollout_time_s, o.record.drain_time_s, o.record.env_cancelled) for o in outcomes] == [
+        (8.0, 0.0, 2),
+        (8.0, 0.0, 2),
+        (8.0, 0.0, 2),
+    ]
+    (waiting,) = [g for g in loop.buffer if g.uid == 0]
+    for sample in waiting.samples:
+        assert [(s.num_tokens, s.observation) for s in sample.segments] == [(1, False)]
+        assert sample.env_state is not None and sample.env_state["turn"] == 0 and sample.env_calls == 0
+    assert all(uid != 0 for uid, _, _ in workload.environment.calls)  # no call of uid 0 ever answered
+    # one request per sample: the resumed episode re-made its call instead of generating
+    assert len([r for r in recorder["requests"] if r.group_uid == 0]) == 2
+
+
+def test_cancel_resumes_a_short_call_on_the_next_step() -> None:
+    # uid 0: 1 token, a 7.5 s call (1-8.5) out at the stop (8): cancelled.  Step 1 makes it again
+    # (0-7.5); N groups are in at 8, so turn 2 (from 7.5) is aborted after its token in flight (8.5)
+    # and its last 2 tokens run in step 2.
+    def medium(uid: int, index: int) -> list[Turn]:
+        return [(1, 7.5, 2), (3, 0.5, 0)] if uid == 0 else [(3, 1.0, 2)] * 2
+
+    fake = FakeEngine.Config().build()
+    workload = ScriptedEpisodes(medium)
+    recorder = RunRecorder()
+
+    async def main() -> list[StepOutcome]:
+        await fake.start()
+        loop = _loop("april", fake, workload, recorder, env_calls_at_stop="cancel")
+        return [await loop.run_step(step, step) for step in range(3)]
+
+    outcomes = run_virtual(main())
+    assert outcomes[0].record.env_cancelled == 2 and outcomes[1].record.env_cancelled == 0
+    sends = [
+        (r.step, r.prefix_len, r.output_len, r.finish_reason)
+        for r in recorder["requests"]
+        if (r.group_uid, r.sample_index) == (0, 0)
+    ]
+    assert sends == [(0, 0, 1, "stop"), (1, 3, 1, "abort"), (2, 4, 2, "stop")]
+    assert [(u, t) for u, i, t in workload.environment.calls if (u, i) == (0, 0)] == [(0, 0), (0, 1)]

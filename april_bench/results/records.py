@@ -165,6 +165,8 @@ class StepRecord:
     env_calls: int = 0
     env_time_s: float = 0.0
     observation_tokens: int = 0
+    #: Environment calls cancelled at the stop (``env_calls_at_stop=cancel``; made again on resume).
+    env_cancelled: int = 0
 
 
 @dataclass(slots=True)

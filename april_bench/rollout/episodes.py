@@ -12,11 +12,14 @@ loop's clock (a real tool's latency, or virtual seconds under the simulator's lo
 * ``done``: the episode is COMPLETED with the environment's reward.
 
 Aborts: an abort reaches only engine requests.  A turn aborted mid-generation keeps its partial
-tokens (as any partial sample); an environment call in flight when a step stops is *let finish*
-(:func:`drain`), for every strategy: its observation is appended and the episode is carried over at
-a turn boundary, so a resumed episode never repeats a tool call and its state is exactly the one
-the call left.  After the stop no new turn is launched: what the strategy does with the carried-over
-episode (buffer and resume it, or drop it) is its ``on_leftover``, as for any partial.
+tokens (as any partial sample).  An environment call in flight when a step stops is *let finish* by
+default (:func:`drain`): its observation is appended and the episode is carried over at a turn
+boundary, so a resumed episode never repeats a tool call and its state is exactly the one the call
+left.  With ``--rollout-arg env_calls_at_stop=cancel`` the calls still out once the engine is idle
+are cancelled (:func:`cancel`): the step does not wait for them, the episode keeps its state (a step
+never mutates it) and its unanswered turn, and the call is made again when it resumes
+(:func:`call_again`).  After the stop no new turn is launched: what the strategy does with the
+carried-over episode (buffer and resume it, or drop it) is its ``on_leftover``, as for any partial.
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from april_bench.envs.protocol import Environment
-from april_bench.rollout.step import Pending, StepState
+from april_bench.rollout.step import InFlight, Pending, StepState
 from april_bench.types import FinishReason, Sample, SampleStatus, Segment
 
 if TYPE_CHECKING:
     from april_bench.rollout.loop import RolloutLoop
 
-__all__ = ["begin", "call", "drain", "turn_action"]
+__all__ = ["awaits_answer", "begin", "call", "call_again", "cancel", "drain", "turn_action"]
 
 
 def begin(env: Environment, sample: Sample, st: StepState) -> None:
@@ -55,31 +58,68 @@ def turn_action(sample: Sample) -> list[int]:
 
 def call(loop: RolloutLoop, st: StepState, pending: Pending) -> None:
     """Start the environment call that answers the turn ``pending`` just ended."""
-    rid = pending.request.request_id
-    pending.sample.status = SampleStatus.PARTIAL  # not finished while the environment answers
-    st.env_pending[rid] = asyncio.ensure_future(_call(loop, st, pending))
+    key, priority = pending.request.request_id, pending.request.priority
+    _start(loop, st, pending.flight, pending.sample, key, priority)
+
+
+def awaits_answer(sample: Sample) -> bool:
+    """A turn ended (its last segment stopped) and no observation answered it: its environment call
+    was cancelled at a stop (``env_calls_at_stop=cancel``) and is made again when the episode resumes."""
+    if sample.status.is_finished or not sample.segments:
+        return False
+    last = sample.segments[-1]
+    return not last.observation and last.finish_reason is FinishReason.STOP
+
+
+def call_again(loop: RolloutLoop, st: StepState, flight: InFlight, sample: Sample, priority: int) -> None:
+    """Make the call a stop cancelled, for a resumed episode (instead of a request)."""
+    flight.outstanding += 1
+    _start(loop, st, flight, sample, f"again-{sample.prompt.uid}-{sample.index}", priority)
+
+
+def cancel(st: StepState) -> None:
+    """Cancel the environment calls still out (the stop's ``env_calls_at_stop=cancel``): each episode
+    keeps its state and its unanswered turn, and :func:`call_again` makes the call on resume."""
+    for task in st.env_pending.values():
+        task.cancel()
 
 
 async def drain(st: StepState) -> None:
-    """Wait for every environment call still out (they finish; none launches a turn after the stop)."""
+    """Wait for every environment call still out (they finish, or end cancelled; none launches a turn
+    after the stop)."""
     while st.env_pending:
         await asyncio.gather(*list(st.env_pending.values()))
 
 
-async def _call(loop: RolloutLoop, st: StepState, pending: Pending) -> None:
-    env, sample = loop.env, pending.sample
+def _start(
+    loop: RolloutLoop, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int
+) -> None:
+    sample.status = SampleStatus.PARTIAL  # not finished while the environment answers
+    st.all_returned.clear()
+    st.env_pending[key] = asyncio.ensure_future(_call(loop, st, flight, sample, key, priority))
+
+
+async def _call(
+    loop: RolloutLoop, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int
+) -> None:
+    env = loop.env
     assert env is not None and sample.env_state is not None
     clock = asyncio.get_running_loop()
     t0 = clock.time()
     try:
         answer = await env.step(sample.env_state, turn_action(sample))
+    except asyncio.CancelledError:  # cancelled at the stop: the state and the unanswered turn stay
+        st.env_cancelled += 1
+        del st.env_pending[key]
+        loop.request_returned(st, flight)
+        return
     except Exception as exc:  # the step raises it where it is awaited
         st.error = st.error or exc
         st.enough.set()
         st.all_returned.set()
+        del st.env_pending[key]
         return
-    finally:
-        del st.env_pending[pending.request.request_id]
+    del st.env_pending[key]
     seconds = clock.time() - t0
     sample.env_calls += 1
     sample.env_time_s += seconds
@@ -95,18 +135,16 @@ async def _call(loop: RolloutLoop, st: StepState, pending: Pending) -> None:
         if sample.response_len >= loop.config.max_response_len:
             sample.status = SampleStatus.TRUNCATED
         elif not st.stopping and not st.error:
-            request = loop.next_request(st, sample, loop._view(st), pending.request.priority)
+            request = loop.next_request(st, sample, loop._view(st), priority)
             if request is not None:  # the next turn, at once
                 now = clock.time()
-                st.pending[request.request_id] = Pending(
-                    pending.flight, sample, request, sample.response_len, now
-                )
+                st.pending[request.request_id] = Pending(flight, sample, request, sample.response_len, now)
                 st.requests += 1
                 st.peak_concurrency = max(st.peak_concurrency, len(st.pending))
                 st.all_returned.clear()
                 st.pumps.append(asyncio.ensure_future(loop._pump(st, loop.engine.generate([request]))))
                 return
-    loop.request_returned(st, pending.flight)
+    loop.request_returned(st, flight)
 
 
 def _observe(sample: Sample, token_ids: tuple[int, ...], st: StepState, *, version: int) -> None:

@@ -90,6 +90,9 @@ class RolloutConfig(BaseConfig):
         None, help="stop a step that launched this many groups without N passing (default: 16 x N')"
     )
     seed: int = param(0, help="sampling seed: sample i of prompt u gets the same seed in every arm")
+    env_calls_at_stop: str = param(
+        "finish", help="multi-turn episodes: calls out at a stop finish, or cancel (made again on resume)"
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -115,6 +118,10 @@ class RolloutConfig(BaseConfig):
             raise ConfigError(
                 f"rollout max_groups_per_step ({self.max_groups_per_step}) must be >= "
                 f"--over-sampling-batch-size ({self.over_sampling_batch_size})"
+            )
+        if self.env_calls_at_stop not in ("finish", "cancel"):
+            raise ConfigError(
+                f"rollout env_calls_at_stop must be finish or cancel, got {self.env_calls_at_stop!r}"
             )
         for name in ("reabort_interval_s", "abort_timeout_s"):
             if getattr(self, name) <= 0:
@@ -207,7 +214,9 @@ class RolloutLoop(Configurable):
         t_stop = loop.time()
         abort_rounds = await self._stop(st) if st.pending else 0
         await asyncio.gather(*st.pumps, *st.aborts)
-        await episodes.drain(st)  # environment calls out at the stop finish (docs/agents.md)
+        if self.config.env_calls_at_stop == "cancel":
+            episodes.cancel(st)
+        await episodes.drain(st)  # environment calls out at the stop finish or end cancelled (docs/agents.md)
         self._raise_if_failed(st)
         t_end = loop.time()
         work_after = self._work()
@@ -326,6 +335,8 @@ class RolloutLoop(Configurable):
             for sample in group.samples:
                 request = self._request_for(st, sample, view, priority)
                 if request is None:
+                    if self.env is not None and episodes.awaits_answer(sample):
+                        episodes.call_again(self, st, flight, sample, priority)  # cancelled at a stop
                     continue
                 requests.append(request)
                 flight.outstanding += 1
@@ -353,8 +364,11 @@ class RolloutLoop(Configurable):
         elif sample.response_len and not self.strategy.keep_partial(sample, view):
             st.restart_tokens += sample.restart()
             st.restarted += 1
-        if self.env is not None and sample.env_state is None:
-            episodes.begin(self.env, sample, st)
+        if self.env is not None:
+            if sample.env_state is None:
+                episodes.begin(self.env, sample, st)
+            elif episodes.awaits_answer(sample):
+                return None  # its environment call was cancelled at a stop: it is made again first
         return self.next_request(st, sample, view, priority)
 
     def next_request(

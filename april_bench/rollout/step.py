@@ -83,6 +83,7 @@ class StepState:
     env_calls: int = 0
     env_time_s: float = 0.0
     observation_tokens: int = 0
+    env_cancelled: int = 0
 
 
 class ProgressView(Mapping[int, GroupProgress]):
@@ -178,4 +179,5 @@ def step_record(
         env_calls=st.env_calls,
         env_time_s=st.env_time_s,
         observation_tokens=st.observation_tokens,
+        env_cancelled=st.env_cancelled,
     )
