@@ -25,9 +25,10 @@ carried-over episode (buffer and resume it, or drop it) is its ``on_leftover``, 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
-from april_bench.envs.protocol import Environment
+from april_bench.envs.protocol import Environment, EnvStep
 from april_bench.rollout.step import InFlight, Pending, StepState
 from april_bench.types import FinishReason, Sample, SampleStatus, Segment
 
@@ -80,8 +81,7 @@ def call_again(loop: RolloutLoop, st: StepState, flight: InFlight, sample: Sampl
 def cancel(st: StepState) -> None:
     """Cancel the environment calls still out (the stop's ``env_calls_at_stop=cancel``): each episode
     keeps its state and its unanswered turn, and :func:`call_again` makes the call on resume."""
-    for task in st.env_pending.values():
-        task.cancel()
+    st.env_cancel.set()
 
 
 async def drain(st: StepState) -> None:
@@ -107,17 +107,20 @@ async def _call(
     clock = asyncio.get_running_loop()
     t0 = clock.time()
     try:
-        answer = await env.step(sample.env_state, turn_action(sample))
-    except asyncio.CancelledError:  # cancelled at the stop: the state and the unanswered turn stay
-        st.env_cancelled += 1
-        del st.env_pending[key]
-        loop.request_returned(st, flight)
-        return
+        if loop.config.env_calls_at_stop == "cancel":
+            answer = await _unless_cancelled(env.step(sample.env_state, turn_action(sample)), st.env_cancel)
+        else:
+            answer = await env.step(sample.env_state, turn_action(sample))
     except Exception as exc:  # the step raises it where it is awaited
         st.error = st.error or exc
         st.enough.set()
         st.all_returned.set()
         del st.env_pending[key]
+        return
+    if answer is None:  # cancelled at the stop: the state and the unanswered turn stay
+        st.env_cancelled += 1
+        del st.env_pending[key]
+        loop.request_returned(st, flight)
         return
     del st.env_pending[key]
     seconds = clock.time() - t0
@@ -145,6 +148,22 @@ async def _call(
                 st.pumps.append(asyncio.ensure_future(loop._pump(st, loop.engine.generate([request]))))
                 return
     loop.request_returned(st, flight)
+
+
+async def _unless_cancelled(call: Coroutine[Any, Any, EnvStep], cancel: asyncio.Event) -> EnvStep | None:
+    """The call's answer, or ``None`` when ``cancel`` is set first (the call is then cancelled).  The
+    call runs as its own task, so the cancel reaches it whenever it comes, even before it starts; the
+    caller is never cancelled, so its bookkeeping always runs."""
+    step = asyncio.ensure_future(call)
+    stop = asyncio.ensure_future(cancel.wait())
+    try:
+        await asyncio.wait((step, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not step.done():
+        step.cancel()
+        return None
+    return step.result()
 
 
 def _observe(sample: Sample, token_ids: tuple[int, ...], st: StepState, *, version: int) -> None:

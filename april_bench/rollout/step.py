@@ -84,6 +84,8 @@ class StepState:
     env_time_s: float = 0.0
     observation_tokens: int = 0
     env_cancelled: int = 0
+    #: Set at the stop with ``env_calls_at_stop=cancel``: every call still out (or started later) ends.
+    env_cancel: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ProgressView(Mapping[int, GroupProgress]):
