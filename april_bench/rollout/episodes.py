@@ -15,11 +15,12 @@ Aborts: an abort reaches only engine requests.  A turn aborted mid-generation ke
 tokens (as any partial sample).  An environment call in flight when a step stops is *let finish* by
 default (:func:`drain`): its observation is appended and the episode is carried over at a turn
 boundary, so a resumed episode never repeats a tool call and its state is exactly the one the call
-left.  With ``--rollout-arg env_calls_at_stop=cancel`` the calls still out once the engine is idle
-are cancelled (:func:`cancel`): the step does not wait for them, the episode keeps its state (a step
-never mutates it) and its unanswered turn, and the call is made again when it resumes
-(:func:`call_again`).  After the stop no new turn is launched: what the strategy does with the
-carried-over episode (buffer and resume it, or drop it) is its ``on_leftover``, as for any partial.
+left.  With ``--rollout-arg env_calls_at_stop=cancel`` the calls out when N groups are in are
+cancelled (:func:`cancel`), and so are those a turn ending during the abort starts: the step does
+not wait for them, the episode keeps its state (a step never mutates it) and its unanswered turn,
+and the call is made again when it resumes (:func:`call_again`).  After the stop no new turn is
+launched: what the strategy does with the carried-over episode (buffer and resume it, or drop it)
+is its ``on_leftover``, as for any partial.
 """
 
 from __future__ import annotations

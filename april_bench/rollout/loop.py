@@ -212,10 +212,10 @@ class RolloutLoop(Configurable):
         await st.enough.wait()
         self._raise_if_failed(st)
         t_stop = loop.time()
+        if self.config.env_calls_at_stop == "cancel":
+            episodes.cancel(st)  # calls out now, or started by a turn that ends during the abort
         abort_rounds = await self._stop(st) if st.pending else 0
         await asyncio.gather(*st.pumps, *st.aborts)
-        if self.config.env_calls_at_stop == "cancel":
-            episodes.cancel(st)
         await episodes.drain(st)  # environment calls out at the stop finish or end cancelled (docs/agents.md)
         self._raise_if_failed(st)
         t_end = loop.time()
