@@ -203,7 +203,7 @@ def test_the_hf_engine_continues_an_episode_by_token_ids() -> None:
     from april_bench.envs.scripted import ScriptedEpisodes
     from april_bench.results.records import RunRecorder
     from april_bench.rollout.loop import RolloutConfig
-    from april_bench.rollout.registry import ArmSpec, build_strategy
+    from april_bench.strategies import ArmSpec, build_strategy
     from april_bench.vtime import run_real
 
     hf = HFEngine.Config(model="tiny", dtype="float64", max_context_len=64, eos_token_ids=(2,)).build(

@@ -19,8 +19,8 @@ from april_bench.envs.scripted import ScriptedEpisodes, Turn
 from april_bench.results.records import Fate, RunRecorder
 from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutConfig, RolloutLoop, StepOutcome
-from april_bench.rollout.registry import ArmSpec, build_strategy
 from april_bench.rollout.state import group_from_dict, group_to_dict
+from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.trainers.protocol import TrainResult
 from april_bench.types import Group
 from april_bench.vtime import run_virtual

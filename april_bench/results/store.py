@@ -51,6 +51,7 @@ __all__ = [
     "fsync_dir",
     "load_run",
     "render_tables",
+    "run_report",
     "write_json_atomic",
     "write_run",
 ]
@@ -379,6 +380,19 @@ def _status(path: Path) -> str | None:
         return str(json.loads((path / "status.json").read_text()).get("state"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def run_report(stored: RunDirectory, out: Path) -> str:
+    """What ``run`` prints when a run completes: its tables, its directory and a one-line JSON summary."""
+    summary = stored.summary()
+    final: dict[str, Any] = {
+        "result_kind": stored.provenance["result_kind"],
+        "out": str(out),
+        "baseline": next(iter(summary.values()), {}).get("baseline"),
+        "throughput_gain": {arm: m["throughput_gain"] for arm, m in summary.items()},
+    }
+    tables = render_tables(stored.config, summary, stored.simulated)
+    return "\n".join((tables, f"\nrun directory: {out}", json.dumps(final)))
 
 
 def render_tables(
