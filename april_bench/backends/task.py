@@ -30,8 +30,10 @@ def build_task(
     """The task of ``config`` on an engine that produces tokens (or lengths only), from a model or not
     (``simulated``: a fake engine's tokens are not a model's, so they replay lengths)."""
     model = check_model(config)
-    if config.dataset == "synthetic" and produces_tokens and not simulated:
-        kind = "synthetic"
+    if config.dataset in ("synthetic", "synthetic-agent") and produces_tokens and not simulated:
+        kind = config.dataset
+    elif config.dataset == "synthetic-agent":
+        kind = "synthetic-agent-replayed"  # the simulator or the fake engine: episodes, no model
     elif produces_tokens and not simulated and Path(model).expanduser().is_dir():
         kind = "math"
     else:

@@ -111,7 +111,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="start from a calibrated row of APRIL's paper table (simulated; docs/calibration.md)",
     )
     what.add_argument("--algo", choices=ALGORITHMS.names(), help=exp["algorithm"])
-    what.add_argument("--dataset", choices=["synthetic", *training_sets()], help=exp["dataset"])
+    what.add_argument(
+        "--dataset", choices=["synthetic", "synthetic-agent", *training_sets()], help=exp["dataset"]
+    )
     what.add_argument("--model", help=exp["model"])
     what.add_argument("--engine", choices=["auto", *ENGINES.names()], help=exp["engine"])
     what.add_argument(

@@ -31,6 +31,7 @@ from typing import IO, Any
 from april_bench.config import ConfigError
 from april_bench.results.coverage import covered, row_key
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
+from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
 from april_bench.results.headline import HEADLINE_COLUMNS, WORK_COLUMNS, has_work, headline_table, work_table
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
@@ -433,6 +434,10 @@ def render_tables(
             f"{headline}\n\n"
         )
     text += f"{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    episodes = episode_table(summary)
+    if episodes:
+        text += f"\n\n### Episodes: trained multi-turn episodes ({label}; docs/agents.md)\n\n"
+        text += render_markdown(EPISODE_COLUMNS, episodes)
     if has_work(summary):
         work = render_markdown(WORK_COLUMNS, work_table(summary))
         text += (
