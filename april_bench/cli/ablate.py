@@ -222,6 +222,7 @@ def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> 
         "rollout_time_per_step_s": m.get("rollout_time_per_step_s"),
         "accuracy": m.get("accuracy"),
         "accuracy_improvement": m.get("accuracy_improvement"),
+        "failures": m.get("failures"),
     }
 
 
@@ -258,7 +259,9 @@ def render_ablation(result: dict[str, Any]) -> str:
             f"| {r['rollout_time_per_step_s']:.1f} | {_seconds(r.get('step_time_per_step_s'))} "
             f"| {accuracy} | {kind} |"
         )
-    return "\n".join(lines)
+    from april_bench.results.faults import failure_lines
+
+    return "\n".join(lines + failure_lines(result["rows"], kind=kind))
 
 
 def _seconds(value: float | None) -> str:

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from april_bench.results.faults import FAULT_KINDS, FaultCounts
+
 __all__ = ["EXACT_LATENCIES", "WORK_FIELDS", "LatencyValues", "SummaryAccumulator"]
 
 Row = Mapping[str, Any]
@@ -143,6 +145,8 @@ class _Arm:
     max_staleness: int = 0
     fates_dense: bytearray = field(default_factory=bytearray)
     fates_sparse: dict[int, int] = field(default_factory=dict)
+    # events: replica failures (None: none recorded)
+    faults: FaultCounts | None = None
 
 
 class SummaryAccumulator:
@@ -176,6 +180,10 @@ class SummaryAccumulator:
             self.evals.append(row)
         elif table == "engine_metrics":
             self.engine_metrics.append(row)
+        elif table == "events" and row.get("kind") in FAULT_KINDS:
+            arm = self._arm(row["arm"])
+            arm.faults = arm.faults or FaultCounts()
+            arm.faults.add(row)
 
     # ----------------------------------------------------------------- rows
     def _request(self, r: Row) -> None:
@@ -349,6 +357,7 @@ class SummaryAccumulator:
             "abort_rounds": a.abort_rounds,
             "bookkeeping_s_per_step": a.bookkeeping / n if n else None,
             "bookkeeping_share_of_engine_time": a.bookkeeping / a.rollout if a.rollout else None,
+            "failures": None if a.faults is None else a.faults.as_dict(),
         }
 
     def engine(self, name: str) -> dict[str, Any]:
