@@ -4,7 +4,7 @@ simulator's :mod:`april_bench.sim.failures`): the summary's ``failures`` field.
 ``replica_failures``: ``replica_failed`` rows; ``requeued_requests`` and ``requeued_tokens``: the
 ``requests_requeued`` rows' requests and tokens (the input tokens the survivors prefill again);
 ``lost_decode_tokens``: tokens the dead replicas had decoded and never delivered (the ``replica_failed``
-rows' tokens: the simulator counts them, the measured pools do not know them and leave them out);
+rows' tokens: the simulator counts them; ``None`` from the measured pools, which do not know them);
 ``restarts``: ``replica_restarted`` rows; ``lost_all``: the run ended because no replica was left.
 """
 
@@ -24,7 +24,7 @@ class FaultCounts:
     replica_failures: int = 0
     requeued_requests: int = 0
     requeued_tokens: int = 0
-    lost_decode_tokens: int = 0
+    lost_decode_tokens: int | None = None  # None: the engine does not know (the measured pools)
     restarts: int = 0
     lost_all: bool = False
 
@@ -32,7 +32,8 @@ class FaultCounts:
         kind = row.get("kind")
         if kind == "replica_failed":
             self.replica_failures += 1
-            self.lost_decode_tokens += int(row.get("tokens") or 0)
+            if row.get("tokens") is not None:
+                self.lost_decode_tokens = (self.lost_decode_tokens or 0) + int(row["tokens"])
         elif kind == "requests_requeued":
             self.requeued_requests += int(row.get("requests") or 0)
             self.requeued_tokens += int(row.get("tokens") or 0)
@@ -63,7 +64,7 @@ def failure_lines(rows: list[dict[str, Any]], *, kind: str) -> list[str]:
         f = r.get("failures") or FaultCounts().as_dict()
         lines.append(
             f"| {r['arm']} | {f['replica_failures']} | {f['requeued_requests']} | {f['requeued_tokens']:,} "
-            f"| {f['lost_decode_tokens']:,} | {f['restarts']} | {_s(r.get('rollout_time_per_step_s'))} "
+            f"| {_n(f['lost_decode_tokens'])} | {f['restarts']} | {_s(r.get('rollout_time_per_step_s'))} "
             f"| {_s(r.get('step_time_per_step_s'))} |"
         )
     lines += [
@@ -73,6 +74,10 @@ def failure_lines(rows: list[dict[str, Any]], *, kind: str) -> list[str]:
         "delivered (decoded again). Compare the step times with a run without failures.",
     ]
     return lines
+
+
+def _n(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
 
 
 def _s(value: float | None) -> str:

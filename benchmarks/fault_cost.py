@@ -1,0 +1,104 @@
+"""What a killed replica cost, from pairs of run directories (an undisturbed run and one with a replica
+killed by the chaos schedule, same command otherwise): one markdown row per (pair, arm) with the
+failure's step, the requests re-queued, the tokens re-prefilled, the restart time and the rollout and
+step times against the undisturbed run (docs/faults.md, "Measured").
+
+    python benchmarks/fault_cost.py RUNS/undisturbed-1:RUNS/killed-1 RUNS/undisturbed-2:RUNS/killed-2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _rows(run: Path, table: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / f"{table}.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _steps(run: Path, arm: str) -> list[dict[str, Any]]:
+    return sorted((r for r in _rows(run, "steps") if r["arm"] == arm), key=lambda r: r["step"])
+
+
+def _times(steps: list[dict[str, Any]], key: str) -> str:
+    return " / ".join(f"{s[key]:.2f}" for s in steps)
+
+
+def cost_rows(undisturbed: Path, killed: Path) -> list[dict[str, Any]]:
+    """Per arm: what the killed run's events say the failure cost, beside both runs' step times."""
+    from april_bench.results.store import check_run, load_run
+
+    events = _rows(killed, "events")
+    problems = check_run(load_run(killed))
+    status = json.loads((killed / "status.json").read_text())["state"]
+    out = []
+    for arm in dict.fromkeys(r["arm"] for r in _rows(killed, "steps")):
+        mine = [e for e in events if e["arm"] == arm]
+        failed = [e for e in mine if e["kind"] == "replica_failed"]
+        requeued = [e for e in mine if e["kind"] == "requests_requeued"]
+        restarted = [e for e in mine if e["kind"] == "replica_restarted"]
+        calm, hit = _steps(undisturbed, arm), _steps(killed, arm)
+        out.append(
+            {
+                "arm": arm,
+                "failed_at_step": failed[0]["step"] if failed else None,
+                "found_by": (failed[0]["detail"] or "").split(":")[0] if failed else None,
+                "requests_requeued": sum(e["requests"] or 0 for e in requeued),
+                "tokens_reprefilled": sum(e["tokens"] or 0 for e in requeued),
+                "restart_s": restarted[0]["t"] - failed[0]["t"] if failed and restarted else None,
+                "rollout_s_undisturbed": [s["rollout_time_s"] for s in calm],
+                "rollout_s_killed": [s["rollout_time_s"] for s in hit],
+                "step_s_undisturbed": sum(s["step_time_s"] for s in calm),
+                "step_s_killed": sum(s["step_time_s"] for s in hit),
+                "generated_undisturbed": sum(s["generated_tokens"] for s in calm),
+                "generated_killed": sum(s["generated_tokens"] for s in hit),
+                "trained_killed": sum(s["trained_tokens"] for s in hit),
+                "trained_undisturbed": sum(s["trained_tokens"] for s in calm),
+                "check_run": "clean" if not problems else f"{len(problems)} problems",
+                "status": status,
+            }
+        )
+    return out
+
+
+def render(pairs: list[tuple[int, list[dict[str, Any]]]]) -> str:
+    lines = [
+        "| pair | arm | failed at step (found by) | requests re-queued | tokens re-prefilled | restart s "
+        "| rollout s per step, undisturbed | killed | step s total, undisturbed | killed | check_run |",
+        "|---|---|---|---:|---:|---:|---|---|---:|---:|---|",
+    ]
+    for pair, rows in pairs:
+        for r in rows:
+            at = "-" if r["failed_at_step"] is None else f"{r['failed_at_step']} ({r['found_by']})"
+            restart = "-" if r["restart_s"] is None else f"{r['restart_s']:.1f}"
+            moved = f"{r['requests_requeued']} | {r['tokens_reprefilled']}"
+            lines.append(
+                f"| {pair} | {r['arm']} | {at} | {moved} | {restart} "
+                f"| {' / '.join(f'{t:.2f}' for t in r['rollout_s_undisturbed'])} "
+                f"| {' / '.join(f'{t:.2f}' for t in r['rollout_s_killed'])} "
+                f"| {r['step_s_undisturbed']:.2f} | {r['step_s_killed']:.2f} "
+                f"| {r['check_run']}, {r['status']} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("pairs", nargs="+", metavar="UNDISTURBED:KILLED", help="run directories, a pair each")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args()
+    pairs = []
+    for i, pair in enumerate(args.pairs, start=1):
+        calm, killed = pair.split(":")
+        pairs.append((i, cost_rows(Path(calm), Path(killed))))
+    if args.json is not None:
+        args.json.write_text(json.dumps([{"pair": i, "rows": rows} for i, rows in pairs], indent=1) + "\n")
+    print(render(pairs))
+
+
+if __name__ == "__main__":
+    main()
