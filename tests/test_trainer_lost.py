@@ -110,7 +110,7 @@ def test_a_killed_ray_trainer_actor_interrupts_the_run(
         "--eval-every",
         "100",
     ]
-    argv += ["--max-response-len", "16", "--warmstart-arg", "steps=5", "--task-arg", "max_n=10"]
+    argv += ["--max-response-len", "16", "--warmstart-arg", "steps=5", "--task-arg", "max_n=30"]
     monkeypatch.setattr(RayTrainer, "train", killed_at_step_1)
     assert main([*argv, "--no-progress", "--out", str(out)]) == 75
     _check_interrupted(out, capsys.readouterr().err)
