@@ -22,8 +22,12 @@ def _steps(run: Path, arm: str) -> list[dict[str, Any]]:
     return sorted((r for r in _rows(run, "steps") if r["arm"] == arm), key=lambda r: r["step"])
 
 
-def _times(steps: list[dict[str, Any]], key: str) -> str:
-    return " / ".join(f"{s[key]:.2f}" for s in steps)
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def cost_rows(undisturbed: Path, killed: Path) -> list[dict[str, Any]]:
@@ -39,7 +43,9 @@ def cost_rows(undisturbed: Path, killed: Path) -> list[dict[str, Any]]:
         failed = [e for e in mine if e["kind"] == "replica_failed"]
         requeued = [e for e in mine if e["kind"] == "requests_requeued"]
         restarted = [e for e in mine if e["kind"] == "replica_restarted"]
+        ended = [e["t"] for e in mine if e["kind"] == "arm_end"]
         calm, hit = _steps(undisturbed, arm), _steps(killed, arm)
+        k = failed[0]["step"] if failed else None
         out.append(
             {
                 "arm": arm,
@@ -48,8 +54,20 @@ def cost_rows(undisturbed: Path, killed: Path) -> list[dict[str, Any]]:
                 "requests_requeued": sum(e["requests"] or 0 for e in requeued),
                 "tokens_reprefilled": sum(e["tokens"] or 0 for e in requeued),
                 "restart_s": restarted[0]["t"] - failed[0]["t"] if failed and restarted else None,
+                # not back when the arm ended: at least this long
+                "down_at_end_s": ended[0] - failed[0]["t"] if failed and ended and not restarted else None,
                 "rollout_s_undisturbed": [s["rollout_time_s"] for s in calm],
                 "rollout_s_killed": [s["rollout_time_s"] for s in hit],
+                # the step the failure was found in, and the mean of the steps after it
+                "rollout_s_at_failure": None
+                if k is None
+                else (calm[k]["rollout_time_s"], hit[k]["rollout_time_s"]),
+                "rollout_s_after": None
+                if k is None
+                else (
+                    _mean([s["rollout_time_s"] for s in calm[k + 1 :]]),
+                    _mean([s["rollout_time_s"] for s in hit[k + 1 :]]),
+                ),
                 "step_s_undisturbed": sum(s["step_time_s"] for s in calm),
                 "step_s_killed": sum(s["step_time_s"] for s in hit),
                 "generated_undisturbed": sum(s["generated_tokens"] for s in calm),
@@ -66,22 +84,28 @@ def cost_rows(undisturbed: Path, killed: Path) -> list[dict[str, Any]]:
 def render(pairs: list[tuple[int, list[dict[str, Any]]]]) -> str:
     lines = [
         "| pair | arm | failed at step (found by) | requests re-queued | tokens re-prefilled | restart s "
-        "| rollout s per step, undisturbed | killed | step s total, undisturbed | killed | check_run |",
-        "|---|---|---|---:|---:|---:|---|---|---:|---:|---|",
+        "| rollout s of the failure's step, undisturbed / killed | mean rollout s of the later steps, "
+        "undisturbed / killed | step s total, undisturbed / killed | check_run |",
+        "|---|---|---|---:|---:|---|---|---|---|---|",
     ]
     for pair, rows in pairs:
         for r in rows:
             at = "-" if r["failed_at_step"] is None else f"{r['failed_at_step']} ({r['found_by']})"
             restart = "-" if r["restart_s"] is None else f"{r['restart_s']:.1f}"
+            if r["down_at_end_s"] is not None:
+                restart = f"> {r['down_at_end_s']:.1f} (not back by the end)"
             moved = f"{r['requests_requeued']} | {r['tokens_reprefilled']}"
             lines.append(
                 f"| {pair} | {r['arm']} | {at} | {moved} | {restart} "
-                f"| {' / '.join(f'{t:.2f}' for t in r['rollout_s_undisturbed'])} "
-                f"| {' / '.join(f'{t:.2f}' for t in r['rollout_s_killed'])} "
-                f"| {r['step_s_undisturbed']:.2f} | {r['step_s_killed']:.2f} "
+                f"| {_pair(r['rollout_s_at_failure'])} | {_pair(r['rollout_s_after'])} "
+                f"| {r['step_s_undisturbed']:.2f} / {r['step_s_killed']:.2f} "
                 f"| {r['check_run']}, {r['status']} |"
             )
     return "\n".join(lines)
+
+
+def _pair(values: tuple[float | None, float | None] | None) -> str:
+    return "-" if values is None else f"{_s(values[0])} / {_s(values[1])}"
 
 
 def main() -> None:
