@@ -172,9 +172,7 @@ class SimFailures:
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._next is not None:
-            self._fire(self._next)
-        self.catch_up()
+        self.catch_up()  # the failure due now (unless generate() already fired it), and any at the same time
         self.arm()
 
     def _busy(self) -> bool:
