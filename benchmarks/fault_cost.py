@@ -9,13 +9,21 @@ step times against the undisturbed run (docs/faults.md, "Measured").
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 from typing import Any
 
 
 def _rows(run: Path, table: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / f"{table}.jsonl").read_text().splitlines() if line.strip()]
+    """A table's rows, plain or gzipped (a committed reference run's)."""
+    plain = run / f"{table}.jsonl"
+    text = (
+        plain.read_text()
+        if plain.exists()
+        else gzip.decompress((run / f"{table}.jsonl.gz").read_bytes()).decode()
+    )
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _steps(run: Path, arm: str) -> list[dict[str, Any]]:
