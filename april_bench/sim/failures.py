@@ -36,17 +36,16 @@ import asyncio
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import GenerateRequest
 from april_bench.engines.replicas import FaultEvent
-from april_bench.sim.replica import SimReplica
+from april_bench.sim.cost import CostModel
+from april_bench.sim.cost_curve import MeasuredCost
+from april_bench.sim.replica import ReplicaSettings, SimReplica
 
-if TYPE_CHECKING:
-    from april_bench.sim.engine import SimEngine
-
-__all__ = ["FailurePlan", "SimFailures", "check_failure_options"]
+__all__ = ["FailurePlan", "SimFailures", "SimPool", "check_failure_options"]
 
 
 def check_failure_options(rate_per_hour: float, at_s: Sequence[float], restart_s: float) -> None:
@@ -101,10 +100,33 @@ class FailurePlan:
         return random.Random(f"failure-victim-{self.seed}-{k}").choice(list(up))
 
 
-class SimFailures:
-    """Fails, re-queues and restarts the replicas of one :class:`SimEngine` on its virtual clock."""
+class SimPool(Protocol):
+    """What the failure model needs of the engine (:class:`~april_bench.sim.engine.SimEngine`)."""
 
-    def __init__(self, engine: SimEngine, plan: FailurePlan) -> None:
+    cost: CostModel | MeasuredCost
+    settings: ReplicaSettings
+
+    @property
+    def replicas(self) -> list[SimReplica]: ...
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]: ...
+
+    @property
+    def version_cell(self) -> list[int]: ...
+
+    @property
+    def version(self) -> int: ...
+
+    def weight_sync_time(self) -> float: ...
+
+    def route(self, req: GenerateRequest, alive: Sequence[bool]) -> int: ...
+
+
+class SimFailures:
+    """Fails, re-queues and restarts the replicas of one simulated engine on its virtual clock."""
+
+    def __init__(self, engine: SimPool, plan: FailurePlan) -> None:
         self.engine = engine
         self.plan = plan
         self._times = plan.times()
