@@ -94,18 +94,16 @@ def config_from_file(
         else:
             merged[key] = value
     if isinstance(merged.get("telemetry"), Mapping):
-        merged["telemetry"] = _telemetry(merged["telemetry"], path)
+        from april_bench.telemetry.sampler import TelemetryConfig
+
+        merged["telemetry"] = config_from(
+            TelemetryConfig, merged["telemetry"], where=f"{path} telemetry field"
+        )
     if isinstance(merged.get("rollout"), Mapping):
         from april_bench.rollout.loop import RolloutConfig
 
         merged["rollout"] = config_from(RolloutConfig, merged["rollout"], where=f"{path} rollout field")
     return config_from(ExperimentConfig, merged, where=f"{path} field")
-
-
-def _telemetry(options: Mapping[str, Any], path: Path) -> Any:
-    from april_bench.telemetry.sampler import TelemetryConfig
-
-    return config_from(TelemetryConfig, options, where=f"{path} telemetry field")
 
 
 def write_config_file(path: Path, config: ExperimentConfig) -> None:
