@@ -153,16 +153,36 @@ def _interrupts_cancel(
             main.cancel()
             loop.call_soon_threadsafe(lambda: None)  # wake a loop blocked in select()
 
+    def on_loop_signal(signum: int) -> None:
+        on_signal(signum, None)
+
+    through_loop: set[int] = set()
     for sig in (signal.SIGINT, signal.SIGTERM):
         current = signal.getsignal(sig)
-        if callable(current):
-            previous[sig] = current
+        if not callable(current):
+            continue
+        previous[sig] = current
+        # The loop's own signal handling wakes it through its self-pipe, whichever thread the kernel
+        # delivers the signal to; a plain handler runs only once the main thread leaves select(),
+        # which can be a sleep's whole timeout later when another thread (telemetry, an engine's
+        # worker) took the signal.
+        try:
+            loop.add_signal_handler(sig, on_loop_signal, sig)
+            through_loop.add(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # no Unix loop: the plain handler
             signal.signal(sig, on_signal)
     try:
         yield
     finally:
         for signum, handler in previous.items():
-            if signal.getsignal(signum) is on_signal:  # the caller's handler may have set SIG_IGN since
+            if signum in through_loop:
+                now = signal.getsignal(signum)
+                loop.remove_signal_handler(signum)
+                if now in (signal.SIG_IGN, signal.SIG_DFL):  # the caller's handler set it since: keep it
+                    signal.signal(signum, now)
+                    continue
+                signal.signal(signum, handler)
+            elif signal.getsignal(signum) is on_signal:  # the caller's handler may have set SIG_IGN since
                 signal.signal(signum, handler)
 
 

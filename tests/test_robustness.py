@@ -710,6 +710,42 @@ def test_signals_cancel_the_loop_instead_of_raising_inside_it() -> None:
     time.sleep(0)  # nothing pending is left to run
 
 
+def test_a_signal_another_thread_takes_still_stops_the_loop_at_once() -> None:
+    """The kernel may deliver SIGINT to any thread (telemetry's sampler, an engine's worker); the loop,
+    asleep in ``select()``, must wake for it then, not when its 30 s sleep ends.  Checked on the loop's
+    own clock against the sleep's length: a plain Python handler runs only once ``select()`` returns
+    (after the whole sleep), the loop's signal handling wakes it through its self-pipe at once."""
+    import asyncio
+    import threading
+
+    from april_bench.vtime import run_real
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, args=(120,), daemon=True)
+    other.start()
+    sleep_s = 30.0
+    woke_after: list[float] = []
+
+    async def main_task() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.05)
+        sent = loop.time()
+        signal.pthread_kill(other.ident or 0, signal.SIGINT)  # to the other thread, not this one
+        try:
+            await asyncio.sleep(sleep_s)
+        finally:
+            woke_after.append(loop.time() - sent)
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_real(main_task())
+    finally:
+        release.set()
+        other.join()
+    assert woke_after and woke_after[0] < sleep_s / 2  # not woken by the sleep's end
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 # ---------------------------------------------------------------- the vLLM server's dev routes
 
 
