@@ -120,17 +120,22 @@ def gaps(rows: list[dict[str, Any]]) -> str:
     for run, arms in sorted(by_run.items()):
         if "sync" in arms and "april" in arms and arms["april"]["off_policy"] == "as-is":
             s, a = arms["sync"], arms["april"]
-            per_seed.append((run, s["seed"], (a["acc"] - s["acc"]) * 100, math.hypot(a["se"], s["se"]) * 100))
+            step = max(set(s["curve"]) & set(a["curve"]))  # the last step both arms evaluated
+            d = (a["curve"][step] - s["curve"][step]) * 100
+            per_seed.append((run, s["seed"], step, d, math.hypot(a["se"], s["se"]) * 100))
     if not per_seed:
         return ""
-    lines = ["| Run | Seed | APRIL - sync (equal steps) | Eval se of the difference |", "|---|---|---|---|"]
-    lines += [f"| {run} | {seed} | {d:+.1f} pt | ± {se:.1f} |" for run, seed, d, se in per_seed]
-    ds = [d for _, _, d, _ in per_seed]
+    lines = [
+        "| Run | Seed | Step | APRIL - sync (equal steps) | Eval se of the difference (unpaired) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r} | {sd} | {st} | {d:+.1f} pt | ± {se:.1f} |" for r, sd, st, d, se in per_seed]
+    ds = [d for _, _, _, d, _ in per_seed]
     if len(ds) > 1:
         sd = statistics.stdev(ds)
         half = 2 * sd / math.sqrt(len(ds))  # rough: a t interval would be wider at few seeds
         lines.append(
-            f"| **mean over {len(ds)} seeds** | | **{statistics.fmean(ds):+.1f} pt** "
+            f"| **mean over {len(ds)} seeds** | | | **{statistics.fmean(ds):+.1f} pt** "
             f"(seed sd {sd:.1f}; mean ± 2 se: [{statistics.fmean(ds) - half:+.1f}, "
             f"{statistics.fmean(ds) + half:+.1f}]) | |"
         )
