@@ -41,7 +41,8 @@ def _rows(run: Path, table: str) -> Iterator[dict[str, Any]]:
 
 
 def _label(run: Path, config: dict[str, Any]) -> str:
-    return f"{run.parent.name}/{run.name}" if run.parent.name.startswith("abl") else run.name
+    """An ablate run (``OUT/<mode>/``) is named with its ablation directory."""
+    return f"{run.parent.name}/{run.name}" if (run.parent / "ablation.json").exists() else run.name
 
 
 def _short(arm: str) -> str:
