@@ -94,18 +94,16 @@ def config_from_file(
         else:
             merged[key] = value
     if isinstance(merged.get("telemetry"), Mapping):
-        merged["telemetry"] = _telemetry(merged["telemetry"], path)
+        from april_bench.telemetry.sampler import TelemetryConfig
+
+        merged["telemetry"] = config_from(
+            TelemetryConfig, merged["telemetry"], where=f"{path} telemetry field"
+        )
     if isinstance(merged.get("rollout"), Mapping):
         from april_bench.rollout.loop import RolloutConfig
 
         merged["rollout"] = config_from(RolloutConfig, merged["rollout"], where=f"{path} rollout field")
     return config_from(ExperimentConfig, merged, where=f"{path} field")
-
-
-def _telemetry(options: Mapping[str, Any], path: Path) -> Any:
-    from april_bench.telemetry.sampler import TelemetryConfig
-
-    return config_from(TelemetryConfig, options, where=f"{path} telemetry field")
 
 
 def write_config_file(path: Path, config: ExperimentConfig) -> None:
@@ -116,7 +114,8 @@ def write_config_file(path: Path, config: ExperimentConfig) -> None:
         "# april-bench run configuration: `python -m april_bench run --config THIS_FILE` repeats the run.\n"
         "# Fields: docs/results-schema.md and `run --help`; any field left out comes from the recipe.\n"
     )
+    from april_bench.results.store import write_text_atomic
+
     body = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + body)
-    tmp.replace(path)  # atomic: a reader sees the old file or the whole new one
+    # atomic, through a uniquely named temporary file: a reader sees the old file or the whole new one
+    write_text_atomic(path, header + body)

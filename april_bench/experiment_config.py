@@ -15,7 +15,7 @@ from april_bench.algorithms import ALGORITHMS, OFF_POLICY_MODES
 from april_bench.config import BaseConfig, ConfigError, config_from, param
 from april_bench.engines import ENGINES
 from april_bench.rollout.loop import RolloutConfig
-from april_bench.rollout.registry import ArmSpec, build_strategy
+from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.telemetry.sampler import TelemetryConfig
 
 __all__ = ["ExperimentConfig", "load_config"]

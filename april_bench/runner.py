@@ -129,10 +129,13 @@ def run_into(
     its lock throughout.  ``metadata``: labels merged into provenance and summary (``--metadata``);
     ``trackers``: the ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
     from april_bench.results.lock import RunLock
+    from april_bench.results.reference import check_reference_output
     from april_bench.results.rundir import default_run_name, start_run_dir
+    from april_bench.results.trackers import check_trackers
 
     components = components or prepare(config, progress=progress)
-    check_reference_run(out, allow_dirty=allow_dirty)
+    check_reference_output(out, allow_dirty=allow_dirty)
+    check_trackers((trackers or {}).get("names", ()))  # a tracker whose library is missing: before the claim
     name = default_run_name(config.hardware, config.algorithm, config.dataset)
     lock = RunLock()  # taken by the claim and held for the whole run: a second process is refused
     try:
@@ -225,16 +228,16 @@ def execute(
     on SIGINT/SIGTERM."""
     from april_bench.config_files import write_config_file
     from april_bench.experiment import run as run_sessions
-    from april_bench.results.provenance import collect_provenance
+    from april_bench.results.provenance import collect_provenance, thread_choice
     from april_bench.results.records import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
     from april_bench.results.trackers import open_trackers
     from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
-    from april_bench.threads import thread_choice
 
     simulated = components.engine_spec.simulated
     provenance_path = out / "provenance.json"
     if kept is None or not provenance_path.exists():
+        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
         provenance = collect_provenance(
             simulated=simulated,
             engine=components.engine_name,
@@ -243,7 +246,6 @@ def execute(
             out=out,
         )
         write_json_atomic(out / "config.json", config.to_dict())
-        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
         write_json_atomic(provenance_path, provenance)
     else:
         provenance = resumed_provenance(read_provenance(provenance_path), out)

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
-__all__ = ["DEFAULT_CPU_THREADS", "choose_threads", "thread_choice", "threads_in_use", "torch_threads"]
+__all__ = ["DEFAULT_CPU_THREADS", "choose_threads", "threads_in_use", "torch_threads"]
 
 #: Intra-op threads of an engine or trainer process on CPU when the user sets none.
 DEFAULT_CPU_THREADS = 1
@@ -57,19 +56,3 @@ def threads_in_use() -> int | None:
     """Torch's intra-op threads in this process now (``None`` when torch was never imported)."""
     torch = sys.modules.get("torch")
     return None if torch is None else int(torch.get_num_threads())
-
-
-def thread_choice(engine_args: Mapping[str, Any], trainer_args: Mapping[str, Any]) -> dict[str, Any]:
-    """What a run's provenance records: the intra-op threads of the engine and the trainer on a CPU,
-    and who chose them."""
-    engine, trainer = engine_args.get("threads"), trainer_args.get("threads")
-    return {
-        "engine": engine if engine is not None else DEFAULT_CPU_THREADS,
-        "trainer": trainer if trainer is not None else DEFAULT_CPU_THREADS,
-        "chosen_by": {
-            "engine": "user (--engine-arg threads=)" if engine is not None else "april-bench (1 on a CPU)",
-            "trainer": "user (--trainer-arg threads=)" if trainer is not None else "april-bench (1 on a CPU)",
-        },
-        "on_cuda": "torch's choice unless set",
-        "process_default": threads_in_use(),
-    }

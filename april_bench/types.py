@@ -81,6 +81,9 @@ class Segment:
     step: int
     token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
+    #: Tokens an environment appended to a multi-turn episode (a tool's result): prefilled, not
+    #: generated, and masked from the loss (:mod:`april_bench.envs`).
+    observation: bool = False
 
     def __post_init__(self) -> None:
         for name, values in (("token_ids", self.token_ids), ("logprobs", self.logprobs)):
@@ -109,10 +112,23 @@ class Sample:
     #: Tokens generated for this sample and thrown away by a restart (never trained).
     discarded_tokens: int = 0
     response_len: int = 0
+    #: A multi-turn episode's environment state (JSON data; ``None``: not an episode, or not begun).
+    env_state: dict[str, Any] | None = None
+    #: Environment calls this episode made, and the seconds they took (loop clock).
+    env_calls: int = 0
+    env_time_s: float = 0.0
+    #: Seconds its engine requests took (submit to return, queueing included): an episode's time
+    #: outside the environment.
+    request_time_s: float = 0.0
 
     def append(self, segment: Segment) -> None:
-        """Add what one engine request returned and update the status."""
-        if segment.num_tokens or not self.segments:
+        """Add what one engine request (or, for an observation, the environment) returned and update
+        the status.  An observation's tokens get loss-mask 0, every generated token 1."""
+        if segment.observation or self.loss_mask is not None:
+            if self.loss_mask is None:
+                self.loss_mask = [1] * self.response_len
+            self.loss_mask += [0 if segment.observation else 1] * segment.num_tokens
+        if segment.num_tokens or not self.segments or segment.observation:  # an observation marks a turn
             self.segments.append(segment)
         self.response_len += segment.num_tokens
         self.status = segment.finish_reason.to_status()
@@ -121,8 +137,8 @@ class Sample:
             self.aborts_since_restart += 1
 
     def restart(self) -> int:
-        """Throw the partial response away and start over; returns the discarded token count."""
-        dropped = self.response_len
+        """Throw the partial response away and start over; returns the discarded (generated) token count."""
+        dropped = self.response_len - self.observation_tokens
         self.discarded_tokens += dropped
         self.segments.clear()
         self.response_len = 0
@@ -131,6 +147,7 @@ class Sample:
         self.loss_mask = None
         self.start_step = None
         self.aborts_since_restart = 0
+        self.env_state = None  # the episode starts over: the environment is reset at the next launch
         return dropped
 
     @property
@@ -170,8 +187,18 @@ class Sample:
         return [v for v, n in self.version_runs() for _ in range(n)]
 
     def off_policy_tokens(self, train_version: int) -> int:
-        """Response tokens produced by a policy older than ``train_version``."""
+        """Generated response tokens produced by a policy older than ``train_version`` (an episode's
+        observation tokens are not generated and never count)."""
+        if any(s.observation for s in self.segments):
+            return sum(
+                s.num_tokens for s in self.segments if not s.observation and s.policy_version < train_version
+            )
         return sum(n for v, n in self.version_runs() if v < train_version)
+
+    @property
+    def observation_tokens(self) -> int:
+        """Tokens an environment appended (0 unless the sample is a multi-turn episode)."""
+        return sum(s.num_tokens for s in self.segments if s.observation)
 
     def version_span(self) -> int:
         """Newest minus oldest policy version among this sample's tokens (0 for one version)."""
@@ -206,7 +233,8 @@ class Group:
 
     @property
     def response_tokens(self) -> int:
-        return sum(s.response_len for s in self.samples)
+        """Generated response tokens (an episode's observation tokens are not generated)."""
+        return sum(s.response_len - s.observation_tokens for s in self.samples)
 
     def rewards(self) -> list[float]:
         missing = [s.index for s in self.samples if s.reward is None]

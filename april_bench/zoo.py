@@ -65,7 +65,7 @@ def grid_arms(
     forever) are left out.  Each of ``drivers`` (arm options such as ``{"driver": "stale",
     "max_staleness": 2}``) adds one arm per strategy of :data:`ASYNC_STRATEGIES` in ``strategies``, at
     that strategy's first knob values."""
-    from april_bench.rollout.registry import STRATEGIES, strategy_options
+    from april_bench.strategies import STRATEGIES, strategy_options
 
     arms: dict[str, AblationArm] = {}
     for name in strategies:

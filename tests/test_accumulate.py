@@ -11,7 +11,7 @@ from helpers import fake_arm
 from april_bench.results.accumulate import LatencyValues
 from april_bench.results.records import SMALL_TABLES, RunRecorder
 from april_bench.results.summary import summarize
-from april_bench.rollout.registry import build_strategy
+from april_bench.strategies import build_strategy
 
 
 def _length(uid: int, index: int) -> int:

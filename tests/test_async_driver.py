@@ -19,7 +19,7 @@ from april_bench.engines.protocol import GenerateRequest, SamplingParams, Weight
 from april_bench.results.records import RunRecorder
 from april_bench.rollout.driver import DriverConfig, Pipeline, StepDone
 from april_bench.rollout.loop import RolloutConfig
-from april_bench.rollout.registry import ArmSpec, build_strategy
+from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.trainers.protocol import TrainResult
 from april_bench.types import Group
 from april_bench.vtime import run_virtual

@@ -7,7 +7,7 @@ import pytest
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.registry import Registry
 from april_bench.rollout.loop import RolloutConfig
-from april_bench.rollout.registry import STRATEGIES, ArmSpec, build_strategy
+from april_bench.strategies import STRATEGIES, ArmSpec, build_strategy
 
 
 def test_configurable_requires_slotted_frozen_kw_only_config() -> None:

@@ -76,7 +76,7 @@ def test_max_aborts_restarts_samples_aborted_too_often() -> None:
 
 @pytest.mark.parametrize("strategy", ["april", "oversample-discard"])
 def test_granular_refill_still_over_provisions_the_first_wave(strategy: str) -> None:
-    from april_bench.rollout.registry import build_strategy
+    from april_bench.strategies import build_strategy
 
     outcomes, _, _ = fake_arm(
         build_strategy(f"{strategy}[over_sampling_batch_size=4]"),

@@ -13,8 +13,8 @@ from april_bench.engines.hf import HFEngine
 from april_bench.engines.protocol import EngineWork, GenerateRequest, SamplingParams
 from april_bench.results.compare import Rule, compare_runs, default_rules, parse_rule
 from april_bench.results.summary import summarize
-from april_bench.rollout.registry import build_strategy
 from april_bench.rollout.strategy import Candidate, RolloutStrategy, RolloutView
+from april_bench.strategies import build_strategy
 from april_bench.vtime import run_real, run_virtual
 
 GREEDY = SamplingParams(temperature=0.0)

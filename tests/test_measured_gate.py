@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from april_bench.cli import main
-from april_bench.rollout.registry import build_strategy
+from april_bench.strategies import build_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "gates" / "ci-embedded-gate"

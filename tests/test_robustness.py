@@ -493,6 +493,27 @@ def test_trainer_state_files_use_unique_temporary_names(tmp_path: Path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.trainer.pt", "s.trainer.pt.tmp"]  # no leftover
 
 
+def test_config_and_trace_files_use_unique_temporary_names(tmp_path: Path) -> None:
+    """The probes rerun found two more fixed ``.NAME.tmp`` names (config.yaml, `whatif --out` traces):
+    another process's file of that name is left alone, and no temporary file is left behind."""
+    from april_bench.config_files import read_config_file, write_config_file
+    from april_bench.experiment_config import ExperimentConfig
+    from april_bench.trace.format import TraceHeader, write_trace
+
+    config_path, trace_path = tmp_path / "config.yaml", tmp_path / "t.jsonl"
+    for path in (config_path, trace_path):
+        path.with_name(f".{path.name}.tmp").write_text("another process's temporary file")
+    write_config_file(config_path, ExperimentConfig())
+    assert read_config_file(config_path)
+    header = TraceHeader(source="test", evidence="per-sample", token_counts="exact")
+    assert write_trace(trace_path, header, []) == 0
+    assert json.loads(trace_path.read_text())["source"] == "test"
+    for path in (config_path, trace_path):
+        assert path.with_name(f".{path.name}.tmp").read_text() == "another process's temporary file"
+        assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
+    assert len(list(tmp_path.iterdir())) == 4
+
+
 # ---------------------------------------------------------------- the hostile-input suite
 
 #: (file in the run directory, content) -> the message's part. ``None`` content: the file is deleted.
@@ -794,3 +815,49 @@ def test_a_copied_embedded_run_resumes_from_its_own_trainer_state(tmp_path: Path
         for line in (tmp_path / "elsewhere" / "copy" / "steps.jsonl").read_text().splitlines()
     ]
     assert [s["step"] for s in steps] == [0, 1]
+
+
+def test_a_hung_up_stream_returns_only_what_arrived_before_the_hang_up(tmp_path: Path) -> None:
+    """The vLLM server adapter's abort: after ``HTTPStream.close()`` its events end, without an error,
+    and nothing the server sends after the hang-up is returned (docs/engines.md: an aborted request's
+    tokens were streamed before its abort)."""
+    from april_bench.engines.server.http import HTTPStream
+
+    hung_up = asyncio.Event()
+    sent_after: list[bool] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        event = b"data: first\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await hung_up.wait()
+        await asyncio.sleep(0.05)
+        late = b"data: after the hang-up\n\n"
+        try:
+            writer.write(b"%x\r\n%s\r\n" % (len(late), late))
+            await writer.drain()
+            sent_after.append(True)
+        except ConnectionError:
+            sent_after.append(False)
+        writer.close()
+
+    async def body() -> list[str]:
+        server = await _canned_server(handle, unix=str(tmp_path / "s.sock"))
+        stream = HTTPStream("localhost", 0, b"POST / HTTP/1.1\r\n\r\n", unix_socket=str(tmp_path / "s.sock"))
+        got = []
+        try:
+            assert await stream.open() == 200
+            async for data in stream.events():
+                got.append(data)
+                stream.close()  # the abort: hang up after the first event
+                hung_up.set()
+            await asyncio.sleep(0.2)
+        finally:
+            server.close()
+            await server.wait_closed()
+        return got
+
+    assert asyncio.run(body()) == ["first"]
+    assert sent_after  # the server did try to send more

@@ -14,8 +14,8 @@ import pytest
 from helpers import fake_arm
 
 from april_bench.config import ConfigError
-from april_bench.rollout.registry import build_strategy
 from april_bench.rollout.strategy import Candidate, GroupProgress, RefillMode, RolloutView
+from april_bench.strategies import build_strategy
 from april_impl import AdaptiveAprilStrategy, AprilStrategy, LengthAwareStrategy, SegmentRolloutStrategy
 from april_impl.adaptive import next_over_sampling
 from baselines import SyncStrategy, TailBatchingStrategy

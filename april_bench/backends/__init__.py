@@ -91,20 +91,15 @@ class Components:
             f"rollout on {total - train} GPUs, training on {train} (disaggregated)",
         )
 
-    def check(self, telemetry: Any = None) -> None:
-        """Raise ``ConfigError`` for any engine, trainer or telemetry option ``run`` would reject (no
-        heavy work); a note says what telemetry will sample on a measured run."""
+    def check(self) -> None:
+        """Raise ``ConfigError`` for any engine or trainer option ``run`` would reject (no heavy work)."""
         self.engine_spec.check(self.engine_settings, self.engine_args)
         self.trainer_spec.check(self.trainer_settings, self.trainer_args)
-        if telemetry is not None and not self.virtual_time:
-            from april_bench.telemetry.sampler import check_backend
-
-            self.notes.append(check_backend(telemetry))
 
 
 def build_components(config: ExperimentConfig, *, progress: bool = False) -> Components:
-    """Resolve the engine, assemble the task, prepare engine and trainer factories, and validate them
-    (:func:`validate`, the run's one validation).
+    """Resolve the engine and trainer, check the telemetry option, assemble the task, prepare engine and
+    trainer factories, and validate them (:func:`validate`): the run's one validation.
 
     Nothing heavy happens here (no warm start, no model load): ``validate`` calls it too.
     """
@@ -114,11 +109,16 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
     if missing:
         raise ConfigError(missing)
     trains = spec.produces_tokens and not spec.simulated  # a model's tokens: something to train on
-    if trains:
+    trainer_spec = resolve_trainer(config.trainer, engine=engine_name, produces_tokens=trains)
+    telemetry_note = None  # a measured run's telemetry: checked before any download or task is built
+    if config.telemetry is not None and not spec.virtual_time:
+        from april_bench.telemetry.sampler import check_backend
+
+        telemetry_note = check_backend(config.telemetry)  # what telemetry will sample
+    if trains:  # after the trainer's check: a hub id may download
         from april_bench.hub import resolve_model
 
         config = config.replace(model=resolve_model(config.model))  # a hub id: its local snapshot
-    trainer_spec = resolve_trainer(config.trainer, engine=engine_name, produces_tokens=trains)
     task = build_task(
         config, produces_tokens=spec.produces_tokens, simulated=spec.simulated, progress=progress
     )
@@ -159,17 +159,18 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         trainer_settings=trainer_settings,
         engine_args=config.engine_args,
         trainer_args=config.trainer_args,
-        notes=([note] if note else []) + task.notes,
+        notes=([note] if note else []) + task.notes + ([telemetry_note] if telemetry_note else []),
     )
     validate(config, components)
     return components
 
 
 def validate(config: ExperimentConfig, components: Components) -> None:
-    """The one validation of a run (:func:`build_components` calls it once for ``run``, ``validate``,
-    ``ablate``, a resume and the library): every engine, trainer and telemetry option, and every arm's
-    driver on this engine.  Raises ``ConfigError`` naming the fix; nothing heavy runs."""
-    components.check(config.telemetry)
+    """The rest of the one validation of a run (:func:`build_components` checks the telemetry option as
+    soon as the engine is chosen, then calls this once for ``run``, ``validate``, ``ablate``, a resume
+    and the library): every engine and trainer option, and every arm's driver on this engine.  Raises
+    ``ConfigError`` naming the fix; nothing heavy runs."""
+    components.check()
     check_drivers(config, components)
 
 
@@ -177,7 +178,7 @@ def check_drivers(config: ExperimentConfig, components: Components) -> None:
     """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
     cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off)."""
     from april_bench.rollout.driver_config import WeightUpdateMode
-    from april_bench.rollout.registry import STRATEGIES
+    from april_bench.strategies import STRATEGIES
 
     for arm in config.arms:
         driver = arm.driver

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from april_bench.data.claims import check_data_claims
+from april_bench.backends.claims import check_data_claims
 from april_bench.tasks import TASKS
 from april_bench.tasks.base import Task, check_model, check_options_used
 
@@ -30,15 +30,18 @@ def build_task(
     """The task of ``config`` on an engine that produces tokens (or lengths only), from a model or not
     (``simulated``: a fake engine's tokens are not a model's, so they replay lengths)."""
     model = check_model(config)
-    if config.dataset == "synthetic" and produces_tokens and not simulated:
-        kind = "synthetic"
+    if config.dataset in ("synthetic", "synthetic-agent") and produces_tokens and not simulated:
+        kind = config.dataset
+    elif config.dataset == "synthetic-agent":
+        kind = "synthetic-agent-replayed"  # the simulator or the fake engine: episodes, no model
     elif produces_tokens and not simulated and Path(model).expanduser().is_dir():
         kind = "math"
     else:
         kind = "lengths"
-    # a data set's name is a claim: refused before any work when this task would not read it
+    # options this task never reads, and a data set's name it would not read (a claim): refused before
+    # any work
+    check_options_used(config, kind)
     check_data_claims(config, kind=kind, simulated=simulated, produces_tokens=produces_tokens)
     build: Any = TASKS.get(kind)
     task: Task = build(config, produces_tokens=produces_tokens, progress=progress)
-    check_options_used(config, task.kind)
     return task

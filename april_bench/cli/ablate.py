@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
+from april_bench.results.table import render_markdown
 from april_bench.zoo import DEFAULT_DRIVERS, ZOO, AblationArm, grid_arms, parse_drivers
 
 __all__ = ["ZOO", "AblationArm", "add_parsers", "cmd_ablate", "grid_arms"]
@@ -222,6 +224,7 @@ def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> 
         "rollout_time_per_step_s": m.get("rollout_time_per_step_s"),
         "accuracy": m.get("accuracy"),
         "accuracy_improvement": m.get("accuracy_improvement"),
+        "episodes": m.get("episodes"),  # multi-turn runs (docs/agents.md)
     }
 
 
@@ -258,6 +261,10 @@ def render_ablation(result: dict[str, Any]) -> str:
             f"| {r['rollout_time_per_step_s']:.1f} | {_seconds(r.get('step_time_per_step_s'))} "
             f"| {accuracy} | {kind} |"
         )
+    episodes = episode_table({r["arm"]: r for r in result["rows"]})
+    if episodes:
+        lines += ["", "### Episodes (trained multi-turn episodes; docs/agents.md)", ""]
+        lines.append(render_markdown(EPISODE_COLUMNS, episodes))
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "add_run_arguments",
+    "check_resume_flags",
     "config_from_args",
     "flags_set",
     "key_value",
@@ -82,8 +83,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from april_bench.profiles.hardware import hardware_names
     from april_bench.recipes import PAPER_RECIPES
     from april_bench.rollout.loop import RolloutConfig
-    from april_bench.rollout.registry import STRATEGIES
     from april_bench.rollout.strategy import RefillMode
+    from april_bench.strategies import STRATEGIES
     from april_bench.telemetry.sampler import BACKENDS, TelemetryConfig
     from april_bench.trainers.registry import TRAINERS
 
@@ -110,7 +111,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="start from a calibrated row of APRIL's paper table (simulated; docs/calibration.md)",
     )
     what.add_argument("--algo", choices=ALGORITHMS.names(), help=exp["algorithm"])
-    what.add_argument("--dataset", choices=["synthetic", *training_sets()], help=exp["dataset"])
+    what.add_argument(
+        "--dataset", choices=["synthetic", "synthetic-agent", *training_sets()], help=exp["dataset"]
+    )
     what.add_argument("--model", help=exp["model"])
     what.add_argument("--engine", choices=["auto", *ENGINES.names()], help=exp["engine"])
     what.add_argument(
@@ -230,6 +233,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--logger",
         metavar="LIST",
+        type=split_list,
         help="also send the rows (steps, evals, telemetry, engine counters) and the summary to "
         "experiment trackers: comma-separated tensorboard, wandb, mlflow (optional extras; "
         "docs/conventions.md)",
@@ -380,6 +384,15 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if eval_datasets is not None:
         changes["eval_datasets"] = eval_datasets
     return base.replace(**changes)
+
+
+def check_resume_flags(args: argparse.Namespace) -> None:
+    """``--resume`` continues a run with its own configuration: any other run flag is refused."""
+    from april_bench.config import ConfigError
+
+    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress", "--allow-dirty")]
+    if extra:
+        raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
 
 
 def flags_set(args: argparse.Namespace) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,68 +20,57 @@ def _echo(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    outcome = _resume(args) if args.resume is not None else _run(args)
-    return print_outcome(outcome)
-
-
-def _resume(args: argparse.Namespace) -> RunOutcome:
-    """Continue an interrupted run from its checkpoints, with the run's own configuration."""
+    """A new run into ``--out``, or ``--resume DIR``: one call into the runner, then the tables and a JSON
+    line when it completed (the exit code says how it ended)."""
     from april_bench import runner
-    from april_bench.cli.args import flags_set
-    from april_bench.config import ConfigError
+    from april_bench.cli.args import check_resume_flags, config_from_args
+    from april_bench.results.store import run_report
 
-    out = Path(args.resume).expanduser()
-    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress", "--allow-dirty")]
-    if extra:
-        raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
-    return runner.resume(out, progress=not args.no_progress, echo=_echo, allow_dirty=args.allow_dirty)
-
-
-def _run(args: argparse.Namespace) -> RunOutcome:
-    from april_bench import runner
-    from april_bench.cli.args import config_from_args
-
-    config = config_from_args(args)
-    trackers = _trackers(args)  # a tracker whose library is missing: refused before anything runs
-    return runner.run_into(
-        config,
-        args.out,
-        overwrite=args.overwrite,
-        allow_dirty=args.allow_dirty,
-        progress=not args.no_progress,
-        echo=_echo,
-        metadata=dict(args.metadata),
-        trackers=trackers,
-    )
+    if args.resume is not None:
+        check_resume_flags(args)  # a resume runs with the run's own configuration
+        out = Path(args.resume).expanduser()
+        outcome = runner.resume(
+            out,
+            progress=not args.no_progress,
+            echo=_echo,
+            allow_dirty=args.allow_dirty,
+        )
+    else:
+        config = config_from_args(args)
+        outcome = runner.run_into(
+            config,
+            args.out,
+            overwrite=args.overwrite,
+            allow_dirty=args.allow_dirty,
+            progress=not args.no_progress,
+            echo=_echo,
+            metadata=dict(args.metadata),
+            # the runner refuses a tracker whose library is missing before it claims the directory
+            trackers={
+                "names": args.logger or (),
+                "project": args.logger_project,
+                "offline": args.logger_offline,
+            },
+        )
+    if outcome.stored is not None:
+        print(run_report(outcome.stored, outcome.out))
+    return outcome.exit_code
 
 
 def _trackers(args: argparse.Namespace) -> dict[str, Any]:
-    from april_bench.cli.args import split_list
     from april_bench.results.trackers import check_trackers
 
-    names = split_list(args.logger) if args.logger else ()
-    check_trackers(names)
-    return {"names": names, "project": args.logger_project, "offline": args.logger_offline}
+    check_trackers(args.logger or ())
+    return {"names": args.logger or (), "project": args.logger_project, "offline": args.logger_offline}
 
 
 def print_outcome(outcome: RunOutcome) -> int:
     """A completed run's tables, its directory and a one-line JSON summary; the exit code."""
-    from april_bench.results.store import render_tables
+    from april_bench.results.store import run_report
 
-    stored = outcome.stored
-    if stored is None:
-        return outcome.exit_code
-    summary = stored.summary()
-    print(render_tables(stored.config, summary, stored.simulated))
-    print(f"\nrun directory: {outcome.out}")
-    final: dict[str, Any] = {
-        "result_kind": stored.provenance["result_kind"],
-        "out": str(outcome.out),
-        "baseline": next(iter(summary.values()), {}).get("baseline"),
-        "throughput_gain": {arm: m["throughput_gain"] for arm, m in summary.items()},
-    }
-    print(json.dumps(final))
-    return 0
+    if outcome.stored is not None:
+        print(run_report(outcome.stored, outcome.out))
+    return outcome.exit_code
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -151,7 +139,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from april_bench.algorithms import ALGORITHMS
     from april_bench.engines import ENGINES
     from april_bench.profiles.models import MODELS
-    from april_bench.rollout.registry import STRATEGIES, strategy_options
+    from april_bench.strategies import STRATEGIES, strategy_options
     from april_bench.trainers.registry import TRAINERS
 
     sections: dict[str, Any] = {

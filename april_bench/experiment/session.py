@@ -23,7 +23,7 @@ from april_bench.results.resume import RunStatus
 from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutLoop
-from april_bench.rollout.registry import ArmSpec, build_strategy
+from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.trainers.protocol import ClosableTrainer, Trainer
 from april_bench.vtime import VirtualTimeLoop
 

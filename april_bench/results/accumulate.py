@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from april_bench.results.episodes import EpisodeTotals
+
 __all__ = ["EXACT_LATENCIES", "WORK_FIELDS", "LatencyValues", "SummaryAccumulator"]
 
 Row = Mapping[str, Any]
@@ -143,6 +145,8 @@ class _Arm:
     max_staleness: int = 0
     fates_dense: bytearray = field(default_factory=bytearray)
     fates_sparse: dict[int, int] = field(default_factory=dict)
+    #: Multi-turn runs: the trained episodes (``None`` until one is seen).
+    episodes: EpisodeTotals | None = None
 
 
 class SummaryAccumulator:
@@ -214,8 +218,11 @@ class SummaryAccumulator:
     def _sample(self, s: Row) -> None:
         arm = self._arm(s["arm"])
         fate = s["fate"]
-        response = int(s["response_len"])
+        response = int(s["response_len"]) - int(s.get("observation_tokens", 0))  # generated tokens
         arm.wasted += int(s.get("discarded_tokens", 0))
+        if fate == "trained" and s.get("episode"):
+            arm.episodes = arm.episodes or EpisodeTotals()
+            arm.episodes.add(s)
         if fate == "trained":
             arm.trained += 1
             arm.trained_tokens += response
@@ -374,6 +381,11 @@ class SummaryAccumulator:
                 else {"logprob_gap_mean": None, "logprob_gap_max": None, "logprob_gap_tokens": 0}
             ),
         }
+
+    def episodes(self, name: str) -> dict[str, Any] | None:
+        """Per-episode figures of an arm's trained episodes (``None``: no episodes)."""
+        a = self._arms[name]
+        return None if a.episodes is None else a.episodes.metrics(a.steps)
 
     def latency(self, name: str) -> dict[str, Any]:
         lat = self._latency.get(name)

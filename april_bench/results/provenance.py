@@ -8,12 +8,21 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from april_bench.machine import detect_accelerators, gpu_info, installed_engines
+from april_bench.threads import DEFAULT_CPU_THREADS, threads_in_use
 
-__all__ = ["collect_provenance", "git_info", "loaded_packages", "result_environment", "source_root"]
+__all__ = [
+    "collect_provenance",
+    "git_info",
+    "loaded_packages",
+    "result_environment",
+    "source_root",
+    "thread_choice",
+]
 
 #: Packages whose versions are recorded whether or not the run imported them (None: not installed).
 _PACKAGES = (
@@ -207,7 +216,7 @@ def collect_provenance(
     """The provenance block of a run.  Called at the start of a run and again at its end with
     ``started`` (the first block): the machine's load average is then recorded at both ends.
     ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it);
-    ``torch_threads``: :func:`april_bench.threads.thread_choice` of the run.  ``out`` (the run
+    ``torch_threads``: :func:`thread_choice` of the run.  ``out`` (the run
     directory) is left out of the checkout's dirty check."""
     if started is not None:
         done = dict(started)
@@ -247,4 +256,20 @@ def collect_provenance(
         "environment": result_environment(),
         "metadata": dict(metadata or {}),
         "notes": notes or [],
+    }
+
+
+def thread_choice(engine_args: Mapping[str, Any], trainer_args: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's provenance records: the intra-op threads of the engine and the trainer on a CPU
+    (:mod:`april_bench.threads`), and who chose them."""
+    engine, trainer = engine_args.get("threads"), trainer_args.get("threads")
+    return {
+        "engine": engine if engine is not None else DEFAULT_CPU_THREADS,
+        "trainer": trainer if trainer is not None else DEFAULT_CPU_THREADS,
+        "chosen_by": {
+            "engine": "user (--engine-arg threads=)" if engine is not None else "april-bench (1 on a CPU)",
+            "trainer": "user (--trainer-arg threads=)" if trainer is not None else "april-bench (1 on a CPU)",
+        },
+        "on_cuda": "torch's choice unless set",
+        "process_default": threads_in_use(),
     }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from april_bench.telemetry.records import TelemetryRecord
-from april_bench.types import Group, SampleStatus
+from april_bench.types import Group, Sample, SampleStatus
 
 __all__ = [
     "SMALL_TABLES",
@@ -95,6 +95,11 @@ class SampleRecord:
     #: Tokens this sample generated and threw away when a cap restarted it.
     discarded_tokens: int
     repeat: int = 0
+    #: A multi-turn episode's tokens appended by its environment (in ``response_len``, not generated).
+    observation_tokens: int = 0
+    #: A multi-turn episode: turns, environment calls and seconds, the steps its requests ran in, and
+    #: the environment state it ended (or was buffered) with; ``None`` for a plain sample.
+    episode: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -154,6 +159,14 @@ class StepRecord:
     #: True when the counts depend only on the requests and seeds (april-bench's engines); False
     #: when the engine's schedule depends on timing (vLLM).
     work_deterministic: bool | None = None
+    #: Multi-turn episodes (docs/agents.md): environment calls answered in this step, the loop-clock
+    #: seconds they took (summed over calls, so overlapping calls count each), and the observation
+    #: tokens they appended (prefilled by the next turn, never generated or trained).
+    env_calls: int = 0
+    env_time_s: float = 0.0
+    observation_tokens: int = 0
+    #: Environment calls cancelled at the stop (``env_calls_at_stop=cancel``; made again on resume).
+    env_cancelled: int = 0
 
 
 @dataclass(slots=True)
@@ -342,7 +355,7 @@ class RunRecorder:
         for group in groups:
             for s in group.samples:
                 runs = s.version_runs()
-                off = sum(n for v, n in runs if train_version is not None and v < train_version)
+                off = 0 if train_version is None else s.off_policy_tokens(train_version)
                 self.add(
                     SampleRecord(
                         arm=arm,
@@ -362,6 +375,8 @@ class RunRecorder:
                         off_policy_tokens=off,
                         discarded_tokens=s.discarded_tokens,
                         repeat=repeat,
+                        observation_tokens=s.observation_tokens,
+                        episode=_episode(s),
                     )
                 )
                 if s.status.is_finished:  # its natural length is known: it joins the trace
@@ -378,3 +393,22 @@ class RunRecorder:
                             repeat=repeat,
                         )
                     )
+
+
+def _episode(s: Sample) -> dict[str, Any] | None:
+    """A multi-turn sample's per-episode figures for its sample row (``None`` for a plain sample)."""
+    if s.env_state is None and not s.env_calls:
+        return None
+    turns, in_turn = 0, False  # a turn: generated segments between observations
+    for seg in s.segments:
+        turns += not seg.observation and not in_turn
+        in_turn = not seg.observation
+    return {
+        "turns": turns,
+        "env_calls": s.env_calls,
+        "env_time_s": s.env_time_s,
+        "request_time_s": s.request_time_s,
+        "generated_tokens": s.response_len - s.observation_tokens,
+        "steps": sorted({seg.step for seg in s.segments if not seg.observation}),
+        "env_state": s.env_state,
+    }

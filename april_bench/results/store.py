@@ -31,6 +31,7 @@ from typing import IO, Any
 from april_bench.config import ConfigError
 from april_bench.results.coverage import covered, row_key
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
+from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
 from april_bench.results.headline import HEADLINE_COLUMNS, WORK_COLUMNS, has_work, headline_table, work_table
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
@@ -50,6 +51,7 @@ __all__ = [
     "fsync_dir",
     "load_run",
     "render_tables",
+    "run_report",
     "write_json_atomic",
     "write_run",
 ]
@@ -86,6 +88,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON to ``path`` through a temporary file and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a uniquely named temporary file and a rename (see below)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(path, text)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -380,6 +388,19 @@ def _status(path: Path) -> str | None:
         return None
 
 
+def run_report(stored: RunDirectory, out: Path) -> str:
+    """What ``run`` prints when a run completes: its tables, its directory and a one-line JSON summary."""
+    summary = stored.summary()
+    final: dict[str, Any] = {
+        "result_kind": stored.provenance["result_kind"],
+        "out": str(out),
+        "baseline": next(iter(summary.values()), {}).get("baseline"),
+        "throughput_gain": {arm: m["throughput_gain"] for arm, m in summary.items()},
+    }
+    tables = render_tables(stored.config, summary, stored.simulated)
+    return "\n".join((tables, f"\nrun directory: {out}", json.dumps(final)))
+
+
 def render_tables(
     config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
 ) -> str:
@@ -413,6 +434,10 @@ def render_tables(
             f"{headline}\n\n"
         )
     text += f"{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    episodes = episode_table(summary)
+    if episodes:
+        text += f"\n\n### Episodes: trained multi-turn episodes ({label}; docs/agents.md)\n\n"
+        text += render_markdown(EPISODE_COLUMNS, episodes)
     if has_work(summary):
         work = render_markdown(WORK_COLUMNS, work_table(summary))
         text += (

@@ -135,6 +135,9 @@ def summary_of(
         metrics["paired_gains"] = paired.get(arm, {})
         metrics["latency"] = accumulator.latency(arm)
         metrics["repeats"] = accumulator.repeats(arm)
+        episodes = accumulator.episodes(arm)
+        if episodes is not None:  # multi-turn runs only (docs/agents.md)
+            metrics["episodes"] = episodes
     return summary
 
 

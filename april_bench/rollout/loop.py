@@ -42,7 +42,9 @@ from april_bench.engines.protocol import (
     SamplingParams,
     SaturationModel,
 )
+from april_bench.envs.protocol import Environment, EpisodeWorkload
 from april_bench.results.records import Fate, RequestRecord, RunRecorder, StepRecord
+from april_bench.rollout import episodes
 from april_bench.rollout.buffer import GroupBuffer
 from april_bench.rollout.state import group_from_dict, group_to_dict
 from april_bench.rollout.step import CarryOver, InFlight, Meter, Pending, ProgressView, StepState, step_record
@@ -88,6 +90,9 @@ class RolloutConfig(BaseConfig):
         None, help="stop a step that launched this many groups without N passing (default: 16 x N')"
     )
     seed: int = param(0, help="sampling seed: sample i of prompt u gets the same seed in every arm")
+    env_calls_at_stop: str = param(
+        "finish", help="multi-turn episodes: calls out at a stop finish, or cancel (made again on resume)"
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -113,6 +118,10 @@ class RolloutConfig(BaseConfig):
             raise ConfigError(
                 f"rollout max_groups_per_step ({self.max_groups_per_step}) must be >= "
                 f"--over-sampling-batch-size ({self.over_sampling_batch_size})"
+            )
+        if self.env_calls_at_stop not in ("finish", "cancel"):
+            raise ConfigError(
+                f"rollout env_calls_at_stop must be finish or cancel, got {self.env_calls_at_stop!r}"
             )
         for name in ("reabort_interval_s", "abort_timeout_s"):
             if getattr(self, name) <= 0:
@@ -161,6 +170,8 @@ class RolloutLoop(Configurable):
         self._sampling = config.sampling_params()
         self._replay = config.replay_lengths or not engine.info.produces_tokens
         self._seeded = engine.info.produces_tokens  # an engine that samples gets per-sample seeds
+        #: Multi-turn episodes (rollout/episodes.py): the workload's environment answers each turn.
+        self.env: Environment | None = workload.environment if isinstance(workload, EpisodeWorkload) else None
         self._next_request = 0
         self._next_order = 0
 
@@ -201,8 +212,11 @@ class RolloutLoop(Configurable):
         await st.enough.wait()
         self._raise_if_failed(st)
         t_stop = loop.time()
+        if self.config.env_calls_at_stop == "cancel":
+            episodes.cancel(st)  # calls out now, or started by a turn that ends during the abort
         abort_rounds = await self._stop(st) if st.pending else 0
         await asyncio.gather(*st.pumps, *st.aborts)
+        await episodes.drain(st)  # environment calls out at the stop finish or end cancelled (docs/agents.md)
         self._raise_if_failed(st)
         t_end = loop.time()
         work_after = self._work()
@@ -321,6 +335,8 @@ class RolloutLoop(Configurable):
             for sample in group.samples:
                 request = self._request_for(st, sample, view, priority)
                 if request is None:
+                    if self.env is not None and episodes.awaits_answer(sample):
+                        episodes.call_again(self, st, flight, sample, priority)  # cancelled at a stop
                     continue
                 requests.append(request)
                 flight.outstanding += 1
@@ -348,6 +364,17 @@ class RolloutLoop(Configurable):
         elif sample.response_len and not self.strategy.keep_partial(sample, view):
             st.restart_tokens += sample.restart()
             st.restarted += 1
+        if self.env is not None:
+            if sample.env_state is None:
+                episodes.begin(self.env, sample, st)
+            elif episodes.awaits_answer(sample):
+                return None  # its environment call was cancelled at a stop: it is made again first
+        return self.next_request(st, sample, view, priority)
+
+    def next_request(
+        self, st: StepState, sample: Sample, view: RolloutView, priority: int
+    ) -> GenerateRequest | None:
+        """The request that continues ``sample`` (``None``: it is finished, or has no budget left)."""
         if sample.status.is_finished:
             return None
         remaining = self.config.max_response_len - sample.response_len
@@ -359,7 +386,10 @@ class RolloutLoop(Configurable):
             sample.start_step = st.step
         replay = None
         if self._replay:
-            target = self.workload.replay_len(sample.prompt, sample.index, sample.start_step)
+            if self.env is not None and sample.env_state is not None:
+                target = self.env.replay_len(sample.env_state)  # this turn's end
+            else:
+                target = self.workload.replay_len(sample.prompt, sample.index, sample.start_step)
             if target is None:
                 raise ConfigError(
                     f"engine {self.engine.info.name!r} needs replayed lengths but workload "
@@ -446,11 +476,19 @@ class RolloutLoop(Configurable):
                 repeat=self.repeat,
             )
         )
-        flight = pending.flight
+        if self.env is not None:
+            sample.request_time_s += c.t_done - pending.t_submit
+            if c.finish_reason is FinishReason.STOP:
+                episodes.call(self, st, pending)  # the turn ended: the environment answers the action
+                return
+        self.request_returned(st, pending.flight)
+
+    def request_returned(self, st: StepState, flight: InFlight) -> None:
+        """One of ``flight``'s samples is back (its request, or its episode's last environment call)."""
         flight.outstanding -= 1
         if flight.outstanding == 0:
             self._on_group_returned(st, flight)
-        if not st.pending:
+        if not st.pending and not st.env_pending:
             st.all_returned.set()
 
     def _on_group_returned(self, st: StepState, flight: InFlight) -> None:

@@ -49,9 +49,23 @@ def _sample_to_dict(s: Sample) -> dict[str, Any]:
                 "step": seg.step,
                 "token_ids": None if seg.token_ids is None else list(seg.token_ids),
                 "logprobs": None if seg.logprobs is None else list(seg.logprobs),
+                **({"observation": True} if seg.observation else {}),
             }
             for seg in s.segments
         ],
+        **_episode_to_dict(s),
+    }
+
+
+def _episode_to_dict(s: Sample) -> dict[str, Any]:
+    """A multi-turn episode's environment state and call counts (nothing for a plain sample)."""
+    if s.env_state is None and not s.env_calls:
+        return {}
+    return {
+        "env_state": s.env_state,
+        "env_calls": s.env_calls,
+        "env_time_s": s.env_time_s,
+        "request_time_s": s.request_time_s,
     }
 
 
@@ -65,6 +79,7 @@ def _sample_from_dict(data: dict[str, Any], prompt: Prompt) -> Sample:
             step=seg["step"],
             token_ids=None if seg["token_ids"] is None else tuple(seg["token_ids"]),
             logprobs=None if seg["logprobs"] is None else tuple(seg["logprobs"]),
+            observation=seg.get("observation", False),
         )
         for seg in data["segments"]
     ]
@@ -80,4 +95,8 @@ def _sample_from_dict(data: dict[str, Any], prompt: Prompt) -> Sample:
         loss_mask=data["loss_mask"],
         discarded_tokens=data["discarded_tokens"],
         response_len=sum(seg.num_tokens for seg in segments),
+        env_state=data.get("env_state"),
+        env_calls=data.get("env_calls", 0),
+        env_time_s=data.get("env_time_s", 0.0),
+        request_time_s=data.get("request_time_s", 0.0),
     )

@@ -77,6 +77,15 @@ class StepState:
     context_token_sum: float = 0.0
     peak_concurrency: int = 0
     bookkeeping_s: float = 0.0
+    #: Multi-turn episodes: environment calls in flight (by the request that ended the turn), and
+    #: the calls answered, their seconds and observation tokens this step.
+    env_pending: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    env_calls: int = 0
+    env_time_s: float = 0.0
+    observation_tokens: int = 0
+    env_cancelled: int = 0
+    #: Set at the stop with ``env_calls_at_stop=cancel``: every call still out (or started later) ends.
+    env_cancel: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ProgressView(Mapping[int, GroupProgress]):
@@ -169,4 +178,8 @@ def step_record(
         prefill_tokens=None if work is None else work.prefill_tokens,
         reprefill_tokens=None if work is None else work.reprefill_tokens,
         work_deterministic=None if work is None else work.deterministic,
+        env_calls=st.env_calls,
+        env_time_s=st.env_time_s,
+        observation_tokens=st.observation_tokens,
+        env_cancelled=st.env_cancelled,
     )

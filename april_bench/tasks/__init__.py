@@ -18,6 +18,16 @@ TASKS.register(
     "the embedded task: generated problems, a character tokenizer and a cached warm start (no download)",
 )
 TASKS.register(
+    "synthetic-agent",
+    "april_bench.tasks.agent:build",
+    "the embedded task as multi-turn episodes: the policy calls a calculator tool (docs/agents.md)",
+)
+TASKS.register(
+    "synthetic-agent-replayed",
+    "april_bench.tasks.agent:build_replayed",
+    "the agent task's episodes replayed without a model (--engine sim or fake): turns, tool calls, latency",
+)
+TASKS.register(
     "math",
     "april_bench.tasks.math:build",
     "a checkpoint on a math data set: its chat template, the recipe's grader, avg@k on --eval-datasets",

@@ -52,6 +52,8 @@ class Task:
 #: The options each kind of task reads; any other kind given them is a mistake worth an error.
 _TASK_OPTIONS = {
     "synthetic": ("task_args", "warmstart_args"),
+    "synthetic-agent": ("task_args", "warmstart_args"),
+    "synthetic-agent-replayed": ("task_args",),
     "math": ("task_args",),
     "lengths": ("workload_args",),
 }

@@ -23,7 +23,9 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import statistics
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -371,10 +373,14 @@ def write_trace(path: Path, header: TraceHeader, rows: Iterable[TraceRow]) -> in
     """Write a trace file (through a temporary file and a rename); returns the number of rows."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # unique per writer
+    tmp = Path(name)
     n = 0
     try:
-        with tmp.open("w") as f:
+        with os.fdopen(fd, "w") as f:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.fchmod(f.fileno(), 0o666 & ~mask)  # mkstemp makes 0600; a trace is shared like any file
             f.write(json.dumps(header.to_json(), separators=(",", ":")) + "\n")
             for row in rows:
                 f.write(json.dumps(row.to_json(), separators=(",", ":")) + "\n")

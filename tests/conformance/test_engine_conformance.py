@@ -63,25 +63,6 @@ async def until(engine: Engine, running: int, waiting: int, timeout: float = 60)
         await asyncio.sleep(0.02)
 
 
-async def until_or_missed(
-    engine: Engine, running: int, waiting: int, before: float | None, passed: int, timeout: float = 60
-) -> bool:
-    """Until the engine's load is (``running``, ``waiting``): True; False once its own decoded-token count
-    shows ``passed`` more tokens than ``before``, when that load can no longer come (the running requests
-    are done).  A fast engine can hold such a load for less time than one load poll takes on a loaded
-    machine: vLLM's server decodes ~1,000 tokens/s of ``tiny32`` and, while it streams, answers
-    ``/metrics`` up to ~3 s late (measured at load 5-13 on 2 cores, over TCP and its Unix socket alike)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        load = await engine.load()
-        if (load.running, load.waiting) == (running, waiting):
-            return True
-        if before is not None and (await generated_tokens(engine) or 0) >= before + passed:
-            return False
-        assert time.monotonic() < deadline, f"load stayed {load}, wanted {running} running, {waiting} waiting"
-        await asyncio.sleep(0.02)
-
-
 async def generated_tokens(engine: Engine) -> float | None:
     """The engine's own count of tokens it decoded (``None`` where it reports none)."""
     await engine.load()  # a server's metrics are read with its load
@@ -218,60 +199,57 @@ def test_logprobs_are_the_trainers_when_the_engine_computes_in_its_dtype(host: E
 # ----------------------------------------------------------------------------- abort
 #: As long as tiny32 allows (1,024 positions); vLLM's server still decodes it in ~1 s at load 5.
 LONG = 1000
-#: Tries at catching an engine with both requests running and two queued (see :func:`until_or_missed`).
-ABORT_ATTEMPTS = 5
 
 
 def test_abort_returns_partials_of_running_and_nothing_of_queued_requests(host: EngineHost) -> None:
+    """Four requests on an engine with two slots, aborted together once the engine has decoded a
+    quarter of one budget.  Every claim holds for any timing, so nothing polls for a passing load: a
+    fast engine on a loaded machine may finish a running request before the abort lands (vLLM's server
+    decodes ~1,000 tokens/s of ``tiny32``), and then a queued request takes its slot and returns a
+    partial of its own.  What may never happen: tokens of a request that got no slot (more requests
+    with tokens than slots plus finished requests), a partial as long as its budget, an engine that
+    goes on decoding, or tokens the engine did not decode."""
     budget = LONG
     queued = 2
 
     async def body() -> None:
         engine = host.engine
         assert engine is not None
-        for attempt in range(ABORT_ATTEMPTS):
-            requests = [
-                request(f"long-{attempt}-{i}", budget, seed=i, replay=budget)
-                for i in range(MAX_RUNNING + queued)
-            ]
-            before = await generated_tokens(engine)
-            stream = engine.generate(requests)
-            if await until_or_missed(engine, MAX_RUNNING, queued, before, MAX_RUNNING * budget):
-                break
-            # the engine finished the running pair before a load poll saw it running: try again with
-            # fresh requests (this claim is about what an abort returns, not about poll latency)
-            print(f"try {attempt}: the load passed unseen, {await generated_tokens(engine)} tokens decoded")
-            await engine.abort(None)
-            _ = [c async for c in stream]
-            await until_idle(engine)
-        else:
-            raise AssertionError(
-                f"no load poll saw {MAX_RUNNING} running, {queued} waiting in {ABORT_ATTEMPTS} tries"
-            )
-        # the running ones decode some tokens
-        await until_decoded(engine, before if host.kind.live_token_count else None, 8 * MAX_RUNNING)
+        # a cold server's first requests are slow to report (vLLM's /metrics answered only once four
+        # tiny32 requests were decoded in full): warm it, so the abort lands on requests in flight
+        await collect(engine, [request("abort-warmup", 8)])
+        requests = [request(f"long-{i}", budget, seed=i, replay=budget) for i in range(MAX_RUNNING + queued)]
+        before = await generated_tokens(engine)
+        stream = engine.generate(requests)
+        # the running ones decode: the engine's own count only grows, so a late answer only delays the
+        # abort (far more tokens than the few a server has decoded but not yet streamed at a hang-up)
+        await until_decoded(engine, before if host.kind.live_token_count else None, budget // 4)
         await engine.abort(None)
         done = {c.request_id: c async for c in stream}
         await until_idle(engine)
         generated = await until_steady(engine)
-        # the engine itself stopped decoding (vLLM's server: /metrics), not only the client listening:
-        # its count settles (a loaded machine can publish the last step's count late), short of
-        # everything the requests asked for
-        if before is not None and generated is not None:
-            assert generated - before < len(requests) * budget
         assert set(done) == {r.request_id for r in requests}
-        assert {c.finish_reason for c in done.values()} == {FinishReason.ABORT}
-        counts = sorted(c.num_tokens for c in done.values())
-        if before is not None and generated is not None and generated - before >= MAX_RUNNING * budget:
-            # on a loaded machine a server can finish the running pair before the hang-ups land, and
-            # start the queued ones; the client then holds what was streamed so far of each (seen with
-            # vLLM's server at load 4 on 2 cores): a race the engine won, not lost requests
-            assert all(0 <= n < budget for n in counts)
-        else:
-            assert counts[:queued] == [0] * queued  # queued: aborted before a token
-            assert all(0 < n < budget for n in counts[queued:])  # running: a partial response
         for c in done.values():
             well_formed(c)
+        finished = [c for c in done.values() if c.finish_reason is not FinishReason.ABORT]
+        aborted = [c for c in done.values() if c.finish_reason is FinishReason.ABORT]
+        # finished before the abort landed: the whole replayed length
+        assert all((c.finish_reason, c.num_tokens) == (FinishReason.STOP, budget) for c in finished)
+        assert all(0 <= c.num_tokens < budget for c in aborted)  # a partial, or nothing
+        started = [c for c in done.values() if c.num_tokens > 0]
+        # a queued request decodes only in a slot a finished one left: the others return nothing
+        assert len(started) <= MAX_RUNNING + len(finished), sorted(c.num_tokens for c in done.values())
+        assert started, "no request returned a token"  # the running ones returned their partials
+        if not finished:
+            assert sorted(c.num_tokens for c in done.values())[:queued] == [0] * queued
+        if not aborted:  # every request finished before the hang-ups landed: nothing was aborted
+            print(f"{host.kind.name}: all {len(requests)} requests finished before the abort landed")
+        if before is not None and generated is not None:
+            # the engine's count holds every token the client returned (a server drops what it had
+            # decoded but not streamed at the hang-up), and settled (until_steady): it stopped decoding
+            assert sum(c.num_tokens for c in done.values()) <= generated - before
+            if aborted:  # not only the client stopped listening: the engine left the rest undecoded
+                assert generated - before < len(requests) * budget
 
     host.run(body)
 
@@ -283,7 +261,7 @@ def test_abort_of_one_request_leaves_the_others_running(host: EngineHost) -> Non
         before = await generated_tokens(engine)
         stream = engine.generate([request("stop-me", LONG, replay=LONG), request("finish-me", 30, replay=30)])
         # "finish-me" may be done before both are seen running, and a load poll can come back after the
-        # engine decoded both (see until_or_missed): stop polling once its own count shows both done
+        # engine decoded both (a server's /metrics can answer late): stop once its own count shows both done
         while (await engine.load()).running < 1:
             if before is not None and (await generated_tokens(engine) or 0) >= before + LONG + 30:
                 break

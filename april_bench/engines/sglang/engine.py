@@ -49,10 +49,11 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.server.health import check_health, freeze_server, kill_server
+from april_bench.engines.server.adapter import ServerAdapter, loopback_url
+from april_bench.engines.server.health import freeze_server, kill_server
 from april_bench.engines.server.http import HTTPClient, HTTPError
 from april_bench.engines.server.metrics import parse_prometheus
-from april_bench.engines.server.process import ServerHandle, ServerProcess, flag_args, free_port
+from april_bench.engines.server.process import ServerHandle, ServerProcess, flag_args
 from april_bench.engines.sglang.wire import VersionMap, error_message, generate_payload, parse_generate_output
 from april_bench.engines.stream import CompletionStream
 
@@ -67,8 +68,10 @@ class _InFlight:
     task: asyncio.Task[None]
 
 
-class SGLangEngine(Configurable):
+class SGLangEngine(ServerAdapter, Configurable):
     """An SGLang server, launched on loopback by april-bench or attached by URL."""
+
+    server_name = engine_title = "sglang"
 
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
@@ -118,10 +121,10 @@ class SGLangEngine(Configurable):
     def __init__(self, config: Config, *, server: ServerHandle | None = None) -> None:
         """``server``: a server to start and stop with the engine (an in-process fake, for tests)."""
         if server is None and config.model_path:
-            port = config.port or free_port(config.host)
+            port, url = loopback_url(config.host, config.port)
             server = ServerProcess(
                 launch_command(config, port),
-                url=f"http://{config.host}:{port}",
+                url=url,
                 env=config.env,
                 log_path=config.log_file,
                 health_timeout_s=config.launch_timeout_s,
@@ -150,20 +153,10 @@ class SGLangEngine(Configurable):
     def info(self) -> EngineInfo:
         return self._info
 
-    @property
-    def url(self) -> str:
-        if self.server is not None:
-            return self.server.url
-        assert self.config.url is not None
-        return self.config.url.rstrip("/")
-
     async def start(self) -> None:
-        if self._client is not None:
-            return
-        if self.server is not None:
-            await self.server.start()
         c = self.config
-        self._client = HTTPClient(self.url, headers=_headers(c), max_connections=c.max_connections)
+        if not await self._connect(headers=_headers(c), max_connections=c.max_connections):
+            return
         try:
             await self._describe()
         except BaseException:
@@ -201,11 +194,6 @@ class SGLangEngine(Configurable):
                 raise EngineError(f"the sglang server at {self.url} is not healthy (GET /health)")
             await asyncio.sleep(0.5)
 
-    async def health(self) -> None:
-        """``GET /health`` (:class:`~april_bench.engines.protocol.HealthCheck`)."""
-        timeout = self.config.control_timeout_s
-        await check_health(self._http, name="sglang", url=self.url, server=self.server, timeout_s=timeout)
-
     async def kill(self) -> None:
         """Fault injection (:class:`~april_bench.engines.replicas.Killable`): SIGKILL the launched server."""
         kill_server(self.server, name="sglang")
@@ -220,11 +208,7 @@ class SGLangEngine(Configurable):
         for entry in inflight.values():
             entry.task.cancel()
         await asyncio.gather(*(e.task for e in inflight.values()), return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-        if self.server is not None:
-            await self.server.stop()
+        await self._disconnect()
 
     # ------------------------------------------------------------ generation
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
@@ -358,12 +342,6 @@ class SGLangEngine(Configurable):
         return response.status == 200
 
     # ---------------------------------------------------------------- HTTP
-    @property
-    def _http(self) -> HTTPClient:
-        if self._client is None:
-            raise EngineError("the sglang engine is not started: await engine.start() first")
-        return self._client
-
     async def _get_json(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         try:
             response = await self._http.get(path, params, timeout=self.config.control_timeout_s)

@@ -81,10 +81,10 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.server.health import check_health
+from april_bench.engines.server.adapter import ServerAdapter, loopback_url
 from april_bench.engines.server.http import HTTPClient, HTTPError, HTTPStream
 from april_bench.engines.server.metrics import parse_prometheus
-from april_bench.engines.server.process import ServerProcess, flag_args, free_port
+from april_bench.engines.server.process import ServerProcess, flag_args
 from april_bench.engines.stream import CompletionStream
 from april_bench.engines.vllm.worker import WORKER_EXTENSION
 from april_bench.seeding import sample_seed
@@ -119,8 +119,10 @@ class _InFlight:
             self.http.close()
 
 
-class VLLMServerEngine(Configurable):
+class VLLMServerEngine(ServerAdapter, Configurable):
     """``vllm serve`` on loopback (or a running server at ``url``), driven over HTTP by token ids."""
+
+    server_name, engine_title = "vllm", "vllm server"
 
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
@@ -178,8 +180,8 @@ class VLLMServerEngine(Configurable):
                 self._socket = os.path.join(self._private.name, "server.sock")
                 command, url = launch_command(config, None, unix_socket=self._socket), "http://localhost"
             else:
-                port = config.port or free_port(config.host)
-                command, url = launch_command(config, port), f"http://{config.host}:{port}"
+                port, url = loopback_url(config.host, config.port)
+                command = launch_command(config, port)
             self.server = ServerProcess(
                 command,
                 url=url,
@@ -212,19 +214,9 @@ class VLLMServerEngine(Configurable):
     def info(self) -> EngineInfo:
         return self._info
 
-    @property
-    def url(self) -> str:
-        if self.server is not None:
-            return self.server.url
-        assert self.config.url is not None
-        return self.config.url.rstrip("/")
-
     async def start(self) -> None:
-        if self._client is not None:
+        if not await self._connect(unix_socket=self._socket):
             return
-        if self.server is not None:
-            await self.server.start()
-        self._client = HTTPClient(self.url, unix_socket=self._socket)
         try:
             if self.server is None:
                 await self._warn_if_dev_routes_open()
@@ -237,22 +229,13 @@ class VLLMServerEngine(Configurable):
             await self.close()
             raise
 
-    async def health(self) -> None:
-        """``GET /health`` (:class:`~april_bench.engines.protocol.HealthCheck`)."""
-        timeout = self.config.control_timeout_s
-        await check_health(self._http, name="vllm", url=self.url, server=self.server, timeout_s=timeout)
-
     async def close(self) -> None:
         inflight, self._inflight = self._inflight, {}
         tasks = [entry.task for entry in inflight.values() if entry.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-        if self.server is not None:
-            await self.server.stop()
+        await self._disconnect()
         if self._private is not None:
             self._private.cleanup()
             self._private = None
@@ -439,12 +422,6 @@ class VLLMServerEngine(Configurable):
         self.version = int(state["version"])
 
     # ---------------------------------------------------------------- HTTP
-    @property
-    def _http(self) -> HTTPClient:
-        if self._client is None:
-            raise EngineError("the vllm server engine is not started: await engine.start() first")
-        return self._client
-
     async def _json(self, method: str, path: str) -> dict[str, Any]:
         try:
             response = await self._http.request(method, path, None, self.config.control_timeout_s)
