@@ -118,7 +118,7 @@ def gaps(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         by_run[r["run"]][_short(r["arm"])] = r
     per_seed = []
-    for run, arms in sorted(by_run.items()):
+    for run, arms in by_run.items():  # in the order given
         if "sync" in arms and "april" in arms and arms["april"]["off_policy"] == "as-is":
             s, a = arms["sync"], arms["april"]
             step = max(set(s["curve"]) & set(a["curve"]))  # the last step both arms evaluated
@@ -136,14 +136,20 @@ def gaps(rows: list[dict[str, Any]]) -> str:
     lines += [
         f"| {r} | {sd} | {st} | {d:+.1f} pt | ± {se:.1f} | {m:+.1f} pt |" for r, sd, st, d, se, m in per_seed
     ]
-    ds = [d for _, _, _, d, _, _ in per_seed]
+    # the mean counts each seed once (its first run given): a longer run of the same seed is the same
+    # trajectory, not another sample
+    first: dict[int, tuple[float, float]] = {}
+    for _, sd, _, d, _, m in per_seed:
+        first.setdefault(sd, (d, m))
+    ds = [d for d, _ in first.values()]
+    ms = [m for _, m in first.values()]
     if len(ds) > 1:
         sd = statistics.stdev(ds)
         half = 2 * sd / math.sqrt(len(ds))  # rough: a t interval would be wider at few seeds
         lines.append(
             f"| **mean over {len(ds)} seeds** | | | **{statistics.fmean(ds):+.1f} pt** "
             f"(seed sd {sd:.1f}; mean ± 2 se: [{statistics.fmean(ds) - half:+.1f}, "
-            f"{statistics.fmean(ds) + half:+.1f}]) | | {statistics.fmean(m for *_, m in per_seed):+.1f} pt |"
+            f"{statistics.fmean(ds) + half:+.1f}]) | | {statistics.fmean(ms):+.1f} pt |"
         )
     return "\n".join(lines)
 
