@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from april_bench.engines.protocol import EngineLost
+from april_bench.trainers.protocol import TrainerLost
 
 if TYPE_CHECKING:
     from april_bench.backends import Components
@@ -48,6 +49,8 @@ Echo = Callable[[str], None]
 #: ``RunOutcome.interrupted_by`` of a run whose engine lost every replica (exit status 75, EX_TEMPFAIL:
 #: the completed steps are saved and ``run --resume`` continues once the engine is back).
 ENGINE_LOST = "engine_lost"
+#: ``RunOutcome.interrupted_by`` of a run whose trainer died (a Ray trainer actor): exit status 75 too.
+TRAINER_LOST = "trainer_lost"
 
 
 def _stderr(line: str) -> None:
@@ -69,7 +72,7 @@ class RunOutcome:
     def exit_code(self) -> int:
         if self.interrupted_by is None:
             return 0
-        if self.interrupted_by == ENGINE_LOST:
+        if self.interrupted_by in (ENGINE_LOST, TRAINER_LOST):
             return 75
         return 130 if self.interrupted_by == "SIGINT" else 143
 
@@ -279,12 +282,14 @@ def execute(
         # A signal raised inside the event loop's machinery can surface as another error (for example
         # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
         # An engine with no replica left cannot go on, but every completed step is saved: interrupted.
-        lost = isinstance(exc, EngineLost)
+        # So can a dead trainer process (TrainerLost): the checkpoints hold the trainer state.
+        lost = isinstance(exc, (EngineLost, TrainerLost))
         if not isinstance(exc, KeyboardInterrupt) and not received and not lost:
             status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
             status.save()
             raise
-        by = received[0] if received else ENGINE_LOST if lost else "SIGINT"
+        gone = TRAINER_LOST if isinstance(exc, TrainerLost) else ENGINE_LOST
+        by = received[0] if received else gone if lost else "SIGINT"
         if lost and echo is not None:
             echo(f"error: {exc}")
         status.state, status.message = "interrupted", f"stopped by {by}" + (f": {exc}" if lost else "")

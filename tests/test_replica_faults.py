@@ -176,3 +176,35 @@ def test_bad_fault_options_are_one_line_errors() -> None:
         ENGINES.get("fake-pool").check(settings, {"health_timeout_s": 0})
     with pytest.raises(ConfigError, match="token_time"):
         ENGINES.get("fake-pool").check(settings, {"token_time_s": -1})
+
+
+def test_a_resumed_chaos_run_does_not_kill_again_at_the_same_token_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schedule's progress is checkpointed: a run interrupted after its faults fired and resumed
+    fires exactly the faults of an uninterrupted run (none twice)."""
+    from typing import Any
+
+    from april_bench import experiment
+
+    argv = [*RUN, *_args(replicas=3, chaos_seed=1, chaos_faults=2, chaos_window_tokens=60000)]
+    whole = tmp_path / "whole"
+    assert main([*argv, "--out", str(whole)]) == 0
+    fired = [e for e in _faults(whole) if e["kind"] == "fault_injected"]
+    assert fired and all(int(str(e["step"])) < 2 for e in fired)  # both before the interruption
+
+    original = experiment.ArmSession._step
+
+    async def interrupted_step(self: Any, s: int) -> None:
+        if self.arm.label == "april" and s == 2:
+            raise KeyboardInterrupt
+        await original(self, s)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted_step)
+    assert main([*argv, "--out", str(out)]) == 130
+    monkeypatch.setattr(experiment.ArmSession, "_step", original)
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    _check_nothing_lost(out)
+    assert [e for e in _faults(out) if e["kind"] == "fault_injected"] == fired
+    assert _faults(out) == _faults(whole)

@@ -224,6 +224,7 @@ def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> 
         "rollout_time_per_step_s": m.get("rollout_time_per_step_s"),
         "accuracy": m.get("accuracy"),
         "accuracy_improvement": m.get("accuracy_improvement"),
+        "failures": m.get("failures"),
         "episodes": m.get("episodes"),  # multi-turn runs (docs/agents.md)
     }
 
@@ -265,7 +266,9 @@ def render_ablation(result: dict[str, Any]) -> str:
     if episodes:
         lines += ["", "### Episodes (trained multi-turn episodes; docs/agents.md)", ""]
         lines.append(render_markdown(EPISODE_COLUMNS, episodes))
-    return "\n".join(lines)
+    from april_bench.results.faults import failure_lines
+
+    return "\n".join(lines + failure_lines(result["rows"], kind=kind))
 
 
 def _seconds(value: float | None) -> str:

@@ -55,6 +55,22 @@ def add_parsers(sub: Any) -> None:
         help="price the engine by a measured cost curve (simcheck's cost_curve.json: one engine, its own "
         "limits) instead of the roofline profile of --hw",
     )
+    p.add_argument(
+        "--failure-rate",
+        type=float,
+        default=0.0,
+        metavar="PER_HOUR",
+        help="simulate replica failures: per replica-hour of virtual time (seeded; docs/faults.md)",
+    )
+    p.add_argument(
+        "--failure-at",
+        default=None,
+        metavar="LIST",
+        help="simulate replica failures at these virtual seconds since the run started (e.g. 30,200)",
+    )
+    p.add_argument(
+        "--restart-s", type=float, default=None, help="seconds a failed replica is down (default 60)"
+    )
     p.add_argument("--out", type=Path, default=None, help="run directory to write (default: runs/whatif-...)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument(
@@ -132,6 +148,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         steps=args.steps,
         arm=args.arm,
         cost_curve=args.cost_curve,
+        failure_rate_per_hour=args.failure_rate,
+        failure_at_s=_seconds_list(args.failure_at),
+        restart_s=args.restart_s,
     )
     try:
         result = run_whatif(
@@ -155,6 +174,17 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
     )
     return 0
+
+
+def _seconds_list(text: str | None) -> tuple[float, ...]:
+    from april_bench.config import ConfigError
+
+    if not text:
+        return ()
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--failure-at: expected seconds like 30,200, got {text!r}") from None
 
 
 def cmd_trace(args: argparse.Namespace) -> int:

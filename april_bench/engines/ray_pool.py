@@ -160,6 +160,14 @@ class RayEnginePool(RouterFront, Configurable):
             ray.util.remove_placement_group(self._group)
             self._group = None
 
+    # The replicas' states live in their actors; the checkpoint keeps the chaos schedule's progress, so
+    # a resumed run does not kill a replica again at a token count it already passed.
+    def export_state(self) -> dict[str, Any]:
+        return {"chaos": self._router.chaos_state()}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self._router.restore_chaos(state.get("chaos"))
+
     # ------------------------------------------------------------ requests
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
         if self._group is None:

@@ -29,7 +29,9 @@ actors through :class:`~april_bench.engines.ray_pool.RayReplica`), routed with
 **Chaos.**  :class:`FaultSchedule` kills (or hangs) replicas at delivered-token counts drawn from a
 seed, never at wall-clock times, so a chaos run on the virtual clock is exactly repeatable; the
 router calls the replica's ``kill()`` / ``hang()`` (:class:`Killable`) and then detects the failure
-the ordinary way.
+the ordinary way.  The schedule's progress (tokens delivered, faults fired, the victims' draws) is
+part of the pool's checkpoint state (:meth:`ReplicaRouter.chaos_state`), so a resumed run goes on
+counting where the checkpoint left it: a fault that fired before the checkpoint does not fire again.
 """
 
 from __future__ import annotations
@@ -492,13 +494,15 @@ class ReplicaRouter:
         return total
 
     def export_state(self) -> dict[str, Any]:
-        """The replicas' own states (a resumed run continues them) and the current weights' version."""
+        """The replicas' own states (a resumed run continues them), the current weights' version and
+        the chaos schedule's progress."""
         return {
             "version": None if self._current is None else self._current.version,
             "replicas": [
                 s.engine.export_state() if s.alive and isinstance(s.engine, EngineState) else None
                 for s in self._slots
             ],
+            "chaos": self.chaos_state(),
         }
 
     def restore_state(self, state: dict[str, Any]) -> None:
@@ -507,6 +511,28 @@ class ReplicaRouter:
         for slot, saved in zip(self._slots, state["replicas"], strict=True):
             if saved is not None and isinstance(slot.engine, EngineState):
                 slot.engine.restore_state(saved)
+        self.restore_chaos(state.get("chaos"))
+
+    def chaos_state(self) -> dict[str, Any] | None:
+        """Where the chaos schedule stands (JSON): tokens delivered, faults fired, the victims' random
+        state.  ``None`` without a schedule."""
+        if self._schedule is None:
+            return None
+        version, internal, gauss = self._rng.getstate()
+        return {
+            "delivered_tokens": self._delivered_tokens,
+            "fired": self._fired,
+            "rng": [version, list(internal), gauss],
+        }
+
+    def restore_chaos(self, state: dict[str, Any] | None) -> None:
+        """A resumed run's schedule goes on from the checkpoint: the faults already fired stay fired."""
+        if state is None or self._schedule is None:
+            return
+        self._delivered_tokens = int(state["delivered_tokens"])
+        self._fired = int(state["fired"])
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
 
     def record(self, kind: str, replica: int, detail: str) -> None:
         """An event of the pool's own (``replica_placed``: where a replica started) for the watchers."""

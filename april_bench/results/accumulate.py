@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from april_bench.results.episodes import EpisodeTotals
+from april_bench.results.faults import FAULT_KINDS, FaultCounts
 
 __all__ = ["EXACT_LATENCIES", "WORK_FIELDS", "LatencyValues", "SummaryAccumulator"]
 
@@ -147,6 +148,8 @@ class _Arm:
     fates_sparse: dict[int, int] = field(default_factory=dict)
     #: Multi-turn runs: the trained episodes (``None`` until one is seen).
     episodes: EpisodeTotals | None = None
+    # events: replica failures (None: none recorded)
+    faults: FaultCounts | None = None
 
 
 class SummaryAccumulator:
@@ -180,6 +183,10 @@ class SummaryAccumulator:
             self.evals.append(row)
         elif table == "engine_metrics":
             self.engine_metrics.append(row)
+        elif table == "events" and row.get("kind") in FAULT_KINDS:
+            arm = self._arm(row["arm"])
+            arm.faults = arm.faults or FaultCounts()
+            arm.faults.add(row)
 
     # ----------------------------------------------------------------- rows
     def _request(self, r: Row) -> None:
@@ -356,6 +363,7 @@ class SummaryAccumulator:
             "abort_rounds": a.abort_rounds,
             "bookkeeping_s_per_step": a.bookkeeping / n if n else None,
             "bookkeeping_share_of_engine_time": a.bookkeeping / a.rollout if a.rollout else None,
+            "failures": None if a.faults is None else a.faults.as_dict(),
         }
 
     def engine(self, name: str) -> dict[str, Any]:

@@ -447,6 +447,11 @@ def render_tables(
     if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
         engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))
         text += f"\n\n### Engine: re-prefill on resume and log-prob gap to the trainer ({label})\n\n{engine}"
+    from april_bench.results.faults import failure_lines  # replica failures and their cost, if any
+
+    failures = failure_lines([{"arm": arm, **m} for arm, m in summary.items()], kind=label)
+    if failures:
+        text += "\n" + "\n".join(failures)
     from april_bench.results.legend import table_legend
 
     return f"{text}\n\n{table_legend(summary, simulated)}"

@@ -66,6 +66,9 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     steps, so this is the equal-steps comparison), and at the largest training
     time every arm reached (the last evaluation at or before it): equal
     wall-clock.  ``None`` when nothing was evaluated (always, for a simulated run).
+``failures``
+    replica failures and what they cost, from the events table (``None``: none):
+    :mod:`april_bench.results.faults`.
 ``wasted_tokens``
     tokens generated and never trained: dropped groups and restarts.  With the
     tokens still buffered at the end, generated = trained + wasted + buffered.
@@ -97,7 +100,7 @@ def summarize(
     table, so ``tables`` may stream them (a run directory's files are read row by row).
     """
     accumulator = SummaryAccumulator()
-    for name in ("requests", "samples", "steps", "evals", "engine_metrics"):
+    for name in ("requests", "samples", "steps", "evals", "engine_metrics", "events"):
         for row in tables.get(name, ()):
             accumulator.add(name, row)
     telemetry = list(tables.get("telemetry", ()))

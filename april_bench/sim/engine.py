@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +32,14 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
+from april_bench.engines.replicas import FaultEvent
 from april_bench.engines.routing import ROUTER_POLICIES, Router
 from april_bench.engines.stream import CompletionStream
 from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
 from april_bench.profiles.models import MODELS, ModelProfile
 from april_bench.sim.cost import CostModel
 from april_bench.sim.cost_curve import CostCurve, MeasuredCost
+from april_bench.sim.failures import FailurePlan, SimFailures, check_failure_options
 from april_bench.sim.replica import ReplicaSettings, SimReplica
 
 __all__ = ["SimEngine", "from_settings"]
@@ -82,6 +84,18 @@ class SimEngine(Configurable):
             "cache) or keep (its KV stays cached on its replica across updates, free between steps: an upper "
             "bound)",
         )
+        failure_rate_per_hour: float = param(
+            0.0,
+            help="replica failures per replica-hour of virtual time (a seeded Poisson process; "
+            "april_bench/sim/failures.py): each loses its requests' decode and re-prefills them on survivors",
+        )
+        failure_at_s: tuple[float, ...] = param(
+            (), help="a failure trace: virtual seconds since the run started at which a replica fails"
+        )
+        failure_seed: int = param(0, help="seed of the failure times (with a rate) and of the replicas hit")
+        restart_s: float = param(
+            60.0, help="seconds a failed replica is down before it serves again (plus the weight sync time)"
+        )
 
         def __post_init__(self) -> None:
             if self.hardware not in hardware_names():
@@ -103,6 +117,7 @@ class SimEngine(Configurable):
                 raise ConfigError("replan_iterations must be >= 1")
             if self.resume_kv not in RESUME_KV:
                 raise ConfigError(f"--engine-arg resume_kv must be one of {', '.join(RESUME_KV)}")
+            check_failure_options(self.failure_rate_per_hour, self.failure_at_s, self.restart_s)
             for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs"):
                 value = getattr(self, name)
                 if value is not None and value < 1:
@@ -165,6 +180,14 @@ class SimEngine(Configurable):
         #: Shortest input seen per routing key: the prompt (a longer input resumes a partial).
         self._prompt_len: dict[str, int] = {}
         self._router = Router(config.router_policy, self.num_replicas)
+        plan = FailurePlan(
+            self.num_replicas,
+            at_s=tuple(config.failure_at_s),
+            rate_per_hour=config.failure_rate_per_hour,
+            seed=config.failure_seed,
+            restart_s=config.restart_s,
+        )
+        self.failures = SimFailures(self, plan) if plan.active else None
         self._info = EngineInfo(
             name="sim",
             simulated=True,
@@ -185,13 +208,36 @@ class SimEngine(Configurable):
     def version(self) -> int:
         return self._version[0]
 
+    # The replicas and their scheduler tasks, for the failure model (april_bench/sim/failures.py).
+    @property
+    def replicas(self) -> list[SimReplica]:
+        return self._replicas
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return self._tasks
+
+    @property
+    def version_cell(self) -> list[int]:
+        return self._version
+
+    def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None:
+        """Simulated replica failures go to ``callback`` (as a replica pool's do:
+        :class:`~april_bench.engines.replicas.FaultReport`)."""
+        if self.failures is not None:
+            self.failures.watch(callback)
+
     async def start(self) -> None:
         self._replicas = [
             SimReplica(i, self.cost, self.settings, self._version) for i in range(self.num_replicas)
         ]
         self._tasks = [asyncio.ensure_future(r.run()) for r in self._replicas]
+        if self.failures is not None:
+            self.failures.start()
 
     async def close(self) -> None:
+        if self.failures is not None:
+            self.failures.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -201,13 +247,18 @@ class SimEngine(Configurable):
         if not self._tasks:
             raise EngineError("sim engine not started: call await engine.start() first")
         for task in self._tasks:
-            if task.done() and task.exception() is not None:
+            if task.done() and not task.cancelled() and task.exception() is not None:
                 raise EngineError("a simulated replica crashed") from task.exception()
         for req in requests:  # validate the whole batch first: nothing is submitted if one is bad
             SimReplica.check(req, self.settings)
         stream = CompletionStream(len(requests))
+        if self.failures is not None:
+            self.failures.catch_up()
         for req in requests:
-            self._replicas[self._route(req)].submit(req, stream, self._cached(req))
+            i = self._route(req) if self.failures is None else self.failures.route(req)
+            self._replicas[i].submit(req, stream, self._cached(req))
+        if self.failures is not None:
+            self.failures.arm()
         return stream
 
     def _cached(self, req: GenerateRequest) -> int:
@@ -222,6 +273,10 @@ class SimEngine(Configurable):
 
     def _route(self, req: GenerateRequest) -> int:
         return self._router.route(req.routing_key, [r.outstanding for r in self._replicas])
+
+    def route(self, req: GenerateRequest, alive: Sequence[bool]) -> int:
+        """The replica for ``req`` among those ``alive`` (the failure model's re-queue)."""
+        return self._router.route(req.routing_key, [r.outstanding for r in self._replicas], alive)
 
     async def abort(self, request_ids: Collection[str] | None = None) -> None:
         wanted = None if request_ids is None else set(request_ids)
@@ -244,7 +299,9 @@ class SimEngine(Configurable):
             if self._updating:
                 raise EngineError("update_weights while another update is in progress")
             self._updating = True
-            paused = list(self._replicas)  # an idle replica must not start a new request meanwhile
+            # an idle replica must not start a new request meanwhile; a down one has no scheduler yet
+            alive = self.failures.alive() if self.failures is not None else [True] * self.num_replicas
+            paused = [r for r, up in zip(self._replicas, alive, strict=True) if up]
             await asyncio.gather(*(r.pause() for r in paused))
             for replica in paused:
                 replica.stamp(self._version[0])
@@ -264,7 +321,8 @@ class SimEngine(Configurable):
 
     def forward_passes(self) -> int:
         """Forward passes run so far, over every replica: decode iterations plus extend batches."""
-        return sum(r.D + r.extends for r in self._replicas)
+        retired = self.failures.retired_passes if self.failures is not None else 0
+        return retired + sum(r.D + r.extends for r in self._replicas)
 
     def export_state(self) -> dict[str, Any]:
         if any(r.outstanding for r in self._replicas):
@@ -274,6 +332,7 @@ class SimEngine(Configurable):
             **self._router.export_state(),  # "rr" and "affinity"
             "prompt_len": dict(self._prompt_len),
             "replicas": [{k: getattr(r, k) for k in self._REPLICA_STATE} for r in self._replicas],
+            **({} if self.failures is None else {"failures": self.failures.export_state()}),
         }
 
     def restore_state(self, state: dict[str, Any]) -> None:
@@ -283,6 +342,8 @@ class SimEngine(Configurable):
         for replica, saved in zip(self._replicas, state["replicas"], strict=True):
             for key, value in saved.items():
                 setattr(replica, key, value)
+        if self.failures is not None and "failures" in state:
+            self.failures.restore_state(state["failures"])
 
     def weight_sync_time(self) -> float:
         return self.config.sync_s_per_billion_params * self.model.total_params / 1e9

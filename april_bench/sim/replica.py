@@ -126,6 +126,8 @@ class SimReplica:
         #: Set by :meth:`pause`: resolved when the replica stops; it waits on ``_resume`` then.
         self._at_pause: asyncio.Future[None] | None = None
         self._resume: asyncio.Future[None] | None = None
+        #: The decode run in progress: (start time, batch, context sum, iterations planned).
+        self._run: tuple[float, int, int, int] | None = None
 
     # ------------------------------------------------------------- interface
     @staticmethod
@@ -138,15 +140,48 @@ class SimReplica:
                 f"({settings.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
             )
 
-    def submit(self, request: GenerateRequest, stream: CompletionStream, cached: int = 0) -> None:
+    def submit(
+        self, request: GenerateRequest, stream: CompletionStream, cached: int = 0, *, front: bool = False
+    ) -> None:
+        """Queue ``request``; ``front``: before every waiting request (a dead replica's, re-queued)."""
         self.check(request, self.s)
         assert request.replay_len is not None
         target, reason = request.max_new_tokens, FinishReason.LENGTH
         if request.replay_len <= target:
             target, reason = request.replay_len, FinishReason.STOP
-        self.waiting.append(_Req(request, stream, target, reason, cached=min(cached, request.input_len - 1)))
+        req = _Req(request, stream, target, reason, cached=min(cached, request.input_len - 1))
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
         self.outstanding += 1
         self.kick()
+
+    def fail(self) -> list[tuple[GenerateRequest, CompletionStream, int, bool]]:
+        """The replica dies (:mod:`april_bench.sim.failures`): its live requests as ``(request, stream,
+        tokens decoded here and never delivered, abort asked)``, by priority; its scheduler task
+        must be cancelled by the caller.  A weight update waiting for it to pause goes on."""
+        d = self.D
+        if self._run is not None:  # decode iterations completed so far in the run in progress
+            start, batch, context_sum, k = self._run
+            d += min(k, self.cost.iterations_within(batch, context_sum, k, self._now() - start))
+        lost = [
+            (r.request, r.stream, r.g0 + d - r.d0 if r.state == _RUNNING else r.generated, r.abort)
+            for r in sorted(self._live(), key=lambda r: r.request.priority)
+        ]
+        for req in self._live():
+            req.state = _DONE
+        self.waiting.clear()
+        self.running.clear()
+        self._heap.clear()
+        self._in_batch = []
+        self.chunked = None
+        self._aborts = []
+        self.outstanding = 0
+        self.kv_used = self.ctx_base = 0
+        if self._at_pause is not None and not self._at_pause.done():
+            self._at_pause.set_result(None)
+        return lost
 
     def request_abort(self, req_filter: set[str] | None) -> None:
         for req in self._live():
@@ -255,7 +290,10 @@ class SimReplica:
         k = max(k, 1)
         start = loop.time()
         end = start + self.cost.decode_run_time(batch, context_sum, k)
-        if await self._sleep_until(end) and loop.time() < end:
+        self._run = (start, batch, context_sum, k)
+        kicked = await self._sleep_until(end)
+        self._run = None
+        if kicked and loop.time() < end:
             done = self.cost.iterations_within(batch, context_sum, k, loop.time() - start)
             k = min(done + 1, k)  # the iteration in progress completes
             boundary = start + self.cost.decode_run_time(batch, context_sum, k)

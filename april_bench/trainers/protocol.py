@@ -8,7 +8,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from april_bench.types import Group
 
-__all__ = ["CheckpointWriter", "ClosableTrainer", "TrainResult", "Trainer", "TrainerState"]
+__all__ = ["CheckpointWriter", "ClosableTrainer", "TrainResult", "Trainer", "TrainerLost", "TrainerState"]
+
+
+class TrainerLost(RuntimeError):
+    """The trainer's process is gone (a Ray trainer actor died): the run cannot go on, but every
+    completed step is saved (the trainer state with it), so it ends as interrupted and ``run --resume``
+    continues it with a new trainer."""
 
 
 @dataclass(slots=True)

@@ -5,17 +5,22 @@ evaluated once here, so they pickle), reserving ``num_cpus`` / ``num_gpus`` on w
 places it; the driver keeps the trainer protocol.  ``weights()`` fetches the inner trainer's state
 dict from the actor; an engine pool (``--engine ray``) then puts it in the object store once for
 all replicas.  Checked against ray 2.60.0 (async actor calls awaited in asyncio, ``ray.get``).
+
+A dead actor (killed, its node lost, its process OOM-killed: Ray's ``RayActorError``) raises
+:class:`~april_bench.trainers.protocol.TrainerLost` from every call: the run ends as interrupted with
+the ``run --resume`` line (every completed step's trainer state is checkpointed), never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
-from april_bench.trainers.protocol import TrainerState, TrainResult
+from april_bench.trainers.protocol import TrainerLost, TrainerState, TrainResult
 from april_bench.types import Group
 
 __all__ = ["RayTrainer", "TrainerActor", "build_ray", "check_ray"]
@@ -55,31 +60,39 @@ class RayTrainer(Configurable):
             ) from None
 
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
-        result: TrainResult = await self._actor.train.remote(list(batch), step, policy_version)
+        import ray
+
+        try:
+            result: TrainResult = await self._actor.train.remote(list(batch), step, policy_version)
+        except ray.exceptions.RayActorError as exc:
+            raise _lost("train", exc) from None
         return result
 
     def weights(self) -> Any:
-        import ray
-
-        return ray.get(self._actor.weights.remote())
+        return self._get("weights", self._actor.weights)
 
     def save_state(self, path: str) -> None:
-        import ray
-
-        ray.get(self._actor.save_state.remote(path))  # a path on the actor's node (shared storage)
+        self._get("save_state", self._actor.save_state, path)  # a path on the actor's node (shared storage)
 
     def load_state(self, path: str) -> None:
+        self._get("load_state", self._actor.load_state, path)
+
+    def _get(self, what: str, method: Any, *args: Any) -> Any:
         import ray
 
-        ray.get(self._actor.load_state.remote(path))
+        try:
+            return ray.get(method.remote(*args))
+        except ray.exceptions.RayActorError as exc:
+            raise _lost(what, exc) from None
 
     def close(self) -> None:
         import ray
 
         if self._actor is not None:
-            ray.get(self._actor.close.remote())
-            ray.kill(self._actor)
-            self._actor = None
+            actor, self._actor = self._actor, None
+            with contextlib.suppress(ray.exceptions.RayActorError):  # already dead: nothing to close
+                ray.get(actor.close.remote())
+            ray.kill(actor)
 
 
 class TrainerActor:
@@ -113,6 +126,11 @@ class TrainerActor:
         close = getattr(self.trainer, "close", None)
         if close is not None:
             close()
+
+
+def _lost(what: str, exc: BaseException) -> TrainerLost:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return TrainerLost(f"the Ray trainer actor died ({what}: {type(exc).__name__}: {first})")
 
 
 def _config(args: Mapping[str, Any]) -> RayTrainer.Config:
