@@ -174,12 +174,19 @@ def run_simcheck(
     trace_seed: int | None = None,
     progress: bool = False,
     echo: Callable[[str], None] | None = None,
+    allow_dirty: bool = False,
 ) -> SimcheckResult:
-    """Predict, then measure, every arm of ``config`` on its engine (see the module docstring)."""
+    """Predict, then measure, every arm of ``config`` on its engine (see the module docstring).
+
+    The reference-output rule (``results/``: a clean checkout) is checked once, for the whole of
+    ``out``, before anything is written: the measured run inside it must not count simcheck's own
+    first outputs (cost curve, trace) as uncommitted changes."""
+    from april_bench import runner
     from april_bench.backends import build_components
     from april_bench.experiment import run
 
     say = echo or (lambda _line: None)
+    runner.check_reference_run(out, allow_dirty=allow_dirty)
     components = build_components(config, progress=progress)
     if components.engine_name == "sim":
         raise ConfigError(
@@ -218,11 +225,12 @@ def run_simcheck(
     )
 
     say("simcheck 4/4: measuring every arm (interleaved, repeated as `run` does)")
-    from april_bench import runner
 
     # an ordinary run directory (config, provenance, rows, trace.jsonl): `whatif OUT/measured --cost-curve
     # OUT/cost_curve.json` replays the measured run's own trace with the engine's own curve
-    measured_run = runner.run(config, out=out / "measured", overwrite=True, progress=progress)
+    measured_run = runner.run(
+        config, out=out / "measured", overwrite=True, allow_dirty=True, progress=progress
+    )
     # the run directory's own statistic: paired over interleaved blocks (measured/summary.json)
     measured = measured_run.recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
     step_rows = [dataclasses.asdict(r) for r in measured_run.recorder.tables["steps"]]

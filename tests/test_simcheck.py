@@ -169,3 +169,28 @@ def test_simcheck_refuses_the_simulator_with_one_line(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: simcheck compares the simulator with a real engine")
+
+
+def test_simcheck_under_results_checks_the_tree_once_for_its_whole_directory(tmp_path, monkeypatch):
+    """The measured run inside a reference simcheck must not count simcheck's own first outputs
+    (cost curve, trace) as uncommitted changes: the tree is checked once, for all of ``out``."""
+    from pathlib import Path
+
+    from april_bench.results import provenance
+
+    out = tmp_path / "results" / "validation" / "simcheck-fake"
+    checked: list[Path | None] = []
+
+    def git_info(path=None, *, exclude=None):
+        checked.append(exclude)
+        # dirty unless the whole simcheck directory is left out of the check
+        return {"commit": "abc", "dirty": exclude is None or Path(exclude).resolve() != out.resolve()}
+
+    monkeypatch.setattr(provenance, "source_root", lambda: tmp_path)
+    monkeypatch.setattr(provenance, "git_info", git_info)
+    result = run_simcheck(_config(FAKE_RUN), out, trace_seed=0, trace_steps=2)
+    assert result.data["arms"] and (out / "measured" / "summary.json").exists()
+    assert checked and Path(checked[0]).resolve() == out.resolve()
+    with pytest.raises(ConfigError, match="commit them first"):
+        monkeypatch.setattr(provenance, "git_info", lambda path=None, **kw: {"commit": "abc", "dirty": True})
+        run_simcheck(_config(FAKE_RUN), tmp_path / "results" / "validation" / "other")

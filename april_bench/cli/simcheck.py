@@ -47,6 +47,7 @@ def cmd_simcheck(args: argparse.Namespace) -> int:
         trace_seed=args.trace_seed,
         progress=not args.no_progress,
         echo=lambda line: print(line, file=sys.stderr),
+        allow_dirty=args.allow_dirty,
     )
     print((out / "simcheck.md").read_text())
     print(f"simcheck directory: {out} ({len(result.data['arms'])} arm(s) compared)")
