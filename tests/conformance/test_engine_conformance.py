@@ -473,6 +473,110 @@ def test_an_update_in_flight_stamps_every_token_with_the_weights_that_sampled_it
     assert spanned == MAX_RUNNING, {rid: c.runs() for rid, c in done.items()}
 
 
+# ----------------------------------------------------------------------------- multi-turn episodes
+#: Observation tokens an environment appends between turns (ids below VOCAB, no EOS).
+OBSERVATION = (20, 21, 22)
+#: Turn 2's replayed length: long enough to abort mid-turn; the episode stays inside tiny32's 1,024.
+TURN2 = 600
+
+
+def episode_logprobs(
+    checkpoint: str, ids: tuple[int, ...], start: int, n: int, temperature: float
+) -> list[float]:
+    """The trainer's float32 log-probs of ``ids[start:start + n]`` given every id before them."""
+    import torch
+
+    from april_bench.models.zoo import build_model
+    from april_bench.trainers.logprobs import token_logprobs
+
+    tensor = torch.tensor([ids])
+    with torch.no_grad():
+        ours, _ = token_logprobs(
+            build_model(checkpoint), tensor, torch.ones_like(tensor), temperature=temperature
+        )
+    return ours[0, start - 1 : start - 1 + n].tolist()
+
+
+def test_an_episode_continues_by_token_ids_across_turns_versions_and_an_abort(host: EngineHost) -> None:
+    """A multi-turn episode as the rollout loop runs one (issue 25): turn 1 is generated; observation
+    tokens are appended; turn 2 is a request whose ``input_ids`` are the whole episode so far
+    (``prefix_len``: the response part), under a newer policy version; it is aborted mid-turn and
+    keeps its partial; the rest of the turn resumes from the episode's ids plus the partial, under a
+    third version.  Every generated token keeps the version that sampled it, and with real float32
+    weights its log-prob is the trainer's for that version's weights over the whole episode,
+    observations included (a cached prefix of other weights, or a context missing the observation,
+    would show)."""
+    engine = host.engine
+    assert engine is not None
+    first, second = host.checkpoints
+    path_updates = "path" in engine.info.weight_formats
+    sampling = SamplingParams(temperature=0.8, seed=31)
+
+    async def body() -> tuple[int, list[Completion], list[tuple[int, ...]]]:
+        start = await current_version(engine)
+        turn1 = (
+            await collect(
+                engine, [GenerateRequest("ep-t1", len(PROMPT), 8, sampling, input_ids=PROMPT, replay_len=8)]
+            )
+        )["ep-t1"]
+        assert turn1.output_ids is not None
+        await engine.update_weights(WeightUpdate(start + 1, path=second if path_updates else None))
+        ids2 = (*PROMPT, *turn1.output_ids, *OBSERVATION)
+        response = len(ids2) - len(PROMPT)
+        before = await generated_tokens(engine)
+        stream = engine.generate(
+            [
+                GenerateRequest(
+                    "ep-t2", len(ids2), TURN2, sampling, input_ids=ids2, replay_len=TURN2, prefix_len=response
+                )
+            ]
+        )
+        await until_decoded(engine, before if host.kind.live_token_count else None, 16)
+        await engine.abort(["ep-t2"])
+        (partial,) = [c async for c in stream]
+        assert partial.output_ids is not None
+        await engine.update_weights(WeightUpdate(start + 2, path=first if path_updates else None))
+        ids3 = (*ids2, *partial.output_ids)
+        rest = TURN2 - partial.num_tokens
+        done = [turn1, partial]
+        if rest > 0:  # a fast engine may finish the turn before the abort lands (then nothing resumes)
+            request3 = GenerateRequest(
+                "ep-t2-resumed", len(ids3), rest, sampling, input_ids=ids3, replay_len=rest,
+                prefix_len=response + partial.num_tokens,
+            )  # fmt: skip
+            done.append((await collect(engine, [request3]))["ep-t2-resumed"])
+        return start, done, [PROMPT, ids2, ids3]
+
+    start, done, contexts = host.run(body, timeout=300)
+    turn1, partial, *resumed = done
+    for c in done:
+        well_formed(c)
+    assert (turn1.finish_reason, turn1.num_tokens) == (FinishReason.STOP, 8)
+    if partial.finish_reason is FinishReason.ABORT:
+        assert 0 < partial.num_tokens < TURN2  # the partial turn is kept
+        (third,) = resumed
+        assert (third.finish_reason, third.num_tokens) == (FinishReason.STOP, TURN2 - partial.num_tokens)
+    else:
+        assert (partial.finish_reason, partial.num_tokens, resumed) == (FinishReason.STOP, TURN2, [])
+    # every generated token keeps its version: turn 1 the first, the partial turn the second, the
+    # rest of the turn the third
+    for c, version in zip(done, (start, start + 1, start + 2), strict=False):
+        assert c.runs() == ((version, c.num_tokens),), (version, c.runs())
+    if host.kind.real_weights and host.kind.float32 and path_updates:
+        for c, context, weights in zip(done, contexts, (first, second, first), strict=False):
+            assert c.output_ids is not None and c.logprobs is not None
+            ours = episode_logprobs(weights, (*context, *c.output_ids), len(context), c.num_tokens, 0.8)
+            gaps = [abs(a - b) for a, b in zip(ours, c.logprobs, strict=True)]
+            assert max(gaps) < 1e-4, (c.request_id, max(gaps))
+        # the observation is in turn 2's context: without it the log-probs differ
+        without = (*PROMPT, *turn1.output_ids, *partial.output_ids)  # type: ignore[misc]
+        skipped = episode_logprobs(
+            second, without, len(without) - partial.num_tokens, partial.num_tokens, 0.8
+        )
+        assert partial.logprobs is not None
+        assert max(abs(a - b) for a, b in zip(skipped, partial.logprobs, strict=True)) > 1e-3
+
+
 # ----------------------------------------------------------------------------- shutdown (last)
 def test_close_leaves_no_process_behind(host: EngineHost) -> None:
     host.close_engine()
