@@ -38,7 +38,14 @@ from april_bench.sim.calibration import (
     fit_lengths,
 )
 from april_bench.sim.length_evidence import MODEL_LENGTHS
-from april_bench.sim.paper_settings import HARDWARE, PAPER_SETTINGS, STEPS, PaperSetting, paper_setting
+from april_bench.sim.paper_settings import (
+    AGENT_ROW,
+    HARDWARE,
+    PAPER_SETTINGS,
+    STEPS,
+    PaperSetting,
+    paper_setting,
+)
 
 #: Unfitted observables, with the published value and the tolerance fixed before comparing
 #: (docs/calibration.md, "Observables").  (key, label, published, low, high, source)
@@ -92,6 +99,54 @@ def simulate_setting(
         "april_off_policy_reference_def": april["off_policy_ratio_reference_def"],
         "april_rollout_share": april["rollout_time_per_step_s"] / april["step_time_per_step_s"],
     }
+
+
+def simulate_agent(
+    hardware: str, calls: float | None, latency_s: float, *, steps: int = STEPS
+) -> dict[str, Any]:
+    """One cell of the fourth row (agent tasks; SIMULATED): APRIL against the scripted baseline on tool
+    episodes of mean ``calls`` calls with median ``latency_s`` (``calls=None``: the same model and data
+    set without tools, for reference)."""
+    from april_bench.recipes import paper
+
+    row = AGENT_ROW
+    workload = {} if calls is None else row.workload_args(calls, latency_s)
+    config = paper(
+        hardware, model=row.model, dataset=row.dataset, algorithm=row.algorithm, engine="sim", trainer="sim",
+        steps=steps, workload_args=workload,
+    )  # fmt: skip
+    summary = run(config, progress=False).recorder.summary()
+    april, sync = summary["april"], summary["sync"]
+    episodes = sync.get("episodes") or {}
+    return {
+        "hardware": hardware,
+        "calls": calls,
+        "latency_s": None if calls is None else latency_s,
+        "paper_gain": row.paper_gain,
+        "headline_gain": april["throughput_gain"],
+        "useful_gain": april["useful_gain"],
+        "difference": april["throughput_gain"] - row.paper_gain,
+        "sync_turns_per_episode": episodes.get("turns_per_episode"),
+        "sync_env_time_share": episodes.get("env_time_share"),
+        "sync_rollout_per_step_s": sync["rollout_time_per_step_s"],
+        "april_rollout_per_step_s": april["rollout_time_per_step_s"],
+        "april_resumed_across_versions_share": (april.get("episodes") or {}).get(
+            "resumed_across_versions_share"
+        ),
+    }
+
+
+def agent_row(steps: int) -> list[dict[str, Any]]:
+    """The fourth row over the ranges the sources leave open (every cell a prediction; none chosen)."""
+    out = []
+    for hardware in HARDWARE:
+        out.append(simulate_agent(hardware, None, 0.0, steps=steps))
+        out += [
+            simulate_agent(hardware, calls, latency, steps=steps)
+            for calls in AGENT_ROW.calls
+            for latency in AGENT_ROW.latency_s
+        ]
+    return out
 
 
 def table(steps: int) -> list[dict[str, Any]]:
@@ -249,6 +304,12 @@ def drift() -> list[dict[str, Any]]:
     return out
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def _pct(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{x:+.{digits}%}"
 
@@ -318,6 +379,67 @@ def render(result: dict[str, Any]) -> str:
                     f"{r['sync_tail_share']:.0%}",
                 ]
                 for r in rows
+            ]
+            + [
+                [
+                    f"agent tasks / GRPO, R1-Distill-1.5B (range over {len(cells)} tool-episode shapes)",
+                    hardware.upper(),
+                    _pct(AGENT_ROW.paper_gain, 0),
+                    f"{_pct(min(gains))} .. {_pct(max(gains))} (median {_pct(_median(gains))})",
+                    f"{(min(gains) - AGENT_ROW.paper_gain) * 100:+.1f} .. "
+                    f"{(max(gains) - AGENT_ROW.paper_gain) * 100:+.1f} pt",
+                    "nothing",
+                    f"{_pct(min(useful))} .. {_pct(max(useful))}",
+                    "",
+                    "",
+                    "",
+                ]
+                for hardware in HARDWARE
+                for cells in [
+                    [c for c in result["agent_row"] if c["hardware"] == hardware and c["calls"] is not None]
+                ]
+                for gains in [[c["headline_gain"] for c in cells]]
+                for useful in [[c["useful_gain"] for c in cells]]
+                if cells
+            ],
+        ),
+        "",
+        "## The fourth row, agent tasks (SIMULATED): the prediction over what the sources leave open",
+        "",
+        "APRIL names no agent task, tool or latency for this row.  Each cell is APRIL against the scripted "
+        "baseline on DeepSeek-R1-Distill-Qwen-1.5B (DeepScaleR lengths), GRPO, the scripts' rollout "
+        "settings, with every response cut into tool-calling turns as in slime's `examples/retool` (at most "
+        f"{AGENT_ROW.max_calls} calls, {AGENT_ROW.tool_slots} sandbox slots, "
+        f"{AGENT_ROW.timeout_s:g} s timeout, "
+        f"{AGENT_ROW.observation_tokens} observation tokens per call).  The mean calls per episode and the "
+        "median call latency are not published: every plausible pair is shown, none picked "
+        "(`docs/calibration.md`, 'The fourth row').  The 'no tools' line is the same run single-turn.",
+        "",
+        render_markdown(
+            (
+                "GPU",
+                "Calls / episode (mean)",
+                "Median call latency",
+                "Predicted (sim)",
+                "Error",
+                "Useful-token gain (sim)",
+                "Sync turns / episode",
+                "Sync env share of episode time",
+                "Sync / APRIL rollout s/step",
+            ),
+            [
+                [
+                    c["hardware"].upper(),
+                    "no tools" if c["calls"] is None else f"{c['calls']:g}",
+                    "" if c["latency_s"] is None else f"{c['latency_s']:g} s",
+                    _pct(c["headline_gain"]),
+                    f"{c['difference'] * 100:+.1f} pt",
+                    _pct(c["useful_gain"]),
+                    "" if c["sync_turns_per_episode"] is None else f"{c['sync_turns_per_episode']:.2f}",
+                    "" if c["sync_env_time_share"] is None else f"{c['sync_env_time_share']:.0%}",
+                    f"{c['sync_rollout_per_step_s']:.1f} / {c['april_rollout_per_step_s']:.1f}",
+                ]
+                for c in result["agent_row"]
             ],
         ),
         "",
@@ -440,6 +562,8 @@ def main() -> None:
         "table": rows,
         "observables": observables(rows),
         "mechanisms": mechanisms(args.steps),
+        "agent_setting": asdict(AGENT_ROW) | {"sources": dict(AGENT_ROW.sources)},
+        "agent_row": agent_row(args.steps),
         "calibration": calibration(),
         "drift": drift(),
     }

@@ -25,10 +25,12 @@ from april_bench.config import ConfigError
 from april_bench.sim.length_evidence import LENGTH_FIELDS
 
 __all__ = [
+    "AGENT_ROW",
     "HARDWARE",
     "PAPER_SETTINGS",
     "SCRIPT_ROLLOUT",
     "STEPS",
+    "AgentRow",
     "PaperSetting",
     "paper_reference",
     "paper_setting",
@@ -151,3 +153,70 @@ def paper_setting(key: str) -> PaperSetting:
 def paper_reference(config: Mapping[str, Any]) -> PaperSetting | None:
     """The paper row a run's ``config.json`` reproduces, if any (shown beside its simulated gain)."""
     return next((s for s in PAPER_SETTINGS if s.matches(config)), None)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRow:
+    """APRIL's fourth row (agent tasks), which names no task, tool or script: the run that predicts it
+    and the ranges of what the sources leave open (docs/calibration.md, "The fourth row").  Chosen
+    from the sources below before any gain of the row was computed; nothing fitted to the +23%."""
+
+    key: str = "agent"
+    model: str = "r1-distill-qwen-1.5b"
+    dataset: str = "deepscaler"
+    algorithm: str = "grpo"
+    paper_gain: float = 0.23
+    #: Mean tool calls per episode (Poisson, capped at ``max_calls``): open, so a range.
+    calls: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    #: Median seconds per tool call (log-normal, sigma ``latency_sigma``): open, so a range.
+    latency_s: tuple[float, ...] = (0.1, 1.0, 5.0)
+    latency_sigma: float = 1.0
+    max_calls: int = 16
+    observation_tokens: int = 32
+    tool_slots: int = 32
+    timeout_s: float = 120.0
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def workload_args(self, calls: float, latency_s: float) -> dict[str, float]:
+        return {
+            "agent_calls": calls,
+            "agent_latency_s": latency_s,
+            "agent_latency_sigma": self.latency_sigma,
+            "agent_max_calls": self.max_calls,
+            "agent_observation_tokens": self.observation_tokens,
+            "agent_tool_slots": self.tool_slots,
+            "agent_timeout_s": self.timeout_s,
+        }
+
+
+_SLIME_RETOOL = "THUDM/slime examples/retool"
+AGENT_ROW = AgentRow(
+    sources={
+        "paper_gain": "APRIL README (b37fa61) 'Results and Comparison': agent tasks, DeepSeek-1.5B, GRPO, "
+        "+23% throughput (no script, task, tool or latency published)",
+        "model": "same README row: DeepSeek-R1-Distill-Qwen-1.5B",
+        "algorithm": "same README row: GRPO",
+        "dataset": "assumption: the row names no data set; the R1-Distill-1.5B lengths with a published "
+        "source are DeepScaleR's (sim/workload.py profile 'deepscaler': right-answer median 1,700, wrong "
+        "x3); slime's retool example trains on DAPO-Math-17k, a math set of the same kind",
+        "rollout": "assumption: APRIL's scripts' rollout settings (32 x 8, over-sampling 64, 16,384 tokens, "
+        "4 engines at TP2), as for the other rows; slime's retool script also uses 32 x 8 "
+        "(retool_qwen3_4b_rl.sh)",
+        "episode": "slime examples/retool/generate_with_retool.py (APRIL's code base): the response is "
+        "turns of generation, each ending in a code_interpreter call whose output is appended as "
+        "'<interpreter>...</interpreter>' with loss mask 0; the last turn writes 'Answer: \\boxed{}'",
+        "max_calls": _SLIME_RETOOL + "/tool_sandbox.py TOOL_CONFIGS: max_turns 16, max_tool_calls 16",
+        "tool_slots": _SLIME_RETOOL + "/tool_sandbox.py TOOL_CONFIGS: tool_concurrency 32 (a semaphore)",
+        "timeout_s": _SLIME_RETOOL + "/tool_sandbox.py TOOL_CONFIGS: python_timeout 120 s",
+        "calls": "open: no public per-episode call count for this setting was found; range 1-8 (up to half "
+        "of slime's cap of 16)",
+        "latency_s": "open: each call runs a fresh python3 subprocess (tool_sandbox.py); no published "
+        "latency distribution; range 0.1 s (interpreter start + a short script) to 5 s (a loaded or "
+        "remote sandbox), log-normal sigma 1.0 (p99 about 10x the median, the tail ratio of landscape.md "
+        "5b) as in the synthetic-agent task",
+        "observation_tokens": "assumption: the '<interpreter>' wrapper (about 12 tokens) plus a short "
+        "printed result; 32 tokens",
+        "turn_lengths": "assumption: the length model's response length is split evenly across the turns "
+        "(tool use does not change how long the model writes in total)",
+    }
+)

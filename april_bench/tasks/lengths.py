@@ -21,14 +21,17 @@ __all__ = ["build", "sim_workload"]
 def sim_workload(config: ExperimentConfig, *, token_ids: bool = False) -> Any:
     """The simulated workload of ``config``: the data set's length profile, with prompt lengths measured
     from its ``--data-path`` file when one is given (``token_ids``: random prompt ids for a real engine)."""
+    from april_bench.sim.agent_workload import AgentToolEpisodes, ToolShape
     from april_bench.sim.workload import SimWorkload
 
     args = dict(config.workload_args)
+    tools = ToolShape.from_args(args)  # agent_* arguments: tool-calling episodes (docs/calibration.md)
     if config.dataset in config.data_paths:
         args.setdefault("data_path", config.data_paths[config.dataset])
     options = {"dataset": config.dataset, "model": config.model, "seed": config.seed, **args}
     settings = config_from(SimWorkload.Config, options, where="--workload-arg")
-    return settings.build(n_samples_per_prompt=config.rollout.n_samples_per_prompt, token_ids=token_ids)
+    workload = settings.build(n_samples_per_prompt=config.rollout.n_samples_per_prompt, token_ids=token_ids)
+    return workload if tools is None else AgentToolEpisodes(workload, tools, seed=config.seed)
 
 
 def build(config: ExperimentConfig, *, produces_tokens: bool, progress: bool = False) -> Task:
