@@ -157,3 +157,30 @@ def test_headline_command_prints_the_paper_figure_and_no_one_pair_interval(tmp_p
     gain = float(cells[cells.index("+17%") - 1].rstrip("%")) / 100
     diff = float(cells[cells.index("+17%") + 1].removesuffix(" pt")) / 100
     assert diff == pytest.approx(gain - 0.17, abs=0.0011)
+
+
+def test_the_agent_row_covers_every_open_value_on_every_gpu_with_its_error(committed):
+    # APRIL's fourth row names no task, tool or latency: every (calls, latency) pair the sources leave
+    # open is a cell, none chosen, each beside the paper's +23% with its error (docs/calibration.md)
+    from april_bench.sim.paper_settings import AGENT_ROW
+
+    saved = committed["agent_setting"]
+    assert {k: saved[k] for k in ("model", "dataset", "algorithm", "paper_gain")} == {
+        "model": AGENT_ROW.model, "dataset": AGENT_ROW.dataset, "algorithm": AGENT_ROW.algorithm,
+        "paper_gain": AGENT_ROW.paper_gain,
+    }  # fmt: skip
+    cells = {(c["hardware"], c["calls"], c["latency_s"]) for c in committed["agent_row"]}
+    grid = {(hw, calls, lat) for hw in HARDWARE for calls in AGENT_ROW.calls for lat in AGENT_ROW.latency_s}
+    assert cells == grid | {(hw, None, None) for hw in HARDWARE}  # and each GPU's no-tool reference
+    for c in committed["agent_row"]:
+        assert c["paper_gain"] == 0.23
+        assert c["difference"] == pytest.approx(c["headline_gain"] - 0.23)
+        if c["calls"] is not None:
+            assert c["sync_turns_per_episode"] > 1
+
+
+def test_an_agent_cell_re_simulates_to_the_committed_numbers(committed):
+    cell = next(
+        c for c in committed["agent_row"] if (c["hardware"], c["calls"], c["latency_s"]) == ("h100", 1.0, 0.1)
+    )
+    assert _benchmark().simulate_agent("h100", 1.0, 0.1, steps=committed["steps"]) == cell
