@@ -10,6 +10,7 @@ closest registered names.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,16 +43,25 @@ class Spec:
     #: ``"module:function"`` that checks ``(settings, args)`` without building (loading weights,
     #: starting servers); ``None``: building is cheap, so :meth:`check` builds.
     checker: str | None = field(default=None, kw_only=True)
+    #: The registered entries a composite builds from (a Ray pool's replica engine, the Ray actor's
+    #: trainers), handed to ``factory`` and ``checker`` as ``parts=``: the registry that names the
+    #: composite gives it its parts, so the composite never looks that registry up (an import circle).
+    parts: tuple[Spec, ...] = field(default=(), kw_only=True)
+
+    def load(self, target: str) -> Any:
+        """``factory`` or ``checker`` loaded, with :attr:`parts` bound when there are any."""
+        function = load(target)
+        return functools.partial(function, parts=self.parts) if self.parts else function
 
     def build(self, settings: Any, args: Any) -> Any:
-        return load(self.factory)(settings, args)
+        return self.load(self.factory)(settings, args)
 
     def check(self, settings: Any, args: Any) -> None:
         """Raise ``ConfigError`` for anything :meth:`build` would reject, without the heavy work."""
         if self.checker is None:
             self.build(settings, args)
         else:
-            load(self.checker)(settings, args)
+            self.load(self.checker)(settings, args)
 
 
 class UnknownNameError(ConfigError, KeyError):

@@ -4,7 +4,7 @@ One command, four phases, in this order (the prediction is written before
 any measured arm runs):
 
 1. **cost curve**: time the run's engine through the engine protocol
-   (:func:`april_bench.sim.cost_curve.measure_cost_curve`) and save
+   (:func:`april_bench.curve_measure.measure_cost_curve`) and save
    ``cost_curve.json``;
 2. **length trace**: a short sync-only run with a *different* seed (``seed +
    1`` unless told) on the same engine; each trained sample's response length
@@ -97,7 +97,7 @@ def measured_iterations_per_step(steps: Sequence[Mapping[str, Any]], arm: str) -
 
 
 def _measure_curve(components: Any, config: ExperimentConfig) -> Any:
-    from april_bench.sim.cost_curve import measure_cost_curve
+    from april_bench.curve_measure import measure_cost_curve
     from april_bench.vtime import run_real, run_virtual
 
     engine: Engine = components.engine()

@@ -51,8 +51,8 @@ class WhatIf:
     #: A measured engine cost curve (``simcheck``'s ``cost_curve.json``) instead of the roofline profile.
     cost_curve: Path | None = None
     seed: int = 0
-    #: Replica failures to simulate (:mod:`april_bench.sim.failures`): a rate per replica-hour, a trace
-    #: of virtual times, and the seconds a failed replica is down.
+    #: Replica failures to simulate (:mod:`april_bench.engines.sim.failures`): a rate per replica-hour, a
+    #: trace of virtual times, and the seconds a failed replica is down.
     failure_rate_per_hour: float = 0.0
     failure_at_s: tuple[float, ...] = ()
     restart_s: float | None = None

@@ -259,7 +259,7 @@ def test_fake_update_with_requests_in_flight_pauses_and_stamps_every_token() -> 
 
 
 def test_sim_update_with_requests_in_flight_continues_them() -> None:
-    from april_bench.sim.engine import SimEngine
+    from april_bench.engines.sim.engine import SimEngine
 
     sim = SimEngine.Config(hardware="h100", model="qwen3-4b", num_gpus=2).build()
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
-from april_bench.registry import Registry
+from april_bench.registry import Registry, Spec
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.strategies import STRATEGIES, ArmSpec, build_strategy
 
@@ -50,6 +50,24 @@ def test_registry_suggests_close_names() -> None:
     registry.register("april", 1)
     with pytest.raises(KeyError, match="Did you mean: april"):
         registry.get("aprill")
+
+
+def _composite(settings: object, args: object, *, parts: tuple[Spec, ...]) -> tuple[object, ...]:
+    return (settings, args, parts)
+
+
+def test_a_composite_spec_gets_its_parts_from_the_registry() -> None:
+    """A composite (the Ray pools) is handed the specs it builds from, so it never looks up the
+    registry that names it (an import circle, tests/test_layers.py)."""
+    from april_bench.engines import ENGINES
+    from april_bench.trainers.registry import TRAINERS
+
+    assert ENGINES.get("ray").parts == (ENGINES.get("hf"),)
+    assert ENGINES.get("ray-fake").parts == (ENGINES.get("fake"),)
+    assert [p.name for p in TRAINERS.get("ray").parts] == ["torch", "fsdp", "megatron"]
+    inner = Spec("inner", f"{__name__}:_composite")
+    spec = Spec("outer", f"{__name__}:_composite", parts=(inner,))
+    assert spec.build("s", "a") == ("s", "a", (inner,))
 
 
 def test_build_strategy_takes_run_options_then_the_arms_own() -> None:

@@ -67,9 +67,7 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 FILES = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
 #: Run-time imports and registry strings: what the layering rules hold.
 GRAPH = {_module_name(p): _imports(p) for p in FILES}
-#: Imports alone, at run time and for type checking: what must hold no circle.  (A registry string
-#: naming a module that imports the registry's package, ``engines.ray_pool`` composing engines from
-#: ``ENGINES``, is a plugin resolved at run time, not a circle.)
+#: Imports alone, at run time and for type checking: what must hold no circle.
 IMPORT_GRAPH = {_module_name(p): _imports(p, strings=False) for p in FILES}
 TYPED_GRAPH = {_module_name(p): _imports(p, type_only=True, strings=False) for p in FILES}
 
@@ -87,6 +85,11 @@ FORBIDDEN = [
     ("april_bench.engines.hf", "april_bench.sim", "real engines do not import the simulator"),
     ("april_bench.engines.sglang", "april_bench.sim", "real engines do not import the simulator"),
     ("april_bench.engines.vllm", "april_bench.sim", "real engines do not import the simulator"),
+    ("april_bench.engines.hf", "april_bench.engines.sim", "real engines do not import the simulator"),
+    ("april_bench.engines.sglang", "april_bench.engines.sim", "real engines do not import the simulator"),
+    ("april_bench.engines.vllm", "april_bench.engines.sim", "real engines do not import the simulator"),
+    ("april_bench.sim", "april_bench.engines", "the simulator's models are below the engines"),
+    ("april_bench.sim", "april_bench.trainers", "the simulator's models are below the trainers"),
     ("april_bench.tasks", "april_bench.rollout.loop", "tasks do not import the loop"),
     ("april_bench.results", "april_bench.engines", "results are computed from rows only"),
     ("april_bench.results", "april_bench.rollout.loop", "results are computed from rows only"),
@@ -225,18 +228,6 @@ def _folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return folders
 
 
-#: Module circles that close only through a registry string naming a module that imports the registry
-#: back: the Ray pools compose engines and trainers from ``ENGINES`` / ``TRAINERS`` by name, and the
-#: registries name the pools.  Known, and kept to these two (docs/architecture.md, "Registry strings").
-KNOWN_STRING_CIRCLES = {
-    frozenset({"april_bench.engines", "april_bench.engines.ray_pool"}),
-    frozenset({"april_bench.trainers.registry", "april_bench.trainers.ray_actor"}),
-}
-#: Folder loops left: the simulator implements the engine and trainer protocols (``engines/protocol``,
-#: ``trainers/protocol``), and the registries beside those protocols name it (docs/architecture.md).
-KNOWN_FOLDER_LOOPS = {frozenset({"april_bench.engines", "april_bench.sim", "april_bench.trainers"})}
-
-
 def _circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     """Every strongly connected group of more than one node (Tarjan)."""
     index: dict[str, int] = {}
@@ -269,22 +260,22 @@ def _circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-def test_registry_strings_close_no_new_module_circle() -> None:
-    """With registry strings counted as imports (and type-only imports too), the only module circles
-    are the two plugin loops of the Ray pools."""
+def test_registry_strings_close_no_module_circle() -> None:
+    """With registry strings counted as imports (and type-only imports too), no module circle: a
+    composite (the Ray engine pool, the Ray trainer actor) gets the specs it builds from as ``parts``
+    from the registry that names it, and never looks that registry up."""
     graph = {mod: {d for d in deps if d in FULL_GRAPH and d != mod} for mod, deps in FULL_GRAPH.items()}
-    assert _circles(graph) <= KNOWN_STRING_CIRCLES, sorted(
-        map(sorted, _circles(graph) - KNOWN_STRING_CIRCLES)
-    )
+    assert not _circles(graph), sorted(map(sorted, _circles(graph)))
 
 
-def test_no_new_folder_loop() -> None:
-    """Folders as layers, with run-time, type-only and registry-string imports: no loop but the
-    simulator's (a registry string that names a module importing back into the registry's folder is a
-    loop: ``STRATEGIES`` lives in ``april_bench/strategies.py``, above ``rollout/``, ``baselines/`` and
-    ``april_impl/``, for that reason)."""
+def test_no_folder_loop() -> None:
+    """Folders as layers, with run-time, type-only and registry-string imports: no loop (a registry
+    string that names a module importing back into the registry's folder is a loop: ``STRATEGIES``
+    lives in ``april_bench/strategies.py``, above ``rollout/``, ``baselines/`` and ``april_impl/``, and
+    the simulator's engine and trainer live in ``engines/sim/`` and ``trainers/sim.py``, above the
+    models of ``sim/``, for that reason)."""
     loops = _circles(_folder_graph(FULL_GRAPH))
-    assert loops <= KNOWN_FOLDER_LOOPS, sorted(map(sorted, loops - KNOWN_FOLDER_LOOPS))
+    assert not loops, sorted(map(sorted, loops))
 
 
 def test_an_injected_loop_is_caught() -> None:
@@ -295,10 +286,10 @@ def test_an_injected_loop_is_caught() -> None:
         **FULL_GRAPH,
         "april_bench.rollout.loop": FULL_GRAPH["april_bench.rollout.loop"] | {"baselines.sync"},
     }
-    assert _circles(_folder_graph(folder_looped)) - KNOWN_FOLDER_LOOPS
+    assert _circles(_folder_graph(folder_looped))
     module_looped = {
         **FULL_GRAPH,
         "april_bench.engines.protocol": FULL_GRAPH["april_bench.engines.protocol"] | {"april_bench.engines"},
     }
     graph = {m: {d for d in deps if d in module_looped and d != m} for m, deps in module_looped.items()}
-    assert _circles(graph) - KNOWN_STRING_CIRCLES
+    assert _circles(graph)

@@ -168,7 +168,9 @@ def test_pool_and_trainer_options_are_checked_before_any_actor_starts() -> None:
         hardware="cpu",
     )
     ray_trainer = TRAINERS.get("ray")
-    config = check_ray(trainer_settings, {"trainer": "fsdp", "world_size": 2, "num_cpus": 2})
+    config = check_ray(
+        trainer_settings, {"trainer": "fsdp", "world_size": 2, "num_cpus": 2}, parts=ray_trainer.parts
+    )
     assert config.trainer_args == {"world_size": 2}
     with pytest.raises(ConfigError, match="real trainer"):
         ray_trainer.check(trainer_settings, {"trainer": "sim"})

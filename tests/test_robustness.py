@@ -677,7 +677,17 @@ def test_the_hostile_suite_has_at_least_forty_cases() -> None:
     assert cases >= 40, cases
 
 
-def test_signals_cancel_the_loop_instead_of_raising_inside_it() -> None:
+@pytest.fixture
+def interactive_sigint():
+    """SIGINT as an interactive Python has it.  A process started in the background by a
+    non-interactive shell (``cmd &``, as a CI script may run the suite) inherits SIGINT ignored, and
+    Python then installs no handler: the interrupt tests need the handler a terminal user has."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_signals_cancel_the_loop_instead_of_raising_inside_it(interactive_sigint) -> None:
     """SIGINT while the loop runs cancels the main task: every task unwinds at an ``await`` (no lost
     wake-up, no task destroyed pending) and the caller sees ``KeyboardInterrupt``."""
     import asyncio
@@ -710,7 +720,7 @@ def test_signals_cancel_the_loop_instead_of_raising_inside_it() -> None:
     time.sleep(0)  # nothing pending is left to run
 
 
-def test_a_signal_another_thread_takes_still_stops_the_loop_at_once() -> None:
+def test_a_signal_another_thread_takes_still_stops_the_loop_at_once(interactive_sigint) -> None:
     """The kernel may deliver SIGINT to any thread (telemetry's sampler, an engine's worker); the loop,
     asleep in ``select()``, must wake for it then, not when its 30 s sleep ends.  Checked on the loop's
     own clock against the sleep's length: a plain Python handler runs only once ``select()`` returns

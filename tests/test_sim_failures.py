@@ -1,5 +1,6 @@
-"""The simulator's replica failures (april_bench/sim/failures.py): the exact schedule of a failure, its
-re-queue and restart, what it costs each strategy, and a resumed run meeting the same failures."""
+"""The simulator's replica failures (april_bench/engines/sim/failures.py): the exact schedule of a
+failure, its re-queue and restart, what it costs each strategy, and a resumed run meeting the same
+failures."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from april_bench.cli import main
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import GenerateRequest, SamplingParams
 from april_bench.engines.replicas import FaultEvent
-from april_bench.sim.engine import SimEngine
-from april_bench.sim.failures import FailurePlan
+from april_bench.engines.sim.engine import SimEngine
+from april_bench.engines.sim.failures import FailurePlan
 from april_bench.types import FinishReason
 from april_bench.vtime import run_virtual
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from april_bench.config import ConfigError
+from april_bench.engines.sim.engine import SimEngine
 from april_bench.experiment import ExperimentConfig, run
 from april_bench.profiles.hardware import HARDWARE, measure_host
 from april_bench.rollout.loop import RolloutConfig
-from april_bench.sim.engine import SimEngine
 from april_bench.sim.lengths import TraceLengths
 from april_bench.sim.workload import SimWorkload
 from april_bench.types import Prompt

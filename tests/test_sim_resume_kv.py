@@ -9,7 +9,7 @@ import pytest
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
-from april_bench.sim.engine import SimEngine
+from april_bench.engines.sim.engine import SimEngine
 
 SIM = [
     "--hw",

@@ -48,7 +48,7 @@ def _steps(out: Path) -> list[tuple[str, int]]:
 def test_a_dead_trainer_interrupts_the_run_and_resume_finishes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from april_bench.sim.trainer import SimTrainer
+    from april_bench.trainers.sim import SimTrainer
 
     original = SimTrainer.train
 

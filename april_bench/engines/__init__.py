@@ -104,7 +104,7 @@ class EngineSpec(Spec):
         return f"engine {self.name!r} needs {', '.join(absent)}: {self.install or 'pip install ' + absent[0]}"
 
     def build(self, settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
-        engine: Engine = load(self.factory)(settings, args)
+        engine: Engine = self.load(self.factory)(settings, args)
         return engine
 
 
@@ -113,7 +113,7 @@ ENGINES.register(
     "sim",
     EngineSpec(
         "sim",
-        "april_bench.sim.engine:from_settings",
+        "april_bench.engines.sim.engine:from_settings",
         produces_tokens=False,
         simulated=True,
         virtual_time=True,
@@ -205,6 +205,7 @@ ENGINES.register(
         requires=("ray", "torch", "transformers"),
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_settings",
+        parts=(ENGINES.get("hf"),),
     ),
     "hf engine replicas as Ray actors on one or more nodes, behind the router (replicas=N)",
 )
@@ -218,6 +219,7 @@ ENGINES.register(
         requires=("ray",),
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_fake_settings",
+        parts=(ENGINES.get("fake"),),
     ),
     "fake engine replicas as Ray actors (real clock): placement, routing, weight broadcast, no model",
 )

@@ -41,6 +41,7 @@ from april_bench.engines.protocol import (
 from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront, split_options
 from april_bench.engines.routing import ROUTER_POLICIES
 from april_bench.engines.stream import CompletionStream
+from april_bench.registry import Spec
 
 __all__ = [
     "RayEnginePool",
@@ -78,8 +79,9 @@ class RayEnginePool(RouterFront, Configurable):
             if self.placement not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
                 raise ConfigError("--engine-arg placement must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
 
-    def __init__(self, config: Config, *, settings: EngineSettings, simulated: bool) -> None:
+    def __init__(self, config: Config, *, replica: Spec, settings: EngineSettings, simulated: bool) -> None:
         self.config = config
+        self._replica_spec = replica
         self._settings = settings
         self._simulated = simulated
         self._group: Any = None
@@ -142,7 +144,7 @@ class RayEnginePool(RouterFront, Configurable):
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._group, placement_group_bundle_index=index
             ),
-        ).remote(index, self.config.engine, self._settings, dict(self.config.engine_args))
+        ).remote(index, self._replica_spec, self._settings, dict(self.config.engine_args))
         replica = RayReplica(handle, index)
         await replica.start()
         where = await handle.node.remote()
@@ -262,13 +264,12 @@ class RayReplica:
 
 
 class ReplicaActor:
-    """One replica (runs inside a Ray actor): a registered engine and a queue of its completions."""
+    """One replica (runs inside a Ray actor): a registered engine (its spec) and a queue of its
+    completions."""
 
-    def __init__(self, index: int, engine: str, settings: EngineSettings, args: dict[str, Any]) -> None:
-        from april_bench.engines import ENGINES
-
+    def __init__(self, index: int, engine: Spec, settings: EngineSettings, args: dict[str, Any]) -> None:
         self.index = index
-        self.engine = ENGINES.get(engine).build(settings, args)
+        self.engine: Engine = engine.build(settings, args)
         self._finished: list[Completion] = []
         self._ready: asyncio.Event | None = None
         self._error: BaseException | None = None
@@ -356,8 +357,11 @@ def portable_settings(settings: EngineSettings, *, weights: bool) -> EngineSetti
     )
 
 
-def _config(settings: EngineSettings, args: Mapping[str, Any], engine: str) -> RayEnginePool.Config:
-    """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine."""
+def _config(settings: EngineSettings, args: Mapping[str, Any], parts: Sequence[Spec]) -> RayEnginePool.Config:
+    """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine (the one
+    registered engine in ``parts``, which ``ENGINES`` hands the pool)."""
+    (replica,) = parts
+    engine = replica.name
     own = {f.name for f in dataclasses.fields(RayEnginePool.Config)} - {"engine", "engine_args", "faults"}
     pool, faults, inner = split_options(args, own)
     if "engine" in args:
@@ -369,31 +373,34 @@ def _config(settings: EngineSettings, args: Mapping[str, Any], engine: str) -> R
         where="--engine-arg",
         owner="ray",
     )
-    from april_bench.engines import ENGINES
-
-    ENGINES.get(engine).check(settings, inner)  # the replicas' options, checked before any actor starts
+    replica.check(settings, inner)  # the replicas' options, checked before any actor starts
     return config
 
 
-def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> RayEnginePool:
-    """Replicas of the embedded ``hf`` engine."""
-    pool: RayEnginePool = _config(settings, args, "hf").build(
-        settings=portable_settings(settings, weights=True), simulated=False
+def from_settings(
+    settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]
+) -> RayEnginePool:
+    """Replicas of the embedded ``hf`` engine (``parts``: its spec)."""
+    pool: RayEnginePool = _config(settings, args, parts).build(
+        replica=parts[0], settings=portable_settings(settings, weights=True), simulated=False
     )
     return pool
 
 
-def fake_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> RayEnginePool:
-    """Replicas of the ``fake`` engine, on the real clock (each replica's own loop)."""
-    pool: RayEnginePool = _config(settings, args, "fake").build(
-        settings=portable_settings(settings, weights=False), simulated=True
+def fake_from_settings(
+    settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]
+) -> RayEnginePool:
+    """Replicas of the ``fake`` engine (``parts``: its spec), on the real clock (each replica's own
+    loop)."""
+    pool: RayEnginePool = _config(settings, args, parts).build(
+        replica=parts[0], settings=portable_settings(settings, weights=False), simulated=True
     )
     return pool
 
 
-def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> None:
-    _config(settings, args, "hf")
+def check_settings(settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> None:
+    _config(settings, args, parts)
 
 
-def check_fake_settings(settings: EngineSettings, args: Mapping[str, Any]) -> None:
-    _config(settings, args, "fake")
+def check_fake_settings(settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> None:
+    _config(settings, args, parts)

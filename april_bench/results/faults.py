@@ -1,5 +1,5 @@
 """What replica failures cost an arm, from its events table (:mod:`april_bench.engines.replicas`, the
-simulator's :mod:`april_bench.sim.failures`): the summary's ``failures`` field.
+simulator's :mod:`april_bench.engines.sim.failures`): the summary's ``failures`` field.
 
 ``replica_failures``: ``replica_failed`` rows; ``requeued_requests`` and ``requeued_tokens``: the
 ``requests_requeued`` rows' requests and tokens (the input tokens the survivors prefill again);

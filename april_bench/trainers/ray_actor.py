@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.registry import Spec
 from april_bench.trainers.protocol import TrainerLost, TrainerState, TrainResult
 from april_bench.types import Group
 
@@ -42,14 +43,14 @@ class RayTrainer(Configurable):
             if self.trainer in ("ray", "sim", "auto"):
                 raise ConfigError("--trainer-arg trainer must name a real trainer: torch, fsdp or megatron")
 
-    def __init__(self, config: Config, *, settings: Any) -> None:
+    def __init__(self, config: Config, *, inner: Spec, settings: Any) -> None:
         import ray
 
         self.config = config
         if not ray.is_initialized():
             ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
         actor: Any = ray.remote(TrainerActor).options(num_cpus=config.num_cpus, num_gpus=config.num_gpus)
-        self._actor: Any = actor.remote(config.trainer, settings, dict(config.trainer_args))
+        self._actor: Any = actor.remote(inner, settings, dict(config.trainer_args))
         try:  # build errors surface here, not at the first step
             ray.get(self._actor.ready.remote(), timeout=config.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -96,12 +97,10 @@ class RayTrainer(Configurable):
 
 
 class TrainerActor:
-    """Runs inside the Ray actor: one registered trainer."""
+    """Runs inside the Ray actor: one registered trainer (its spec)."""
 
-    def __init__(self, name: str, settings: Any, args: dict[str, Any]) -> None:
-        from april_bench.trainers.registry import TRAINERS
-
-        self.trainer = TRAINERS.get(name).build(settings, args)
+    def __init__(self, inner: Spec, settings: Any, args: dict[str, Any]) -> None:
+        self.trainer = inner.build(settings, args)
 
     def ready(self) -> bool:
         return True
@@ -145,19 +144,25 @@ def _config(args: Mapping[str, Any]) -> RayTrainer.Config:
     )
 
 
-def check_ray(settings: Any, args: Mapping[str, Any]) -> RayTrainer.Config:
-    from april_bench.trainers.registry import TRAINERS
+def _inner(config: RayTrainer.Config, parts: Sequence[Spec]) -> Spec:
+    """The inner trainer's spec, among the ones ``TRAINERS`` hands the actor (``parts``)."""
+    by_name = {spec.name: spec for spec in parts}
+    if config.trainer not in by_name:
+        raise ConfigError(f"--trainer-arg trainer must name a real trainer: {', '.join(by_name)}")
+    return by_name[config.trainer]
 
+
+def check_ray(settings: Any, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> RayTrainer.Config:
     config = _config(args)
-    TRAINERS.get(config.trainer).check(settings, config.trainer_args)
+    _inner(config, parts).check(settings, config.trainer_args)
     return config
 
 
-def build_ray(settings: Any, args: Mapping[str, Any]) -> RayTrainer:
-    config = check_ray(settings, args)
+def build_ray(settings: Any, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> RayTrainer:
+    config = check_ray(settings, args, parts=parts)
     start = settings.initial_weights() if settings.initial_weights is not None else None
     portable = dataclasses.replace(settings, initial_weights=None if start is None else _Value(start))
-    trainer: RayTrainer = config.build(settings=portable)
+    trainer: RayTrainer = config.build(inner=_inner(config, parts), settings=portable)
     return trainer
 
 

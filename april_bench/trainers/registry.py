@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import ConfigError, config_from
-from april_bench.registry import Registry, Spec, load
+from april_bench.registry import Registry, Spec
 from april_bench.trainers.protocol import Trainer
 
 __all__ = ["TRAINERS", "TrainerSettings", "TrainerSpec", "resolve_trainer"]
@@ -46,7 +46,7 @@ class TrainerSpec(Spec):
     needs_tokens: bool
 
     def build(self, settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-        trainer: Trainer = load(self.factory)(settings, args)
+        trainer: Trainer = self.load(self.factory)(settings, args)
         return trainer
 
 
@@ -89,6 +89,7 @@ TRAINERS.register(
         "april_bench.trainers.ray_actor:build_ray",
         needs_tokens=True,
         checker="april_bench.trainers.ray_actor:check_ray",
+        parts=(TRAINERS.get("torch"), TRAINERS.get("fsdp"), TRAINERS.get("megatron")),
     ),
     "a torch or fsdp trainer in a Ray actor, placed on any node of the cluster (trainer=torch|fsdp)",
 )
@@ -188,7 +189,7 @@ def build_megatron(settings: TrainerSettings, args: Mapping[str, Any]) -> Traine
 
 
 def build_sim(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-    from april_bench.sim.trainer import SimTrainer
+    from april_bench.trainers.sim import SimTrainer
 
     options = {"hardware": settings.hardware, "model": settings.model, "num_gpus": settings.num_gpus, **args}
     trainer: Trainer = config_from(

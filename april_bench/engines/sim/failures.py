@@ -17,7 +17,7 @@ so ``ablate`` and ``whatif`` can price failures per strategy:
   abort was already asked is returned by the survivor at once with nothing, as an abort of a queued
   request is.
 * **Restart.**  The replica is down for ``restart_s`` (process start and model load) plus the weight
-  sync time (:meth:`~april_bench.sim.engine.SimEngine.weight_sync_time`: it installs the current
+  sync time (:meth:`~april_bench.engines.sim.engine.SimEngine.weight_sync_time`: it installs the current
   weights), then serves again (``replica_restarted``).  When no replica is up, re-queued and new
   requests wait for the first one back: the step stalls.
 * **Events.**  The engine reports ``replica_failed`` (``requests``: those it held; ``tokens``: their
@@ -41,9 +41,9 @@ from typing import Any, Protocol
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import GenerateRequest
 from april_bench.engines.replicas import FaultEvent
+from april_bench.engines.sim.replica import ReplicaSettings, SimReplica
 from april_bench.sim.cost import CostModel
 from april_bench.sim.cost_curve import MeasuredCost
-from april_bench.sim.replica import ReplicaSettings, SimReplica
 
 __all__ = ["FailurePlan", "SimFailures", "SimPool", "check_failure_options"]
 
@@ -101,7 +101,7 @@ class FailurePlan:
 
 
 class SimPool(Protocol):
-    """What the failure model needs of the engine (:class:`~april_bench.sim.engine.SimEngine`)."""
+    """What the failure model needs of the engine (:class:`~april_bench.engines.sim.engine.SimEngine`)."""
 
     cost: CostModel | MeasuredCost
     settings: ReplicaSettings

@@ -1,7 +1,7 @@
 """``sim``: a discrete-event model of an SGLang deployment on a virtual clock.
 
 ``num_gpus / tp_size`` replicas (APRIL's scripts: 8 GPUs, TP2, so 4 engines)
-sit behind a router.  Each replica is a :class:`~april_bench.sim.replica.SimReplica`
+sit behind a router.  Each replica is a :class:`~april_bench.engines.sim.replica.SimReplica`
 priced by the roofline :class:`~april_bench.sim.cost.CostModel`.  The
 engine implements the same :class:`~april_bench.engines.protocol.Engine`
 protocol as a real one, so the rollout loop and the strategies run unchanged.
@@ -34,13 +34,13 @@ from april_bench.engines.protocol import (
 )
 from april_bench.engines.replicas import FaultEvent
 from april_bench.engines.routing import ROUTER_POLICIES, Router
+from april_bench.engines.sim.failures import FailurePlan, SimFailures, check_failure_options
+from april_bench.engines.sim.replica import ReplicaSettings, SimReplica
 from april_bench.engines.stream import CompletionStream
 from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
 from april_bench.profiles.models import MODELS, ModelProfile
 from april_bench.sim.cost import CostModel
 from april_bench.sim.cost_curve import CostCurve, MeasuredCost
-from april_bench.sim.failures import FailurePlan, SimFailures, check_failure_options
-from april_bench.sim.replica import ReplicaSettings, SimReplica
 
 __all__ = ["SimEngine", "from_settings"]
 
@@ -87,7 +87,8 @@ class SimEngine(Configurable):
         failure_rate_per_hour: float = param(
             0.0,
             help="replica failures per replica-hour of virtual time (a seeded Poisson process; "
-            "april_bench/sim/failures.py): each loses its requests' decode and re-prefills them on survivors",
+            "april_bench/engines/sim/failures.py): each loses its requests' decode and re-prefills them "
+            "on survivors",
         )
         failure_at_s: tuple[float, ...] = param(
             (), help="a failure trace: virtual seconds since the run started at which a replica fails"
@@ -208,7 +209,7 @@ class SimEngine(Configurable):
     def version(self) -> int:
         return self._version[0]
 
-    # The replicas and their scheduler tasks, for the failure model (april_bench/sim/failures.py).
+    # The replicas and their scheduler tasks, for the failure model (april_bench/engines/sim/failures.py).
     @property
     def replicas(self) -> list[SimReplica]:
         return self._replicas

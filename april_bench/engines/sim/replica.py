@@ -158,9 +158,9 @@ class SimReplica:
         self.kick()
 
     def fail(self) -> list[tuple[GenerateRequest, CompletionStream, int, bool]]:
-        """The replica dies (:mod:`april_bench.sim.failures`): its live requests as ``(request, stream,
-        tokens decoded here and never delivered, abort asked)``, by priority; its scheduler task
-        must be cancelled by the caller.  A weight update waiting for it to pause goes on."""
+        """The replica dies (:mod:`april_bench.engines.sim.failures`): its live requests as
+        ``(request, stream, tokens decoded here and never delivered, abort asked)``, by priority; its
+        scheduler task must be cancelled by the caller.  A weight update waiting for it to pause goes on."""
         d = self.D
         if self._run is not None:  # decode iterations completed so far in the run in progress
             start, batch, context_sum, k = self._run
