@@ -1,7 +1,6 @@
 """Measure an engine's cost curve through the ordinary engine protocol (``simcheck`` does): what
-:mod:`april_bench.sim.cost_curve` describes.  It lives above ``engines/`` and ``sim/`` because it
-drives an engine and builds the simulator's :class:`~april_bench.sim.cost_curve.CostCurve`; the
-simulator itself never imports an engine module."""
+:mod:`april_bench.engines.sim.cost_curve` describes.  It lives above ``engines/`` because it
+drives any engine and builds the simulator's :class:`~april_bench.engines.sim.cost_curve.CostCurve`."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import numpy as np
 
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
-from april_bench.sim.cost_curve import UNLIMITED, CostCurve
+from april_bench.engines.sim import UNLIMITED, CostCurve
 
 __all__ = ["measure_cost_curve"]
 

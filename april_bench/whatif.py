@@ -11,7 +11,7 @@ The replay keeps the trace's groups, its length-reward coupling and its step ord
 per group, the response limit), so the what-if is the source run's setting on other hardware.
 
 The engine's cost per iteration is the simulator's roofline profile of ``--hw`` and ``--model``, or,
-with ``--cost-curve FILE`` (the ``simcheck`` measurement, :mod:`april_bench.sim.cost_curve`), that
+with ``--cost-curve FILE`` (the ``simcheck`` measurement, :mod:`april_bench.engines.sim.cost_curve`), that
 engine's measured decode-step and prefill costs: the simulator then runs as one measured replica with
 the engine's own slot and prefill limits (``--engine-arg cost_curve=FILE`` of ``--engine sim``, as
 ``simcheck`` predicts), and the training side is priced on the curve's hardware and model profile.
@@ -67,7 +67,7 @@ def _deployment(setup: WhatIf) -> tuple[str, str, int | None, dict[str, Any]]:
     ``--model``, or one engine priced by the measured cost curve (on the curve's hardware and model)."""
     if setup.cost_curve is None:
         return setup.hardware or DEFAULT_HARDWARE, setup.model or DEFAULT_MODEL, setup.num_gpus, {}
-    from april_bench.sim.cost_curve import CostCurve
+    from april_bench.engines.sim import CostCurve
 
     curve = CostCurve.load_file(setup.cost_curve)  # a bad file is one ConfigError line
     named = (("--hw", setup.hardware, curve.hardware), ("--model", setup.model, curve.model))
@@ -218,7 +218,7 @@ def run_whatif(
 
 
 def _curve_note(path: Path) -> dict[str, Any]:
-    from april_bench.sim.cost_curve import CostCurve
+    from april_bench.engines.sim import CostCurve
 
     curve = CostCurve.load_file(path)
     return {

@@ -8,13 +8,13 @@ import random
 import pytest
 
 from april_bench.engines.protocol import GenerateRequest, SamplingParams
+from april_bench.engines.sim.cost import CostModel, _sum_max_linear
 from april_bench.engines.sim.engine import SimEngine
 from april_bench.experiment import ExperimentConfig, run
 from april_bench.profiles.hardware import hardware_profile
 from april_bench.profiles.models import MODELS
 from april_bench.results.records import as_row
 from april_bench.rollout.loop import RolloutConfig
-from april_bench.sim.cost import CostModel, _sum_max_linear
 from april_bench.vtime import run_virtual
 
 SP = SamplingParams()

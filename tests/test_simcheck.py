@@ -7,7 +7,7 @@ import json
 import pytest
 
 from april_bench.config import ConfigError
-from april_bench.sim.cost_curve import CostCurve, MeasuredCost
+from april_bench.engines.sim.cost_curve import CostCurve, MeasuredCost
 from april_bench.simcheck import measured_iterations_per_step, run_simcheck, trace_rows
 
 FAKE_RUN = [

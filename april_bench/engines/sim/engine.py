@@ -2,7 +2,7 @@
 
 ``num_gpus / tp_size`` replicas (APRIL's scripts: 8 GPUs, TP2, so 4 engines)
 sit behind a router.  Each replica is a :class:`~april_bench.engines.sim.replica.SimReplica`
-priced by the roofline :class:`~april_bench.sim.cost.CostModel`.  The
+priced by the roofline :class:`~april_bench.engines.sim.cost.CostModel`.  The
 engine implements the same :class:`~april_bench.engines.protocol.Engine`
 protocol as a real one, so the rollout loop and the strategies run unchanged.
 
@@ -34,13 +34,13 @@ from april_bench.engines.protocol import (
 )
 from april_bench.engines.replicas import FaultEvent
 from april_bench.engines.routing import ROUTER_POLICIES, Router
+from april_bench.engines.sim.cost import CostModel
+from april_bench.engines.sim.cost_curve import CostCurve, MeasuredCost
 from april_bench.engines.sim.failures import FailurePlan, SimFailures, check_failure_options
 from april_bench.engines.sim.replica import ReplicaSettings, SimReplica
 from april_bench.engines.stream import CompletionStream
 from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
 from april_bench.profiles.models import MODELS, ModelProfile
-from april_bench.sim.cost import CostModel
-from april_bench.sim.cost_curve import CostCurve, MeasuredCost
 
 __all__ = ["SimEngine", "from_settings"]
 
@@ -76,7 +76,8 @@ class SimEngine(Configurable):
         cost_curve: str | None = param(
             None,
             help="simulate a measured engine: its cost-curve JSON (simcheck writes one; "
-            "april_bench/sim/cost_curve.py): one replica priced by its measured decode and prefill costs",
+            "april_bench/engines/sim/cost_curve.py): one replica priced by its measured decode and "
+            "prefill costs",
         )
         resume_kv: str = param(
             "recompute",

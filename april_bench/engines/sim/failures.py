@@ -41,9 +41,9 @@ from typing import Any, Protocol
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import GenerateRequest
 from april_bench.engines.replicas import FaultEvent
+from april_bench.engines.sim.cost import CostModel
+from april_bench.engines.sim.cost_curve import MeasuredCost
 from april_bench.engines.sim.replica import ReplicaSettings, SimReplica
-from april_bench.sim.cost import CostModel
-from april_bench.sim.cost_curve import MeasuredCost
 
 __all__ = ["FailurePlan", "SimFailures", "SimPool", "check_failure_options"]
 

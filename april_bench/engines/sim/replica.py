@@ -36,9 +36,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from april_bench.engines.protocol import Completion, EngineError, GenerateRequest
+from april_bench.engines.sim.cost import CostModel
+from april_bench.engines.sim.cost_curve import MeasuredCost
 from april_bench.engines.stream import CompletionStream
-from april_bench.sim.cost import CostModel
-from april_bench.sim.cost_curve import MeasuredCost
 from april_bench.types import FinishReason
 
 __all__ = ["ReplicaSettings", "SimReplica"]

@@ -14,7 +14,7 @@ those it fits
   from ``(T(B, C, k) - prefill_s(B * C)) / (k - 1)`` at the mean context of the run.
 
 :class:`MeasuredCost` answers the questions the simulated replica asks of
-:class:`~april_bench.sim.cost.CostModel` from those coefficients, so
+:class:`~april_bench.engines.sim.cost.CostModel` from those coefficients, so
 ``--engine sim --engine-arg cost_curve=FILE`` simulates *that* engine (one
 replica, its own slot and prefill limits).  ``simcheck`` measures one in the
 same command; ``whatif`` (``--cost-curve FILE``) reuses a saved one.
