@@ -15,7 +15,7 @@ from april_bench.config import ConfigError
 from april_bench.engines.protocol import Engine, GenerateRequest, SamplingParams
 from april_bench.engines.sim import UNLIMITED, CostCurve
 
-__all__ = ["measure_cost_curve"]
+__all__ = ["measure_cost_curve", "nonnegative_fit"]
 
 
 # ---------------------------------------------------------------------- measuring
@@ -58,7 +58,7 @@ async def _time_batch(
     return loop.time() - start
 
 
-def _fit(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+def nonnegative_fit(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
     """Least squares, clamped at zero (refit without a column whose coefficient came out negative)."""
     a, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
     keep = list(range(a.shape[1]))
@@ -107,7 +107,7 @@ async def measure_cost_curve(
 
     load: tuple[float, ...] | None = None if virtual else os.getloadavg()
     prefill_points = [(p, await median(f"p{p}", 1, p, 1)) for p in prefill_lengths]
-    p_base, p_tok = _fit([(1.0, p) for p, _ in prefill_points], [s for _, s in prefill_points])
+    p_base, p_tok = nonnegative_fit([(1.0, p) for p, _ in prefill_points], [s for _, s in prefill_points])
     decode_points: list[dict[str, float]] = []
     for b in batches:
         for c in contexts:
@@ -124,7 +124,7 @@ async def measure_cost_curve(
                     "context_sum": context_sum,
                 }
             )
-    d_base, d_seq, d_ctx = _fit(
+    d_base, d_seq, d_ctx = nonnegative_fit(
         [(1.0, p["batch"], p["context_sum"]) for p in decode_points], [p["step_s"] for p in decode_points]
     )
     if d_base + d_seq <= 0:

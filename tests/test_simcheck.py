@@ -37,16 +37,33 @@ def _config(argv: list[str]):
     return config_from_args(build_parser().parse_args(["run", *argv]))
 
 
+#: The fake engine with forced lengths: the prediction replays exactly what the engine will generate.
+FORCED_RUN = [*FAKE_RUN, "--length-oracle", "deepscaler[cap=4096]"]
+
+
 @pytest.fixture(scope="module")
 def fake_check(tmp_path_factory):
     out = tmp_path_factory.mktemp("simcheck-fake")
-    # The trace replays the measured arms' own lengths (same seed, every prompt covered, no drift): what
-    # is left to predict is the engine, whose costs the cost curve must capture exactly.
-    return out, run_simcheck(_config(FAKE_RUN), out, trace_seed=0, trace_steps=12)
+    log = out.parent / f"{out.name}-log.jsonl"
+    from april_bench import runner
+
+    sealed: list[dict] = []
+    run_into = runner.run_into
+
+    def measuring(*args, **kwargs):  # what simcheck.json held when the measured arms started
+        sealed.append(json.loads((out / "simcheck.json").read_text()))
+        return run_into(*args, **kwargs)
+
+    runner.run_into = measuring
+    try:
+        result = run_simcheck(_config(FORCED_RUN), out, validation_log=log)
+    finally:
+        runner.run_into = run_into
+    return out, result, sealed, log
 
 
 def test_the_fake_engines_cost_curve_is_its_token_time(fake_check):
-    out, _ = fake_check
+    out, *_ = fake_check
     curve = CostCurve.load_file(out / "cost_curve.json")
     assert curve.virtual_time and curve.engine == "fake"
     assert curve.decode_base_s == pytest.approx(1.0) and curve.prefill_base_s == pytest.approx(1.0)
@@ -56,30 +73,116 @@ def test_the_fake_engines_cost_curve_is_its_token_time(fake_check):
     assert curve.abort_extra_steps == 0
 
 
-def test_prediction_on_the_fake_engine_is_exact(fake_check):
-    out, result = fake_check
-    arm = result.arm("april")
-    assert arm["predicted_gain"] == pytest.approx(arm["measured_gain"], rel=1e-9)
-    assert arm["predicted_ratio_gain"] == pytest.approx(arm["measured_ratio_gain"], rel=1e-9)
-    assert arm["predicted_inside_ci"] is True
-    assert arm["predicted_iterations_per_step"] > 0
-    # the fake engine counts its work exactly (docs/measured.md), and so does the simulator: equal
-    predicted = arm["predicted_iterations_per_step"]
-    assert arm["measured_iterations_per_step"] == pytest.approx(predicted, rel=1e-12)
-    assert arm["baseline_measured_iterations_per_step"] == pytest.approx(
-        arm["baseline_predicted_iterations_per_step"], rel=1e-12
-    )
-    assert arm["measured_iterations_deterministic"] is True
-    assert arm["iterations_error"] == pytest.approx(0.0, abs=1e-12)
-    saved = json.loads((out / "simcheck.json").read_text())
-    assert saved["arms"][0]["arm"] == "april" and "predicted_gain" in saved["arms"][0]
+def test_with_forced_lengths_the_fake_engines_counts_are_predicted_exactly(fake_check):
+    out, result, _, _ = fake_check
+    assert result.verdict == "pass", result.data["why"]
+    assert result.data["lengths"]["replayed"]["share"] == 1.0  # the engine generated every draw
+    for arm in result.data["arms"]:
+        quantities = {c["quantity"]: c for c in arm["checks"]}
+        assert set(quantities) >= {
+            "iterations_per_step",
+            "prefill_tokens_per_step",
+            "reprefill_tokens_per_step",
+            "aborted_requests_per_step",
+            "mean_decode_batch",
+            "off_policy_token_ratio",
+            "decode_batch_histogram",
+            "iteration_throughput_gain",
+        }
+        for check in arm["checks"]:
+            if check["predicted"] is not None or check["quantity"].startswith("iteration_"):
+                assert check["ok"] is not False, check
+        assert quantities["iterations_per_step"]["error"] == pytest.approx(0.0, abs=1e-12)
+    april = result.arm("april")
+    assert april["wall_clock"]["pairs"] == 2 and april["wall_clock"]["ci"] is None  # 2 pairs: no interval
+    assert april["wall_clock"]["verdict"] == "inconclusive"
     assert "| april" in (out / "simcheck.md").read_text()
-    assert (out / "trace.jsonl").read_text().strip()
-    # the measured arms are an ordinary run directory, with the trace whatif replays, and its provenance
-    assert (out / "measured" / "trace.jsonl").read_text().strip()
     stored = json.loads((out / "measured" / "summary.json").read_text())["arms"]["april"]
-    assert arm["measured_gain"] == stored["paired_gains"]["throughput"]["median"]  # the run's own statistic
+    assert april["wall_clock"]["measured_median"] == stored["paired_gains"]["throughput"]["median"]
+    saved = json.loads((out / "simcheck.json").read_text())
     assert saved["provenance"]["git"] == json.loads((out / "measured" / "provenance.json").read_text())["git"]
+
+
+def test_the_prediction_is_sealed_before_the_measured_arms_start(fake_check):
+    out, result, sealed, _ = fake_check
+    import hashlib
+
+    digest = hashlib.sha256((out / "prediction.json").read_bytes()).hexdigest()
+    assert len(sealed) == 1 and sealed[0]["prediction_sha256"] == digest
+    assert sealed[0]["state"] == "predicted; measuring" and "verdict" not in sealed[0]
+    assert result.data["prediction_sha256"] == digest
+    assert result.data["prediction_utc"] <= result.data["finished_utc"]
+
+
+def test_every_simcheck_run_appends_a_line_to_the_validation_log(fake_check):
+    out, result, _, log = fake_check
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 1
+    assert lines[0]["prediction_sha256"] == result.data["prediction_sha256"]
+    assert lines[0]["verdict"] == "pass" and lines[0]["out"] == str(out)
+    assert lines[0]["iterations_error"]["april"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_without_forced_lengths_the_schedule_is_not_checkable(tmp_path):
+    result = run_simcheck(_config(FAKE_RUN), tmp_path / "free", trace_seed=0, trace_steps=4)
+    assert result.verdict == "not checkable" and "--length-oracle" in result.data["why"]
+    assert (tmp_path / "free" / "trace.jsonl").read_text().strip()  # the held-out length trace
+
+
+def test_an_error_past_the_tolerance_fails_and_a_shared_quantity_is_absolute():
+    from april_bench.simcheck import check_arm
+
+    predicted = {
+        "iterations_per_step": 105.0,
+        "prefill_tokens_per_step": 10.0,
+        "off_policy_token_ratio": 0.52,
+        "decode_batch_histogram": {"4": 10},
+    }
+    measured = {
+        "iterations_per_step": 100.0,
+        "prefill_tokens_per_step": 10.0,
+        "off_policy_token_ratio": 0.50,
+        "decode_batch_histogram": {"4": 9, "9": 1},
+    }
+    checks = {c["quantity"]: c for c in check_arm(predicted, measured, 0.03)}
+    assert checks["iterations_per_step"]["ok"] is False  # +5% > 3%
+    assert checks["prefill_tokens_per_step"]["ok"] is True
+    assert checks["off_policy_token_ratio"]["error"] == pytest.approx(0.02)  # points, not a ratio
+    assert checks["decode_batch_histogram"]["error"] == pytest.approx(0.1)  # a tenth of the steps moved
+    assert checks["reprefill_tokens_per_step"]["ok"] is None  # not measured: neither pass nor fail
+
+
+def test_the_wall_clock_check_never_calls_two_pairs_an_interval():
+    from april_bench.simcheck import wall_clock_verdict
+
+    two = wall_clock_verdict({"median": 0.2, "ci": [0.1, 0.3], "pairs": 2}, 0.2)
+    assert two["ci"] is None and two["verdict"] == "inconclusive"
+    wide = wall_clock_verdict({"median": 0.2, "ci": [0.0, 0.5], "pairs": 12}, 0.2)
+    assert wide["verdict"] == "inconclusive" and "wider than +-10" in wide["why"]
+    assert wall_clock_verdict({"median": 0.2, "ci": [0.15, 0.25], "pairs": 12}, 0.22)["verdict"] == "inside"
+    assert wall_clock_verdict({"median": 0.2, "ci": [0.15, 0.25], "pairs": 12}, 0.4)["verdict"] == "outside"
+
+
+def test_the_validation_log_never_makes_the_checkout_dirty(tmp_path):
+    import subprocess
+
+    from april_bench.results.provenance import SIMCHECK_LOG, git_info
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    log = tmp_path / SIMCHECK_LOG
+    log.parent.mkdir(parents=True)
+    log.write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "init")
+    with log.open("a") as f:
+        f.write("{}\n")
+    assert git_info(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_info(tmp_path)["dirty"] is True
 
 
 def test_cost_curve_json_round_trips_and_refuses_foreign_files(tmp_path):
@@ -188,7 +291,7 @@ def test_simcheck_under_results_checks_the_tree_once_for_its_whole_directory(tmp
 
     monkeypatch.setattr(provenance, "source_root", lambda: tmp_path)
     monkeypatch.setattr(provenance, "git_info", git_info)
-    result = run_simcheck(_config(FAKE_RUN), out, trace_seed=0, trace_steps=2)
+    result = run_simcheck(_config(FORCED_RUN), out)
     assert result.data["arms"] and (out / "measured" / "summary.json").exists()
     assert checked and Path(checked[0]).resolve() == out.resolve()
     with pytest.raises(ConfigError, match="commit them first"):

@@ -17,6 +17,8 @@ from april_bench.machine import detect_accelerators, gpu_info, installed_engines
 from april_bench.threads import DEFAULT_CPU_THREADS, threads_in_use
 
 __all__ = [
+    "APPEND_ONLY_LOGS",
+    "SIMCHECK_LOG",
     "collect_provenance",
     "cpu_facts",
     "git_info",
@@ -80,6 +82,13 @@ _ENV_PREFIXES = ("CUDA_", "VLLM_", "SGLANG_", "NCCL_", "TORCH_", "PYTORCH_", "CU
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
 
 
+#: The simcheck validation log: one line appended per simcheck run (april_bench.simcheck).
+SIMCHECK_LOG = "results/validation/simcheck-log.jsonl"
+#: Append-only logs of the checkout: a line a run adds is a record, not a code change, so it never makes
+#: the checkout dirty (two simchecks in a row from one clean commit must both count as clean).
+APPEND_ONLY_LOGS = (SIMCHECK_LOG,)
+
+
 def source_root() -> Path | None:
     """The april-bench checkout this code runs from (``None`` for an installed, non-editable copy)."""
     root = Path(__file__).resolve().parents[2]
@@ -131,6 +140,7 @@ def git_info(path: Path | None = None, *, exclude: Path | None = None) -> dict[s
             inside = None
         if inside is not None and str(inside) != ".":
             spec.append(f":(exclude){inside.as_posix()}")
+    spec += [f":(exclude){log}" for log in APPEND_ONLY_LOGS]
     status = git("status", "--porcelain", "--untracked-files=normal", *spec)
     return {
         "commit": commit,

@@ -36,6 +36,7 @@ stamped with the policy version in force when it was sampled.
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
@@ -66,6 +67,9 @@ from april_bench.threads import choose_threads, torch_threads
 from april_bench.types import FinishReason
 
 __all__ = ["HFEngine", "from_settings"]
+
+#: Scheduler rounds :meth:`HFEngine.iteration_log` keeps (about 50 MB at the limit).
+_ITERATION_LOG_MAX = 1_000_000
 
 
 @dataclass(slots=True, eq=False)
@@ -170,6 +174,11 @@ class HFEngine(Configurable):
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._step_times: dict[int, list[float]] = {}
+        #: Decode steps by batch size, and one ``(kind, batch, tokens, context, cpu_s)`` per scheduler
+        #: round (a prefill's forwards or one decode step; ``cpu_s`` the scheduler thread's CPU time):
+        #: what ``simcheck`` compares with the simulator and fits its time model to.
+        self._decode_batches: dict[int, int] = {}
+        self._iteration_log: list[tuple[str, int, int, int, float]] = []
         # engine_iterations: forward passes (decode steps + prefill forwards, chunks counted apiece);
         # decode_tokens: tokens sampled by decode steps; reprefill_tokens: prompt_tokens of resumes
         self._counters = {
@@ -317,6 +326,22 @@ class HFEngine(Configurable):
         """Recent decode-step seconds by batch size (the last 64 of each), measured by the scheduler."""
         return {batch: list(times) for batch, times in self._step_times.items()}
 
+    def _log(self, kind: str, batch: int, tokens: int, context: int, cpu_s: float) -> None:
+        if len(self._iteration_log) < _ITERATION_LOG_MAX:
+            self._iteration_log.append((kind, batch, tokens, context, cpu_s))
+
+    def decode_histogram(self) -> dict[int, int]:
+        """Decode steps by batch size since the engine started."""
+        return dict(self._decode_batches)
+
+    def iteration_log(self) -> list[tuple[str, int, int, int, float]]:
+        """One ``(kind, batch, tokens, context, cpu_s)`` per scheduler round since the engine started:
+        ``prefill`` (its forwards; ``batch`` the running requests after it, ``tokens`` and ``context``
+        the tokens prefilled) or ``decode`` (one step over ``batch`` requests holding ``context``
+        tokens of KV); ``cpu_s`` is the scheduler thread's CPU time for the round, which a loaded
+        machine barely moves (all of the engine's compute with one intra-op thread, the CPU default)."""
+        return list(self._iteration_log)
+
     def reset_step_times(self) -> None:
         self._step_times.clear()
 
@@ -364,12 +389,18 @@ class HFEngine(Configurable):
         try:
             while True:
                 self._return_aborted(loop.time())
+                tick, tokens = time.thread_time(), self._counters["prompt_tokens"]
                 if self._waiting and len(self._active) < self.config.max_running_requests:
                     with torch_threads(self.threads):
                         self._prefill(loop)
+                    prefilled = self._counters["prompt_tokens"] - tokens
+                    self._log("prefill", len(self._active), prefilled, prefilled, time.thread_time() - tick)
                 elif self._active:
+                    batch, context = len(self._active), sum(self._kv(s) for s in self._active)
                     with torch_threads(self.threads):
                         self._decode(loop)
+                    self._decode_batches[batch] = self._decode_batches.get(batch, 0) + 1
+                    self._log("decode", batch, batch, context, time.thread_time() - tick)
                 else:
                     self._wake.clear()
                     await self._wake.wait()

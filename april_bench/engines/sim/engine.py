@@ -29,6 +29,7 @@ from april_bench.engines.protocol import (
     EngineInfo,
     EngineLoad,
     EngineSettings,
+    EngineWork,
     GenerateRequest,
     WeightUpdate,
 )
@@ -320,6 +321,30 @@ class SimEngine(Configurable):
     #: Replica attributes that carry over from one step to the next (SGLang's adaptive new-token
     #: ratio, the decode-iteration counter, the heap's tie-break sequence).
     _REPLICA_STATE = ("ratio", "D", "_seq", "kv_used", "ctx_base")
+
+    def simulated_work(self) -> EngineWork:
+        """The work the modelled scheduler did, in the units a real engine's accounting counts
+        (:class:`~april_bench.engines.protocol.EngineWork`), summed over the live replicas: what
+        ``simcheck`` compares with the measured engine.  Not the ``EngineAccounting`` capability (a
+        simulated run's rows stay as they were); a failed replica's passes count in
+        ``engine_iterations`` only."""
+        retired = self.failures.retired_passes if self.failures is not None else 0
+        replicas = self._replicas
+        return EngineWork(
+            engine_iterations=retired + sum(r.D + r.extends for r in replicas),
+            decode_iterations=sum(r.D for r in replicas),
+            decode_tokens=sum(r.decode_tokens for r in replicas),
+            prefill_tokens=sum(r.prefill_tokens for r in replicas),
+            reprefill_tokens=sum(r.reprefill_tokens for r in replicas),
+        )
+
+    def decode_histogram(self) -> dict[int, int]:
+        """Decode iterations by batch size (running requests), over every replica."""
+        out: dict[int, int] = {}
+        for replica in self._replicas:
+            for batch, n in replica.decode_batches.items():
+                out[batch] = out.get(batch, 0) + n
+        return out
 
     def forward_passes(self) -> int:
         """Forward passes run so far, over every replica: decode iterations plus extend batches."""

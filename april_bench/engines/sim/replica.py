@@ -115,6 +115,12 @@ class SimReplica:
         self.chunked: _Req | None = None
         self.D = 0  # decode iterations so far
         self.extends = 0  # prefill (extend) batches so far: with D, the replica's forward passes
+        # what an engine's own accounting counts (EngineWork), modelled: tokens sampled by decode steps,
+        # input tokens prefilled, of them those of resumed requests, and decode steps by batch size
+        self.decode_tokens = 0
+        self.prefill_tokens = 0
+        self.reprefill_tokens = 0
+        self.decode_batches: dict[int, int] = {}
         self.ctx_base = 0  # sum(input_len + g0 - d0) over running; context sum = ctx_base + B*D
         self.kv_used = 0
         self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * settings.schedule_conservativeness)
@@ -302,6 +308,9 @@ class SimReplica:
         self._advance(k, loop.time())
 
     def _advance(self, k: int, now: float) -> None:
+        batch = len(self.running)
+        self.decode_tokens += batch * k
+        self.decode_batches[batch] = self.decode_batches.get(batch, 0) + k
         self.D += k
         self.kv_used += len(self.running) * k
         self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - NEW_TOKEN_RATIO_DECAY * k)
@@ -360,6 +369,9 @@ class SimReplica:
     def _complete_prefill(self, batch: _Batch, now: float) -> None:
         for req, _, n in batch.chunks:
             req.prefilled += n
+            self.prefill_tokens += n
+            if req.request.prefix_len > 0:
+                self.reprefill_tokens += n
             if req.prefilled < req.context:
                 continue  # still chunked
             if self.chunked is req:
