@@ -28,10 +28,14 @@ def _limits(engine: Engine) -> dict[str, int]:
     context = getattr(config, "max_context_len", None) or getattr(config, "max_model_len", None)
     chunk = getattr(config, "max_prefill_tokens", None) or getattr(config, "max_num_batched_tokens", None)
     running = int(slots) if slots else UNLIMITED
+    kv = int(running * context) if slots and context else UNLIMITED
+    pool = getattr(engine, "kv_capacity_tokens", None)  # vLLM: its KV blocks, smaller than slots x context
+    if callable(pool) and pool():
+        kv = min(kv, int(pool()))
     return {
         "context_tokens": int(context) if context else UNLIMITED,
         "max_running": running,
-        "kv_capacity_tokens": int(running * context) if slots and context else UNLIMITED,
+        "kv_capacity_tokens": kv,
         "chunk_tokens": int(chunk) if chunk else UNLIMITED,
     }
 

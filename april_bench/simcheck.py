@@ -241,6 +241,7 @@ def _predicted_arms(
             "prefill_tokens_per_step": work.prefill_tokens / steps,
             "reprefill_tokens_per_step": work.reprefill_tokens / steps,
             "aborted_requests_per_step": sum(r.aborted_requests for r in rows) / steps,
+            "preemptions_per_step": engine.preemptions() / steps,
             "generated_tokens_per_step": sum(r.generated_tokens for r in rows) / steps,
             "trained_tokens_per_step": sum(r.trained_tokens for r in rows) / steps,
             "off_policy_token_ratio": m.get("off_policy_token_ratio"),
@@ -298,12 +299,24 @@ def _measured_arms(
             for batch, n in (getattr(engine, "decode_histogram", lambda: {})() or {}).items():
                 histogram[int(batch)] = histogram.get(int(batch), 0) + int(n)
         entry["decode_batch_histogram"] = _sorted_histogram(histogram) if histogram else None
+        preempted = [_preemptions(e) for e in mine]
+        entry["preemptions_per_step"] = (
+            sum(p or 0.0 for p in preempted) / len(rows) if mine and rows and None not in preempted else None
+        )
         entry["iteration_log"] = [r for e in mine for r in (getattr(e, "iteration_log", lambda: [])() or [])]
         entry["throughput_gain"] = m.get("throughput_gain")
         entry["paired_throughput"] = m.get("paired_gains", {}).get("throughput", {})
         arms[label] = entry
     _iteration_gains(arms, summary)
     return arms
+
+
+def _preemptions(engine: Any) -> float | None:
+    """A real engine's preemption counter (vLLM's stat logger), ``None`` when it keeps none (hf's
+    slots are reserved whole: it never preempts)."""
+    metrics = getattr(engine, "metrics", None)
+    value = metrics().get("preemptions") if callable(metrics) else None
+    return None if value is None else float(value)
 
 
 def _session_arm(index: int, labels: Sequence[str]) -> int:
@@ -361,6 +374,7 @@ def check_arm(
         "prefill_tokens_per_step",
         "reprefill_tokens_per_step",
         "aborted_requests_per_step",
+        "preemptions_per_step",
     ):
         add(
             name,

@@ -338,6 +338,10 @@ class SimEngine(Configurable):
             reprefill_tokens=sum(r.reprefill_tokens for r in replicas),
         )
 
+    def preemptions(self) -> int:
+        """Requests the replicas retracted (preempted) when their KV pool ran out."""
+        return sum(r.retractions for r in self._replicas)
+
     def decode_histogram(self) -> dict[int, int]:
         """Decode iterations by batch size (running requests), over every replica."""
         out: dict[int, int] = {}

@@ -121,6 +121,7 @@ class SimReplica:
         self.prefill_tokens = 0
         self.reprefill_tokens = 0
         self.decode_batches: dict[int, int] = {}
+        self.retractions = 0  # requests sent back to the queue when the pool ran out (preemptions)
         self.ctx_base = 0  # sum(input_len + g0 - d0) over running; context sum = ctx_base + B*D
         self.kv_used = 0
         self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * settings.schedule_conservativeness)
@@ -465,6 +466,7 @@ class SimReplica:
             self.ctx_base -= req.request.input_len + req.g0 - req.d0
             self.kv_used -= req.context
             req.retractions += 1
+            self.retractions += 1
             req.cached = 0  # its KV is freed: readmitted, it re-prefills prompt + output
             if req.abort:  # aborted while running: return its output instead of queueing it again
                 self._deliver(req, FinishReason.ABORT, self._now())

@@ -59,7 +59,7 @@ import os
 import warnings
 import zlib
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,8 @@ class _Stats:
     scheduler_reports: int = 0
     #: Engine-core steps that produced output (one ``IterationStats`` each).
     iterations: int = 0
+    #: Engine-core steps by the number of requests that sampled a token in them (its decode batch).
+    decode_batches: dict[int, int] = field(default_factory=dict)
 
     def record(self, scheduler: Any, iteration: Any) -> None:
         if scheduler is not None:
@@ -122,6 +124,9 @@ class _Stats:
             self.preemptions += int(iteration.num_preempted_reqs)
             self.prompt_tokens += int(iteration.num_prompt_tokens)
             self.generation_tokens += int(iteration.num_generation_tokens)
+            batch = int(iteration.num_generation_tokens)
+            if batch > 0:
+                self.decode_batches[batch] = self.decode_batches.get(batch, 0) + 1
 
 
 def _stat_logger_factory(stats: _Stats) -> Any:
@@ -445,6 +450,21 @@ class VLLMEngine(Configurable):
             reprefill_tokens=self._counters["reprefill_tokens"],
             deterministic=False,
         )
+
+    def decode_histogram(self) -> dict[int, int]:
+        """Engine-core steps by the requests that sampled a token in them (what ``simcheck`` compares
+        with the simulator's decode batches; a step that only prefilled is not in it)."""
+        return dict(self._stats.decode_batches)
+
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens the KV cache holds: vLLM's blocks (``num_gpu_blocks``, or ``num_gpu_blocks_override``
+        from ``engine_args``) times its block size; ``None`` before start or when vLLM does not say."""
+        cache = getattr(getattr(self._llm, "vllm_config", None), "cache_config", None)
+        blocks = getattr(cache, "num_gpu_blocks", None) or self.config.engine_args.get(
+            "num_gpu_blocks_override"
+        )
+        size = getattr(cache, "block_size", None) or self.config.engine_args.get("block_size")
+        return int(blocks) * int(size) if blocks and size else None
 
     def metrics(self) -> dict[str, float]:
         s = self._stats
