@@ -91,3 +91,31 @@ def test_run_with_vllm_trains_and_resumes_partials_under_fresh_weights(tmp_path:
     gap = engine["logprob_gap_mean"]
     assert gap is not None and math.isfinite(gap) and gap < 0.1  # same tokens, same weights: close
     assert "Re-prefilled tok" in (out / "table.md").read_text()
+
+
+def test_run_with_vllm_generates_the_length_oracles_lengths(tmp_path: Path) -> None:
+    """`run --engine vllm --length-oracle deepscaler`: vLLM gets ignore_eos and max_tokens = the draw, so
+    every finished sample is as long as the profile drew (truncated at the limit), whatever the model."""
+    from april_bench.sim.length_oracle import LengthOracle
+
+    out = tmp_path / "run"
+    env = {**os.environ, "APRIL_BENCH_CACHE": os.environ.get("APRIL_BENCH_CACHE", str(tmp_path / "cache"))}
+    forced = [*SMALL, "--length-oracle", "deepscaler", "--eval-every", "100"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "april_bench", "run", "--engine", "vllm", *forced, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    oracle = LengthOracle("deepscaler", seed=0, n_samples_per_prompt=4, max_response_len=48)
+    finished = [s for s in rows(out, "samples") if s["status"] in ("completed", "truncated")]
+    assert finished
+    for s in finished:
+        target = oracle.length(s["group_uid"], s["sample_index"])
+        assert s["response_len"] == min(target, 48), s
+        assert s["status"] == ("completed" if target <= 48 else "truncated")
+        right = oracle.correct(s["group_uid"], s["sample_index"])
+        assert s["reward"] == (1.0 if right and target <= 48 else 0.0)
+    assert json.loads((out / "provenance.json").read_text())["forced_lengths"]["profile"] == "deepscaler"
