@@ -160,6 +160,7 @@ class SimEngine(Configurable):
                 schedule_conservativeness=config.schedule_conservativeness,
                 replan_iterations=config.replan_iterations,
                 abort_extra_steps=self.curve.abort_extra_steps,
+                policy="vllm" if self.curve.engine == "vllm" else "sglang",  # the measured engine's scheduler
             )
         else:
             self.cost = CostModel(self.hardware, self.model, tp=tp, graph_max_batch=config.cuda_graph_max_bs)
@@ -330,8 +331,17 @@ class SimEngine(Configurable):
         ``engine_iterations`` only."""
         retired = self.failures.retired_passes if self.failures is not None else 0
         replicas = self._replicas
+        steps = retired + sum(r.D + r.extends - r.mixed for r in replicas)
+        if self.settings.policy == "vllm":  # as vLLM's stat logger counts: every step, every sampled token
+            return EngineWork(
+                engine_iterations=steps,
+                decode_iterations=steps,
+                decode_tokens=sum(r.decode_tokens + r.first_tokens for r in replicas),
+                prefill_tokens=sum(r.prefill_tokens for r in replicas),
+                reprefill_tokens=sum(r.reprefill_tokens for r in replicas),
+            )
         return EngineWork(
-            engine_iterations=retired + sum(r.D + r.extends for r in replicas),
+            engine_iterations=steps,
             decode_iterations=sum(r.D for r in replicas),
             decode_tokens=sum(r.decode_tokens for r in replicas),
             prefill_tokens=sum(r.prefill_tokens for r in replicas),
@@ -353,7 +363,7 @@ class SimEngine(Configurable):
     def forward_passes(self) -> int:
         """Forward passes run so far, over every replica: decode iterations plus extend batches."""
         retired = self.failures.retired_passes if self.failures is not None else 0
-        return retired + sum(r.D + r.extends for r in self._replicas)
+        return retired + sum(r.D + r.extends - r.mixed for r in self._replicas)
 
     def export_state(self) -> dict[str, Any]:
         if any(r.outstanding for r in self._replicas):

@@ -62,6 +62,11 @@ class ReplicaSettings:
     #: Decode steps a running request makes after an abort reaches it: SGLang runs one more (1); an
     #: engine that returns at the end of the step in progress (the embedded one, vLLM, the fake) 0.
     abort_extra_steps: int = 1
+    #: ``sglang`` (the default: admission reserves for max_new_tokens, prefill and decode in separate
+    #: forwards, retraction of the requests with the fewest output tokens) or ``vllm`` (vLLM v1's
+    #: scheduler: admission on the prompt's KV alone, waiting prefills ride in the running requests'
+    #: decode step, and the most recently admitted request is preempted when a step finds no free KV).
+    policy: str = "sglang"
 
 
 @dataclass(slots=True, eq=False)
@@ -83,6 +88,8 @@ class _Req:
     cached: int = 0
     #: ``(version, tokens)`` produced before each weight update that landed while it was live.
     runs: list[tuple[int, int]] = field(default_factory=list)
+    #: When it last joined the running batch (the vLLM policy preempts the latest first).
+    admitted: int = 0
 
     @property
     def context(self) -> int:
@@ -122,6 +129,8 @@ class SimReplica:
         self.reprefill_tokens = 0
         self.decode_batches: dict[int, int] = {}
         self.retractions = 0  # requests sent back to the queue when the pool ran out (preemptions)
+        self.mixed = 0  # vLLM policy: prefill forwards that were also a decode step (one iteration, not two)
+        self.first_tokens = 0  # tokens sampled by the forward that completed a request's prefill
         self.ctx_base = 0  # sum(input_len + g0 - d0) over running; context sum = ctx_base + B*D
         self.kv_used = 0
         self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * settings.schedule_conservativeness)
@@ -252,13 +261,28 @@ class SimReplica:
                 self._resume = self._at_pause = None
                 continue
             self._apply_aborts(loop.time())
+            vllm = self.s.policy == "vllm"
+            if vllm and self.running:
+                self._retract_if_full()  # vLLM schedules the running requests' decode first
             batch = self._plan_prefill()
             if batch.chunks:
                 self._in_batch = [req for req, _, _ in batch.chunks]
                 self.extends += 1
-                await asyncio.sleep(self.cost.prefill_time((off, n) for _, off, n in batch.chunks))
+                decoding = len(self.running) if vllm else 0  # vLLM: their decode rides in this forward
+                seconds = self.cost.prefill_time((off, n) for _, off, n in batch.chunks)
+                if decoding:
+                    seconds += self.cost.decode_run_time(decoding, self.ctx_base + decoding * self.D, 1)
+                await asyncio.sleep(seconds)
                 self._in_batch = []
+                if decoding:
+                    self.mixed += 1
+                    self._advance(1, loop.time(), counted=False)
+                firsts = self.first_tokens
                 self._complete_prefill(batch, loop.time())
+                if vllm and decoding + self.first_tokens - firsts:  # one vLLM step, as its stats see it
+                    sampled = decoding + self.first_tokens - firsts
+                    self.decode_batches[sampled] = self.decode_batches.get(sampled, 0) + 1
+                    self.decode_tokens += decoding
             elif self.running:
                 self._retract_if_full()
                 await self._decode_run(loop)
@@ -308,10 +332,11 @@ class SimReplica:
                 await asyncio.sleep(boundary - loop.time())
         self._advance(k, loop.time())
 
-    def _advance(self, k: int, now: float) -> None:
+    def _advance(self, k: int, now: float, *, counted: bool = True) -> None:
         batch = len(self.running)
-        self.decode_tokens += batch * k
-        self.decode_batches[batch] = self.decode_batches.get(batch, 0) + k
+        if counted:  # a vLLM mixed step counts its decode where it counts its prefill
+            self.decode_tokens += batch * k
+            self.decode_batches[batch] = self.decode_batches.get(batch, 0) + k
         self.D += k
         self.kv_used += len(self.running) * k
         self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - NEW_TOKEN_RATIO_DECAY * k)
@@ -335,13 +360,24 @@ class SimReplica:
                 return batch
         if not self.waiting or budget <= 0:
             return batch
-        free = self.s.kv_capacity - self.kv_used - self._running_reserve()
+        vllm = self.s.policy == "vllm"
+        free: float
+        if vllm:  # the running requests' decode takes a KV slot and a token of the step's budget each
+            free = self.s.kv_capacity - self.kv_used - len(self.running)
+            budget -= len(self.running)
+        else:
+            free = self.s.kv_capacity - self.kv_used - self._running_reserve()
         admitted = len(self.running) + len(batch.chunks)
         while self.waiting and budget > 0 and admitted < self.s.max_running:
             req = self.waiting[0]
             extend = req.context
-            # SGLang cannot know the replayed length: it reserves for max_new_tokens.
-            need = extend + min(req.request.max_new_tokens - req.generated, CLIP_MAX_NEW_TOKENS)
+            # SGLang cannot know the replayed length: it reserves for max_new_tokens.  vLLM admits on
+            # the prompt's KV alone and preempts later when a decode step finds none.
+            need = (
+                extend + 1
+                if vllm
+                else extend + min(req.request.max_new_tokens - req.generated, CLIP_MAX_NEW_TOKENS)
+            )
             # SGLang's rule, except that an empty replica takes any request that fits at all.
             if not (need < free or (admitted == 0 and extend + 1 <= free)):
                 break
@@ -378,6 +414,7 @@ class SimReplica:
             if self.chunked is req:
                 self.chunked = None
             req.generated += 1  # the extend forward samples the first new token
+            self.first_tokens += 1
             self.kv_used += 1
             if req.t_first is None:
                 req.t_first = now
@@ -392,6 +429,7 @@ class SimReplica:
         req.state = _RUNNING
         req.d0, req.g0 = self.D, req.generated
         req.d_finish = self.D + (req.target - req.generated)
+        req.admitted = self._seq + 1
         self.running[id(req)] = req
         self.ctx_base += req.request.input_len + req.g0 - req.d0
         self._seq += 1
@@ -454,12 +492,15 @@ class SimReplica:
         batch = len(self.running)
         if self.s.kv_capacity - self.kv_used >= batch:
             return
-        order = sorted(self.running.values(), key=lambda r: (self.D - r.d0 + r.g0, -r.request.input_len))
+        vllm = self.s.policy == "vllm"
+        if vllm:  # vLLM: preempt the latest admitted until this one step fits
+            order = sorted(self.running.values(), key=lambda r: -r.admitted)
+            steps = 1
+        else:  # SGLang: the fewest output tokens first (ties: longest prompt), until 20 steps fit
+            order = sorted(self.running.values(), key=lambda r: (self.D - r.d0 + r.g0, -r.request.input_len))
+            steps = RETRACT_DECODE_STEPS
         for req in order:
-            if (
-                len(self.running) <= 1
-                or self.s.kv_capacity - self.kv_used >= len(self.running) * RETRACT_DECODE_STEPS
-            ):
+            if len(self.running) <= 1 or self.s.kv_capacity - self.kv_used >= len(self.running) * steps:
                 break
             del self.running[id(req)]
             req.generated = req.g0 + (self.D - req.d0)
@@ -472,12 +513,17 @@ class SimReplica:
                 self._deliver(req, FinishReason.ABORT, self._now())
                 continue
             req.state = _WAITING
-            self.waiting.append(req)
+            if vllm:
+                self.waiting.appendleft(req)  # vLLM puts a preempted request first in line
+            else:
+                self.waiting.append(req)
         if self.s.kv_capacity - self.kv_used < len(self.running):
             raise EngineError(
                 f"replica {self.index}: one request needs more KV than the pool holds "
                 f"({self.s.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
             )
+        if vllm:
+            return  # no SGLang new-token ratio to reset
         remaining = list(self.running.values())
         decoded = sum(r.g0 + self.D - r.d0 for r in remaining)
         max_new = sum(r.request.max_new_tokens for r in remaining) or 1
