@@ -409,6 +409,12 @@ def render_tables(
     config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
 ) -> str:
     kind = "SIMULATED (simulator, published-evidence parameters; no accuracy)" if simulated else "MEASURED"
+    oracle = config.get("length_oracle")
+    if oracle:
+        kind += (
+            f", FORCED LENGTHS (every response's length and reward drawn from {oracle}: the schedule is "
+            "measured, the rewards and accuracy are not the model's)"
+        )
     columns, rows, assumes = results_table(config, summary, simulated)
     paper = render_markdown(columns, rows) + (f"\n\n{assumes}" if assumes else "")
     detail = render_markdown(DETAIL_COLUMNS, detail_table(summary))
@@ -429,7 +435,7 @@ def render_tables(
             f"+-{GAIN_TOLERANCE * 100:.0f} points: the machine was noisy; rerun with more --repeats or "
             "smaller --block-steps"
         )
-    label = kind.split()[0].lower()
+    label = kind.split()[0].rstrip(",").lower()
     text = f"## Results: {kind}\n\n{setup}\n\n"
     if not simulated:  # the paired median leads; the ratio of totals is secondary
         headline = render_markdown(HEADLINE_COLUMNS, headline_table(summary))
