@@ -54,6 +54,7 @@ from typing import Any
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import Engine
 from april_bench.experiment_config import ExperimentConfig
+from april_bench.results.store import write_json_atomic, write_text_atomic
 
 __all__ = [
     "WIDE_INTERVAL",
@@ -568,7 +569,7 @@ def run_simcheck(
         if not rows:
             raise ConfigError("simcheck: the trace run trained no sample; lengthen it with --trace-steps")
         trace_path = out / "trace.jsonl"
-        trace_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_text_atomic(trace_path, "".join(json.dumps(r) + "\n" for r in rows))
         trace_info = {"seed": seed, "steps": steps, "samples": len(rows)}
 
     say("simcheck 3/4: predicting every arm with the simulator, sealed before any measured arm runs")
@@ -587,8 +588,9 @@ def run_simcheck(
         "cost_curve": curve.to_json(),
         "arms": predicted,
     }
-    blob = (json.dumps(prediction, indent=2, sort_keys=True) + "\n").encode()
-    (out / "prediction.json").write_bytes(blob)
+    text = json.dumps(prediction, indent=2, sort_keys=True) + "\n"
+    write_text_atomic(out / "prediction.json", text)
+    blob = text.encode()
     sealed = {
         "result_kind": "measured and simulated",
         "state": "predicted; measuring",
@@ -596,7 +598,7 @@ def run_simcheck(
         "prediction_utc": prediction["utc"],
         "prediction_file": "prediction.json",
     }
-    _write_json(out / "simcheck.json", sealed)
+    write_json_atomic(out / "simcheck.json", sealed)
 
     say("simcheck 4/4: measuring every arm (interleaved, repeated as `run` does)")
     built: list[Any] = []
@@ -672,17 +674,11 @@ def run_simcheck(
         "cpu_time_model": None if cpu_model is None else {k: v for k, v in cpu_model.items() if k != "arms"},
         "arms": arms,
     }
-    _write_json(out / "simcheck.json", data)
-    (out / "simcheck.md").write_text(render_simcheck(data) + "\n")
+    write_json_atomic(out / "simcheck.json", data)
+    write_text_atomic(out / "simcheck.md", render_simcheck(data) + "\n")
     if validation_log is not None:
         _append_log(validation_log, data, out)
     return SimcheckResult(data)
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _append_log(path: Path, data: Mapping[str, Any], out: Path) -> None:

@@ -63,7 +63,7 @@ def cmd_simcheck(args: argparse.Namespace) -> int:
         raise ConfigError(f"--tolerance must be a share in [0, 1), e.g. 0.03; got {args.tolerance}")
     config = config_from_args(args)
     name = "simcheck-" + default_run_name(config.hardware, config.algorithm, config.dataset)
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
+    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, kind="simcheck")
     result = run_simcheck(
         config,
         out,

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from april_bench.machine import detect_accelerators, gpu_info, installed_engines
+from april_bench.machine import detect_accelerators, installed_engines
+from april_bench.telemetry.gpu_facts import gpu_info
 from april_bench.threads import DEFAULT_CPU_THREADS, threads_in_use
 
 __all__ = [
