@@ -655,6 +655,7 @@ def run_simcheck(
         verdict, why = "fail", "outside the tolerance: " + ", ".join(failed)
     else:
         verdict, why = "pass", f"every counted quantity within {tolerance:.0%}"
+    notes = _notes(components.engine_name, curve, predicted, measured)
     provenance = stored.provenance
     data = {
         **sealed,
@@ -673,6 +674,7 @@ def run_simcheck(
         "cost_curve": curve.to_json(),
         "cpu_time_model": None if cpu_model is None else {k: v for k, v in cpu_model.items() if k != "arms"},
         "arms": arms,
+        "notes": notes,
     }
     write_json_atomic(out / "simcheck.json", data)
     write_text_atomic(out / "simcheck.md", render_simcheck(data) + "\n")
@@ -708,6 +710,33 @@ def _append_log(path: Path, data: Mapping[str, Any], out: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def _notes(engine: str, curve: Any, predicted: Mapping[str, Any], measured: Mapping[str, Any]) -> list[str]:
+    """What the simulator cannot see in this comparison, said where it shows."""
+    notes = []
+    for label, m in measured.items():
+        p = predicted[label]
+        if m.get("deterministic") is False and m.get("aborted_requests_per_step") != p.get(
+            "aborted_requests_per_step"
+        ):
+            notes.append(
+                f"{label}: {engine}'s engine core steps on in its own process while this process handles "
+                "outputs and sends aborts, so under load an abort lands iterations late and requests it "
+                "meant to stop run on (aborted requests per step: predicted "
+                f"{p.get('aborted_requests_per_step'):.2f}, measured "
+                f"{m.get('aborted_requests_per_step'):.2f}); "
+                "the simulator reacts at once and cannot predict that lag: the schedule it predicts is the "
+                "one an idle client would get"
+            )
+        if engine == "vllm" and (m.get("preemptions_per_step") or p.get("preemptions_per_step")):
+            notes.append(
+                f"{label}: the simulator counts the KV pool ({curve.kv_capacity_tokens:,} tokens) token by "
+                "token; vLLM allocates it in blocks, so a request holds up to a block more than its tokens "
+                "and preemptions come earlier and in other places than predicted: the preemption count is an "
+                "approximation"
+            )
+    return notes
 
 
 def _utc() -> str:
@@ -807,6 +836,8 @@ def render_simcheck(data: Mapping[str, Any]) -> str:
             ],
         ),
     ]
+    if data.get("notes"):
+        lines += ["", "What the simulator cannot see here:", ""] + [f"* {n}" for n in data["notes"]]
     model = data.get("cpu_time_model")
     timed = [a for a in data["arms"] if a.get("cpu_time")]
     if model is not None and timed:
