@@ -10,7 +10,8 @@
 #   4. tests     pytest -m gpu (CUDA graphs, weight updates, NVML, megatron on cuda)
 #   5. run       a short sync-vs-APRIL run of the synthetic task at the 1.5B shape, hf engine and
 #                torch trainer on the GPU, NVML telemetry on (`run ... --telemetry auto`)
-#   6. simcheck  the simulator's prediction against the same engine (`simcheck --engine hf`)
+#   6. simcheck  the simulator's prediction against the same engine at forced paper-shaped lengths
+#                (`simcheck --engine hf --length-oracle deepscaler`): pass/fail on the counted schedule
 #
 # Everything lands in $WORK (default runs/gpu-recipe); after every stage the whole folder is packed
 # into $PACK (default $WORK.tar.gz), so a stage killed by its limit keeps the ones before it.
@@ -91,5 +92,6 @@ stage tests 100 env -u TORCH_ALLOW_TF32_CUBLAS_OVERRIDE $PY -m pytest -q -p no:c
 # shellcheck disable=SC2086
 stage run 150 $PY -m april_bench run $COMMON --strategies sync,april $RUN_SIZES --telemetry auto --out "$WORK/run-synthetic-$MODEL"
 # shellcheck disable=SC2086
-stage simcheck 100 $PY -m april_bench simcheck $COMMON $SIM_SIZES --out "$WORK/simcheck-hf-$DEVICE"
+stage simcheck 100 $PY -m april_bench simcheck $COMMON $SIM_SIZES --length-oracle deepscaler \
+  --validation-log "$WORK/simcheck-log.jsonl" --out "$WORK/simcheck-hf-$DEVICE"
 echo "packed: $PACK"
