@@ -297,3 +297,15 @@ def test_simcheck_under_results_checks_the_tree_once_for_its_whole_directory(tmp
     with pytest.raises(ConfigError, match="commit them first"):
         monkeypatch.setattr(provenance, "git_info", lambda path=None, **kw: {"commit": "abc", "dirty": True})
         run_simcheck(_config(FAKE_RUN), tmp_path / "results" / "validation" / "other")
+
+
+def test_a_dirty_reference_simcheck_is_refused_before_its_directory_is_claimed(tmp_path, monkeypatch, capsys):
+    from april_bench.cli import main
+    from april_bench.results import provenance
+
+    monkeypatch.setattr(provenance, "source_root", lambda: tmp_path)
+    monkeypatch.setattr(provenance, "git_info", lambda path=None, **kw: {"commit": "abc", "dirty": True})
+    out = tmp_path / "results" / "validation" / "simcheck-x"
+    assert main(["simcheck", *FORCED_RUN, "--no-progress", "--out", str(out)]) == 2
+    assert "commit them first" in capsys.readouterr().err
+    assert not out.exists()  # nothing claimed, nothing left behind

@@ -63,6 +63,10 @@ def cmd_simcheck(args: argparse.Namespace) -> int:
         raise ConfigError(f"--tolerance must be a share in [0, 1), e.g. 0.03; got {args.tolerance}")
     config = config_from_args(args)
     name = "simcheck-" + default_run_name(config.hardware, config.algorithm, config.dataset)
+    if args.out is not None:  # a reference simcheck from a dirty tree: refused before claiming the directory
+        from april_bench.runner import check_reference_run
+
+        check_reference_run(args.out, allow_dirty=args.allow_dirty)
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, kind="simcheck")
     result = run_simcheck(
         config,
