@@ -733,8 +733,9 @@ def _notes(engine: str, curve: Any, predicted: Mapping[str, Any], measured: Mapp
             notes.append(
                 f"{label}: the simulator counts the KV pool ({curve.kv_capacity_tokens:,} tokens) token by "
                 "token; vLLM allocates it in blocks, so a request holds up to a block more than its tokens "
-                "and preemptions come earlier and in other places than predicted: the preemption count is an "
-                "approximation"
+                "and preemptions come earlier and in other places than predicted; its prompt-token counter "
+                "counts a preempted request's prompt once, the simulator every recomputation: the "
+                "preemption and prefill counts are approximations"
             )
     return notes
 
