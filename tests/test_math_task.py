@@ -253,11 +253,11 @@ def test_simulator_prompt_profiles_match_the_data(dataset: str, path: str, share
     import statistics
 
     from april_bench.data import prompt_lengths
-    from april_bench.sim.workload import DATASETS
+    from april_bench.sim.workload import DATASET_PROFILES
 
     measured, _ = prompt_lengths(load(dataset, shared_data / path))
     median = statistics.median(measured)
-    assert DATASETS.get(dataset).prompt_median == pytest.approx(median, rel=0.15)
+    assert DATASET_PROFILES.get(dataset).prompt_median == pytest.approx(median, rel=0.15)
 
 
 def test_sim_run_with_a_data_path_records_it(shared_data: Path, tmp_path: Path) -> None:
