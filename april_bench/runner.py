@@ -248,6 +248,8 @@ def execute(
             metadata=metadata,
             out=out,
         )
+        if components.task.forced_lengths is not None:  # --length-oracle: what the lengths were drawn from
+            provenance["forced_lengths"] = components.task.forced_lengths
         write_json_atomic(out / "config.json", config.to_dict())
         write_json_atomic(provenance_path, provenance)
     else:
