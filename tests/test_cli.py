@@ -228,6 +228,7 @@ def test_cli_flags_stay_few() -> None:
             "--trainer-arg",
             "--warmstart-arg",
             "--workload-arg",
+            "--length-oracle",  # forced lengths and rewards from a seeded draw (docs/results-schema.md)
             "--task-arg",
             "--data-path",
             "--eval-datasets",
