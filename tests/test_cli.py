@@ -208,7 +208,6 @@ def test_cli_flags_stay_few() -> None:
             "--trainer",
             "--strategies",
             "--baseline",
-            "--length-oracle",  # forced-length runs (docs/usage.md): lengths and rewards from a profile
             "--steps",
             "--seed",
             "--rollout-batch-size",
