@@ -79,7 +79,7 @@ def test_run_with_vllm_generates_the_length_oracles_lengths(tmp_path: Path) -> N
 
     out = tmp_path / "run"
     env = {**os.environ, "APRIL_BENCH_CACHE": os.environ.get("APRIL_BENCH_CACHE", str(tmp_path / "cache"))}
-    forced = [*SMALL, "--length-oracle", "deepscaler", "--eval-every", "100"]
+    forced = [*embedded_flags(strategies="april", eval_every=100), "--length-oracle", "deepscaler"]
     proc = subprocess.run(
         [sys.executable, "-m", "april_bench", "run", "--engine", "vllm", *forced, "--out", str(out)],
         capture_output=True,
@@ -89,7 +89,7 @@ def test_run_with_vllm_generates_the_length_oracles_lengths(tmp_path: Path) -> N
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     oracle = LengthOracle("deepscaler", seed=0, n_samples_per_prompt=4, max_response_len=48)
-    finished = [s for s in rows(out, "samples") if s["status"] in ("completed", "truncated")]
+    finished = [s for s in table_rows(out, "samples") if s["status"] in ("completed", "truncated")]
     assert finished
     for s in finished:
         target = oracle.length(s["group_uid"], s["sample_index"])
