@@ -54,7 +54,7 @@ import torch
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.hf.cache import SlotKVCache
-from april_bench.engines.hf.sampling import position_uniform, sample
+from april_bench.engines.hf.sampling import position_uniform, sample, sample_sort_free
 from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
     Completion,
@@ -680,13 +680,23 @@ class HFEngine(Configurable):
             for i, flag in enumerate(replaying):
                 if flag:
                     banned[i, eos] = True
-        tokens, logprobs = sample(
-            logits,
-            torch.tensor([p.temperature for p in sp], device=logits.device),
-            torch.tensor([p.top_p for p in sp], device=logits.device),
-            torch.tensor([position_uniform(s.seed, s.context) for s in seqs], device=logits.device),
-            banned,
-        )
+        temperature = torch.tensor([p.temperature for p in sp], device=logits.device)
+        top_p = torch.tensor([p.top_p for p in sp], device=logits.device)
+        uniforms = torch.tensor([position_uniform(s.seed, s.context) for s in seqs], device=logits.device)
+        if self._fused is not None:  # the decode steps' sampler, so a resumed sequence draws as it would have
+            assert self._static is not None
+            tokens, logprobs = sample_sort_free(
+                logits,
+                temperature,
+                top_p,
+                uniforms,
+                torch.tensor(replaying, device=logits.device) & self._static.has_eos,
+                self._static.ban_tokens,
+                nucleus=any(p.top_p < 1 for p in sp),
+                threshold=self._fused.ops.top_p_threshold,
+            )
+        else:
+            tokens, logprobs = sample(logits, temperature, top_p, uniforms, banned)
         self._counters["generation_tokens"] += len(seqs)
         for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
             seq.tokens.append(token)
