@@ -18,6 +18,8 @@ runs all of this on a CPU (``tests/test_hf_triton.py``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +27,9 @@ import triton.language as tl
 from april_bench.engines.hf.kernels import THRESHOLD_ROUNDS
 
 __all__ = ["TritonOps"]
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _pow2(n: int) -> int:
@@ -109,7 +114,7 @@ def _decode_attention_kernel(
     stride_p_b, stride_p_h, stride_p_s, stride_l_b, stride_l_h,
     scale, group, splits,
     HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
-    DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     kv = tl.program_id(1)
@@ -126,6 +131,8 @@ def _decode_attention_kernel(
     q = tl.load(
         Q + row * stride_q_b + heads[:, None] * stride_q_h + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0
     )
+    if DOT_F32:
+        q = q.to(tl.float32)
     base = row * stride_c_s + kv * stride_c_h
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     total = tl.zeros([GROUP_PAD], tl.float32)
@@ -135,6 +142,8 @@ def _decode_attention_kernel(
         t_ok = t < end
         at = base + t[:, None] * stride_c_p + d[None, :]
         k = tl.load(KC + at, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         s = tl.where(t_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -142,6 +151,8 @@ def _decode_attention_kernel(
         p = tl.exp(s - m_new[:, None])
         total = total * alpha + tl.sum(p, axis=1)
         v = tl.load(VC + at, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_F32:
+            v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
     keep = g_ok[:, None] & d_ok[None, :]
@@ -279,7 +290,10 @@ class TritonOps:
         direct = splits == 1
         parts = torch.empty(rows, heads, 1 if direct else splits, dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(rows, heads, 1 if direct else splits, dtype=torch.float32, device=q.device)
-        precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        # triton's interpreter multiplies bfloat16 blocks wrongly (it reads their bits as another type):
+        # interpreted, the products run in float32
+        dot_f32 = q.dtype == torch.float32 or _INTERPRETED
+        precision = "ieee" if dot_f32 else "tf32"
         _decode_attention_kernel[(rows, kv_heads, splits)](
             q, keys, values, lengths, out, parts, lse,
             q.stride(0), q.stride(1),
@@ -288,7 +302,7 @@ class TritonOps:
             parts.stride(0), parts.stride(1), parts.stride(2), lse.stride(0), lse.stride(1),
             scale, group, splits,
             HEAD_DIM=dim, DIM_PAD=max(16, _pow2(dim)), GROUP_PAD=max(16, _pow2(group)), BLOCK_T=64,
-            DIRECT=direct, PRECISION=precision,
+            DIRECT=direct, PRECISION=precision, DOT_F32=dot_f32,
         )  # fmt: skip
         if not direct:
             _combine_kernel[(rows, heads)](
