@@ -172,7 +172,9 @@ class LedgerTritonOps(TorchOps):
         return out
 
 
-def profile_step(model: Any, path: str, batch: int, context: int, sm_count: int, nucleus: bool) -> dict[str, Any]:
+def profile_step(
+    model: Any, path: str, batch: int, context: int, sm_count: int, nucleus: bool
+) -> dict[str, Any]:
     """The ledger of one decode step of ``batch`` rows at ``context`` tokens on ``path`` (meta device)."""
     from april_bench.engines.hf.fused import FusedQwen
 
@@ -185,7 +187,9 @@ def profile_step(model: Any, path: str, batch: int, context: int, sm_count: int,
     if path == "fused":
         fused = FusedQwen(model, cache, kernels="torch")
         fused.ops = LedgerTritonOps(ledger, context, sm_count)
-    decoder = StaticDecoder(model, cache, eos=frozenset({0}), cuda_graphs=False, max_graph_batch=batch, fused=fused)
+    decoder = StaticDecoder(
+        model, cache, eos=frozenset({0}), cuda_graphs=False, max_graph_batch=batch, fused=fused
+    )
     forward_owner: Any = fused if fused is not None else model
     name = "decode" if fused is not None else "forward"
     original = getattr(forward_owner, name)
@@ -239,7 +243,14 @@ def _floor_us(point: dict[str, Any], category: str, bw: float, flops: float) -> 
     return 1e6 * max(point["bytes"].get(category, 0.0) / bw, point["flops"].get(category, 0.0) / flops)
 
 
-CATEGORIES = ("matrix products", "lm head", "attention", "norms, rotary, other", "KV store", "sampler + state")
+CATEGORIES = (
+    "matrix products",
+    "lm head",
+    "attention",
+    "norms, rotary, other",
+    "KV store",
+    "sampler + state",
+)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -278,7 +289,8 @@ def render(result: dict[str, Any]) -> str:
     ]
     return "\n".join(
         [
-            f"# hf decode step, counted: {result['model']} at {result['context']} tokens of context (COUNTED, no GPU)",
+            f"# hf decode step, counted: {result['model']} at {result['context']} tokens of context "
+            "(COUNTED, no GPU)",
             "",
             f"{result['label']}; top_p {result['top_p']:g}.  Floors at {result['hardware']}'s peak: "
             f"{bw / 1e12:.2f} TB/s, {peak / 1e12:,.0f} TFLOP/s (each category: max of bytes/bandwidth and "
@@ -298,14 +310,18 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="r1-distill-qwen-1.5b")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--context", type=int, default=528, help="tokens per row (hf_bench --mbu: 512 + 16)")
     parser.add_argument("--decode-paths", default="static,fused")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--hw", default="h100", help="hardware profile for the floors")
-    parser.add_argument("--sm-count", type=int, default=132, help="the GPU's SMs (split-KV factor): H100 SXM 132")
+    parser.add_argument(
+        "--sm-count", type=int, default=132, help="the GPU's SMs (split-KV factor): H100 SXM 132"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     args = parser.parse_args(argv)
     result = measure(args)

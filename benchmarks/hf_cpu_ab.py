@@ -56,7 +56,14 @@ def child(args: argparse.Namespace) -> None:
             engine.reset_step_times()
             sp = SamplingParams(temperature=1.0, seed=wave)
             requests = [
-                GenerateRequest(f"w{wave}-{i}", 8, args.tokens, sp, input_ids=(1, *[3 + i % 10] * 7), replay_len=args.tokens)
+                GenerateRequest(
+                    f"w{wave}-{i}",
+                    8,
+                    args.tokens,
+                    sp,
+                    input_ids=(1, *[3 + i % 10] * 7),
+                    replay_len=args.tokens,
+                )
                 for i in range(args.batch)
             ]
             tick = time.perf_counter()
@@ -72,7 +79,15 @@ def child(args: argparse.Namespace) -> None:
 
 def _measure(root: Path, path: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", "--path", path, "--batch", str(batch)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "--path",
+        path,
+        "--batch",
+        str(batch),
+    ]
     command += ["--tokens", str(args.tokens), "--waves", str(args.waves)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=root)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -85,9 +100,13 @@ def _interval(ratios: list[float], rng: random.Random) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", default="main", help="git revision of the base arm")
-    parser.add_argument("--arms", default="base:eager,head:eager,head:fused", help="tree:decode_path, first = reference")
+    parser.add_argument(
+        "--arms", default="base:eager,head:eager,head:fused", help="tree:decode_path, first = reference"
+    )
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--tokens", type=int, default=64, help="replayed response tokens per request")
     parser.add_argument("--waves", type=int, default=3, help="measured waves per process (median)")
@@ -118,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
             for batch in batches:
                 order = arms[r % len(arms) :] + arms[: r % len(arms)]
                 for tree, path in order:
-                    runs.setdefault((f"{tree}:{path}", batch), []).append(_measure(roots[tree], path, batch, args))
+                    runs.setdefault((f"{tree}:{path}", batch), []).append(
+                        _measure(roots[tree], path, batch, args)
+                    )
             print(f"round {r + 1}/{args.rounds} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
     rng = random.Random(0)
     reference = f"{arms[0][0]}:{arms[0][1]}"
@@ -161,11 +182,12 @@ def main(argv: list[str] | None = None) -> None:
         [
             "# hf engine decode on this CPU: arms side by side (MEASURED)",
             "",
-            f"Base `{base_commit[:12]}` against this tree (commit `{provenance['git']['commit'][:12]}`, dirty: "
-            f"{provenance['git']['dirty']}), {provenance['machine']['cpu']}, {provenance['utc']}.  "
-            f"`tiny` (17-token vocabulary, float32, one thread), 8-token prompts, {args.tokens} replayed tokens; "
-            f"per process a warm-up wave then the median of {args.waves}; {args.rounds} rounds, arms interleaved in "
-            f"rotating order.  Ratios are to `{reference}` within each round: median [bootstrap 95% interval].  "
+            f"Base `{base_commit[:12]}` against this tree (commit `{provenance['git']['commit'][:12]}`, "
+            f"dirty: {provenance['git']['dirty']}), {provenance['machine']['cpu']}, {provenance['utc']}.  "
+            f"`tiny` (17-token vocabulary, float32, one thread), 8-token prompts, {args.tokens} replayed "
+            f"tokens; per process a warm-up wave then the median of {args.waves}; {args.rounds} rounds, arms "
+            f"interleaved in rotating order.  Ratios are to `{reference}` within each round: median "
+            "[bootstrap 95% interval].  "
             f"Load average {load_start[0]:.1f} at the start, {result['load_average_end'][0]:.1f} at the end "
             f"({provenance['machine']['cpu_count']} cores, shared).",
             "",

@@ -85,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--context", type=int, default=512, help="prompt tokens per request")
     group.add_argument("--steps", type=int, default=32, help="decode steps per measured run")
     group.add_argument("--decode-paths", default="eager,static,fused", help="comma-separated hf decode paths")
-    group.add_argument("--top-p", type=float, default=1.0, help="requests' top-p (1: the sort-free sampler's fast path)")
+    group.add_argument(
+        "--top-p", type=float, default=1.0, help="requests' top-p (1: the sort-free sampler's fast path)"
+    )
     group.add_argument("--hw", default=None, help="peak-bandwidth profile (default: from the device name)")
 
 
@@ -243,7 +245,9 @@ def render(result: dict[str, Any], provenance: dict[str, Any]) -> str:
                     f"{p['kv_bytes'] / 1e6:,.2f}",
                     f"{p['mbu']:.2%}",
                     "-" if p.get("target_ms") is None else f"{p['target_ms']:g}",
-                    "-" if p.get("target_ms") is None else ("yes" if p["step_ms"] <= p["target_ms"] else "NO"),
+                    "-"
+                    if p.get("target_ms") is None
+                    else ("yes" if p["step_ms"] <= p["target_ms"] else "NO"),
                 ]
                 for p in result["points"]
             ],
@@ -254,15 +258,24 @@ def render(result: dict[str, Any], provenance: dict[str, Any]) -> str:
             f"{path}: {r['device']} {r['dtype']} ({r.get('decode_path', path)} path"
             + (f", {r['fused_kernels']} kernels" if r.get("fused_kernels") else "")
             + f"), {r['cuda_graphs_captured']} CUDA graphs"
-            + (f" captured in {r['capture_seconds_at_start']:.1f} s at start" if r["cuda_graphs_captured"] else "")
+            + (
+                f" captured in {r['capture_seconds_at_start']:.1f} s at start"
+                if r["cuda_graphs_captured"]
+                else ""
+            )
             + (f" (capture failed: {r['cuda_graph_error']})" if r["cuda_graph_error"] else "")
-            + (f", {r['per_sequence_us']:.1f} us per extra sequence" if r.get("per_sequence_us") is not None else "")
+            + (
+                f", {r['per_sequence_us']:.1f} us per extra sequence"
+                if r.get("per_sequence_us") is not None
+                else ""
+            )
             for path, r in result["runtime"].items()
         ),
         "",
         f"Targets (issue 33): <= {TARGET['step_ms'][1]:g} ms per decode step at batch 1 and <= "
         f"{TARGET['step_ms'][64]:g} ms at batch 64 for {TARGET['model']} on one {TARGET['hardware'].upper()} "
-        f"(bf16, 512-token prompts: `--device cuda --model {TARGET['model']}`); requests' top-p {result['top_p']:g}.",
+        f"(bf16, 512-token prompts: `--device cuda --model {TARGET['model']}`); requests' top-p "
+        f"{result['top_p']:g}.",
     ]
     return "\n".join(lines)
 

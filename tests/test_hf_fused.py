@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_hf_static import PROMPTS, VOCAB, _engine, _generate, _mixed_requests
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from april_bench.config import ConfigError
@@ -33,7 +34,6 @@ from april_bench.engines.hf.sampling import position_uniforms, sample_banning, s
 from april_bench.engines.protocol import Completion, GenerateRequest, SamplingParams, WeightUpdate
 from april_bench.models.zoo import build_model
 from april_bench.vtime import run_real
-from test_hf_static import PROMPTS, VOCAB, _engine, _generate, _mixed_requests
 
 CPU = torch.device("cpu")
 
@@ -180,7 +180,9 @@ def _chi_square_ok(counts: torch.Tensor, probs: torch.Tensor) -> bool:
     return stat < bound
 
 
-def _draws(sampler: str, logits: torch.Tensor, top_p: float, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _draws(
+    sampler: str, logits: torch.Tensor, top_p: float, n: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` tokens for one row of logits, each with its position-keyed uniform (as the engine draws)."""
     rows = logits.expand(n, -1)
     temperature = torch.full((n,), 0.8)
@@ -208,7 +210,7 @@ def test_the_sort_free_sampler_draws_the_sorted_samplers_distribution(top_p: flo
     assert set(free_tokens.tolist()) <= set(kept.nonzero().flatten().tolist())
     assert _chi_square_ok(_frequencies(sorted_tokens, vocab), nucleus)
     assert _chi_square_ok(_frequencies(free_tokens, vocab), nucleus)
-    # one uniform, two orders: mostly different tokens (so the test above is not comparing a sampler to itself)
+    # one uniform, two orders: mostly different tokens (the test above does not compare a sampler to itself)
     assert (sorted_tokens != free_tokens).float().mean() > 0.3
     # log-probs are the model's (before top-p), whichever sampler drew the token
     logp = torch.log_softmax(logits / 0.8, dim=-1)
@@ -260,7 +262,9 @@ def test_a_uniform_that_rounds_up_to_the_total_never_draws_a_weightless_token() 
     ban = torch.zeros(1, dtype=torch.bool)
     eos = torch.zeros(4, dtype=torch.bool)
     for u in (0.0, 0.5, 1.0 - 2**-24, 1.0):
-        token, _ = sample_sort_free(logits, torch.ones(1), torch.ones(1), torch.tensor([u]), ban, eos, nucleus=False)
+        token, _ = sample_sort_free(
+            logits, torch.ones(1), torch.ones(1), torch.tensor([u]), ban, eos, nucleus=False
+        )
         assert int(token) in (0, 1), u
 
 
@@ -317,7 +321,9 @@ def test_the_fused_path_counts_only_steps_that_produce_tokens(late: bool) -> Non
 
 @pytest.mark.parametrize("late", [False, True], ids=["read-now", "read-late"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-def test_a_fused_abort_returns_partials_and_a_resume_continues_exactly(late: bool, temperature: float) -> None:
+def test_a_fused_abort_returns_partials_and_a_resume_continues_exactly(
+    late: bool, temperature: float
+) -> None:
     sp = SamplingParams(temperature=temperature, seed=11)
     total = 30
 
@@ -327,7 +333,10 @@ def test_a_fused_abort_returns_partials_and_a_resume_continues_exactly(late: boo
     async def main() -> tuple[dict[str, Completion], dict[str, Completion], dict[str, Completion]]:
         engine = _engine(decode_path="fused", read_done_late=late)
         await engine.start()
-        full = {c.request_id[1:]: c async for c in engine.generate([req(f"f{i}", p, total) for i, p in enumerate(PROMPTS)])}
+        full = {
+            c.request_id[1:]: c
+            async for c in engine.generate([req(f"f{i}", p, total) for i, p in enumerate(PROMPTS)])
+        }
         stream = engine.generate([req(f"p{i}", p, total) for i, p in enumerate(PROMPTS)])
         start = engine.metrics()["decode_steps"]
         while engine.metrics()["decode_steps"] < start + 5:
@@ -337,7 +346,10 @@ def test_a_fused_abort_returns_partials_and_a_resume_continues_exactly(late: boo
         rest = {
             c.request_id[1:]: c
             async for c in engine.generate(
-                [req(f"r{i}", p + parts[str(i)].output_ids, total - parts[str(i)].num_tokens) for i, p in enumerate(PROMPTS)]
+                [
+                    req(f"r{i}", p + parts[str(i)].output_ids, total - parts[str(i)].num_tokens)
+                    for i, p in enumerate(PROMPTS)
+                ]
             )
         }
         await engine.close()

@@ -178,7 +178,9 @@ def test_the_engine_decodes_with_the_triton_kernels() -> None:
     for rid, c in eager.items():
         if rid.startswith("g"):
             assert c.output_ids[:8] == fused[rid].output_ids[:8], rid
-            assert torch.allclose(torch.tensor(c.logprobs[:8]), torch.tensor(fused[rid].logprobs[:8]), atol=1e-4)
+            assert torch.allclose(
+                torch.tensor(c.logprobs[:8]), torch.tensor(fused[rid].logprobs[:8]), atol=1e-4
+            )
     assert {rid: c.num_tokens for rid, c in eager.items() if c.finish_reason.value == "length"} == {
         rid: fused[rid].num_tokens for rid, c in eager.items() if c.finish_reason.value == "length"
     }

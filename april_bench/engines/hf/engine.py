@@ -285,7 +285,9 @@ class HFEngine(Configurable):
                 fused=self._fused,
             )
             late = self.config.read_done_late
-            self._lag = int(late if late is not None else (self._fused is not None and self.device.type == "cuda"))
+            self._lag = int(
+                late if late is not None else (self._fused is not None and self.device.type == "cuda")
+            )
             tick = time.perf_counter()
             with torch_threads(self.threads):
                 self._static.capture_all()  # every graph before the first request (fused forward on cuda)
@@ -371,7 +373,8 @@ class HFEngine(Configurable):
             self._load_checkpoint_weights(load_state_dict(update.path))
         if self._fused is not None and not self._fused.weights_shared():
             raise EngineError(
-                "hf engine: the model's q/k/v or gate/up parameters were replaced, not copied into; the fused "
+                "hf engine: the model's q/k/v or gate/up parameters were replaced, not copied into; the "
+                "fused "
                 "decode path reads them through merged tensors (use decode_path=static)"
             )
         if self.device.type == "cuda":  # load_state_dict only queues the copies: time them here

@@ -1,4 +1,4 @@
-"""A fused forward for the Qwen2 / Qwen3 decoders over the slot KV cache, on the ``transformers`` model's own weights.
+"""A fused forward for Qwen2 / Qwen3 decoders over the slot KV cache, on the ``transformers`` model's weights.
 
 The stock forward runs about 41 operations per layer at decode: seven matrix
 products, two RMSNorms of about eight operations each, the rotary embedding as
@@ -40,6 +40,7 @@ not bit for bit (``tests/test_hf_fused.py`` states the tolerances).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ from april_bench.engines.hf.cache import SlotKVCache
 from april_bench.engines.hf.kernels import make_ops
 
 __all__ = ["FusedQwen", "unsupported"]
+
+log = logging.getLogger(__name__)
 
 #: Rotary types whose tables depend on the sequence length at run time (not a fixed table).
 _DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -99,8 +102,12 @@ def _share(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
     rows = sum(p.shape[0] for p in params)
     row_bytes = first[0].numel() * first.element_size()
     if first.is_contiguous() and all(
-        _same_storage(p, first) and p.is_contiguous() and p.data_ptr() == first.data_ptr() + offset * row_bytes
-        for p, offset in zip(params, [sum(q.shape[0] for q in params[:i]) for i in range(len(params))], strict=True)
+        _same_storage(p, first)
+        and p.is_contiguous()
+        and p.data_ptr() == first.data_ptr() + offset * row_bytes
+        for p, offset in zip(
+            params, [sum(q.shape[0] for q in params[:i]) for i in range(len(params))], strict=True
+        )
     ):
         return torch.empty(0, dtype=first.dtype, device=first.device).set_(
             first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:]), first.stride()
@@ -138,8 +145,11 @@ class FusedQwen:
         with torch.inference_mode():
             cos, sin = model.base_model.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0].clone(), sin[0].clone()
+        self._repeat_chunk_heads = False
         self.sm_count = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 1
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else 1
         )
 
     def _bind_weights(self) -> None:
@@ -156,7 +166,11 @@ class FusedQwen:
             qkv_bias = _share(biases) if all(b is not None for b in biases) else None
             if qkv_bias is None and any(b is not None for b in biases):
                 raise ValueError("q, k and v projections must all have a bias or none")
-            if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None or mlp.down_proj.bias is not None:
+            if (
+                mlp.gate_proj.bias is not None
+                or mlp.up_proj.bias is not None
+                or mlp.down_proj.bias is not None
+            ):
                 raise ValueError("the fused MLP takes no biases")
             self.layers.append(
                 _Layer(
@@ -203,7 +217,9 @@ class FusedQwen:
         return max(1, min(want, 64, math.ceil(self.cache.max_len / 64)))
 
     # ------------------------------------------------------------ forwards
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, *, view: int | None = None) -> torch.Tensor:
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, view: int | None = None
+    ) -> torch.Tensor:
         """Logits [B, V] for one new token per row ``b`` of slots ``0 .. B``, at ``positions[b]``; its key
         and value are stored there.  ``view`` bounds the keys the torch attention reads (at least the
         longest row's ``position + 1``); the Triton kernel reads each row's own and ignores it."""
@@ -218,7 +234,13 @@ class FusedQwen:
             x, residual = ops.add_rms_norm(hidden, residual, layer.ln1, self.eps)
             q = self._qkv_rope_store(i, layer, x, positions, slots)
             a = ops.decode_attention(
-                q, self.cache.keys[i], self.cache.values[i], lengths, scale=self.scale, view=view, splits=splits
+                q,
+                self.cache.keys[i],
+                self.cache.values[i],
+                lengths,
+                scale=self.scale,
+                view=view,
+                splits=splits,
             )
             hidden, residual = self._mlp(layer, F.linear(a, layer.o, layer.o_bias), residual)
         x, _ = ops.add_rms_norm(hidden, residual, self.norm, self.eps)
@@ -233,26 +255,40 @@ class FusedQwen:
         positions = torch.arange(offset, offset + width, device=self.device).repeat(n)
         hidden = F.embedding(ids.reshape(-1), self.embed)
         residual: torch.Tensor | None = None
-        causal: Any
-        if offset == 0:
-            causal = None
-        else:  # a later chunk: query i sees keys up to offset + i (bottom-right aligned)
-            from torch.nn.attention.bias import causal_lower_right
-
-            causal = causal_lower_right(width, offset + width)
         for i, layer in enumerate(self.layers):
             x, residual = ops.add_rms_norm(hidden, residual, layer.ln1, self.eps)
             q = self._qkv_rope_store(i, layer, x, positions, slots)
             q = q.view(n, width, self.heads, self.head_dim).transpose(1, 2)
             k = self.cache.keys[i][start : start + n, :, : offset + width]
             v = self.cache.values[i][start : start + n, :, : offset + width]
-            a = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=causal, is_causal=causal is None, scale=self.scale, enable_gqa=True
-            )
+            a = self._prefill_attention(q, k, v, offset)
             a = a.transpose(1, 2).reshape(n * width, self.heads * self.head_dim)
             hidden, residual = self._mlp(layer, F.linear(a, layer.o, layer.o_bias), residual)
         x, _ = ops.add_rms_norm(hidden, residual, self.norm, self.eps)
         return x.view(n, width, -1)
+
+    def _prefill_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int
+    ) -> torch.Tensor:
+        """Causal attention of ``q`` [n, Hq, w, D] over ``k``/``v`` [n, Hkv, offset + w, D], GQA heads
+        unrepeated.  A later chunk (``offset`` > 0) is bottom-right causal: query i sees keys up to
+        ``offset + i``; where no fused kernel takes that with grouped heads, the key heads are repeated."""
+        if offset == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
+        from torch.nn.attention.bias import causal_lower_right
+
+        causal = causal_lower_right(q.shape[2], k.shape[2])
+        if not self._repeat_chunk_heads:
+            try:
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=causal, scale=self.scale, enable_gqa=True
+                )
+            except RuntimeError as exc:  # no kernel for bottom-right causal with grouped heads here
+                self._repeat_chunk_heads = True
+                log.info("hf fused prefill: repeating KV heads for later chunks (%s)", exc)
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal, scale=self.scale)
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.head, self.head_bias)

@@ -1,4 +1,4 @@
-"""The fused forward's operations, each as plain torch (any device, any dtype) and, on CUDA, one Triton kernel.
+"""The fused forward's operations, each as plain torch (any device and dtype) and, on CUDA, one Triton kernel.
 
 :class:`TorchOps` is the reference: every function computes what the
 ``transformers`` Qwen2/Qwen3 modules compute, in the same order and the same
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 __all__ = ["FusedOps", "TorchOps", "make_ops", "top_p_threshold"]
 
-#: Bisection rounds that pin a float32 threshold in [0, 1] down to one representable value (2**30 > bits(1.0)).
+#: Bisection rounds that pin a float32 threshold in [0, 1] to one representable value (2**30 > bits(1.0)).
 THRESHOLD_ROUNDS = 31
 
 
@@ -208,7 +208,7 @@ def triton_usable(device: torch.device, dtype: torch.dtype) -> str | None:
 
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     if device.type != "cuda" and not interpreted:
-        return f"Triton kernels need a CUDA device (this is {device.type}; TRITON_INTERPRET=1 runs them on a CPU)"
+        return f"Triton kernels need a CUDA device, not {device.type} (TRITON_INTERPRET=1 runs them on a CPU)"
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"Triton kernels take bfloat16, float16 or float32, not {dtype}"
     try:

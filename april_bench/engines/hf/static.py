@@ -136,7 +136,9 @@ class StaticDecoder:
         slots, max_len = cache.slots, cache.max_len
         self.max_len = max_len
         self.stop_width = len(eos) + EXTRA_STOPS
-        self.ints = torch.zeros(slots, _INT_COLUMNS + self.stop_width + max_len, dtype=torch.long, device=self.device)
+        self.ints = torch.zeros(
+            slots, _INT_COLUMNS + self.stop_width + max_len, dtype=torch.long, device=self.device
+        )
         self.floats = torch.zeros(slots, _FLOAT_COLUMNS + max_len, dtype=torch.float32, device=self.device)
         # named views of the two matrices (columns: strided, which elementwise kernels take as they are)
         self.last_token = self.ints[:, _LAST]
@@ -199,8 +201,8 @@ class StaticDecoder:
                 ]
             )
             ints[i, _INT_COLUMNS : _INT_COLUMNS + self.stop_width] = torch.tensor(stops)
-            ints[i, _INT_COLUMNS + self.stop_width : _INT_COLUMNS + self.stop_width + len(a.tokens)] = torch.tensor(
-                list(a.tokens)
+            ints[i, _INT_COLUMNS + self.stop_width : _INT_COLUMNS + self.stop_width + len(a.tokens)] = (
+                torch.tensor(list(a.tokens))
             )
             floats[i, _TEMPERATURE] = a.temperature
             floats[i, _TOP_P] = a.top_p
@@ -249,13 +251,17 @@ class StaticDecoder:
         event = self._read_event if behind_read else None
         if event is None:
             index = device_ints(slots, self.device)
-            both = torch.stack([self.tokens[index, :width].double(), self.logprobs[index, :width].double()]).cpu()
+            both = torch.stack(
+                [self.tokens[index, :width].double(), self.logprobs[index, :width].double()]
+            ).cpu()
         else:
             side = self._side_stream()
             side.wait_event(event)
             with torch.cuda.stream(side):
                 index = device_ints(slots, self.device)
-                gathered = torch.stack([self.tokens[index, :width].double(), self.logprobs[index, :width].double()])
+                gathered = torch.stack(
+                    [self.tokens[index, :width].double(), self.logprobs[index, :width].double()]
+                )
                 both = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
                 both.copy_(gathered, non_blocking=True)
             side.synchronize()
@@ -394,7 +400,7 @@ class StaticDecoder:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             # a warm-up run first (lazy initialisation, Triton compilation, allocator), on a side stream as
-            # torch advises; it writes the same KV and tokens the real step will, and the counters are restored
+            # torch advises; it writes the same KV and tokens the real step will; the counters are restored
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side), torch.inference_mode():

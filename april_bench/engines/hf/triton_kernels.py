@@ -53,7 +53,11 @@ def _add_rms_norm_kernel(
     var = tl.sum(h * h, axis=0) / cols
     normed = (h * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
     w = tl.load(W + offs, mask=mask, other=0.0)
-    tl.store(OUT + row * stride_o + offs, (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(
+        OUT + row * stride_o + offs,
+        (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty),
+        mask=mask,
+    )
 
 
 @triton.jit
@@ -66,7 +70,7 @@ def _rope_store_kernel(
 ):  # fmt: skip
     token = tl.program_id(0)
     head = tl.program_id(1)  # 0 .. heads + kv_heads: query heads, then key heads (with their value head)
-    half: tl.constexpr = HEAD_DIM // 2
+    half = HEAD_DIM // 2
     offs = tl.arange(0, HALF_PAD)
     mask = offs < half
     pos = tl.load(POS + token)
@@ -129,7 +133,9 @@ def _decode_attention_kernel(
     d_ok = d < HEAD_DIM
     heads = kv * group + g
     q = tl.load(
-        Q + row * stride_q_b + heads[:, None] * stride_q_h + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0
+        Q + row * stride_q_b + heads[:, None] * stride_q_h + d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :],
+        other=0.0,
     )
     if DOT_F32:
         q = q.to(tl.float32)
@@ -158,13 +164,21 @@ def _decode_attention_kernel(
     keep = g_ok[:, None] & d_ok[None, :]
     if DIRECT:
         out = acc / total[:, None]
-        tl.store(OUT + row * stride_o_b + heads[:, None] * stride_o_h + d[None, :], out.to(OUT.dtype.element_ty), mask=keep)
+        tl.store(
+            OUT + row * stride_o_b + heads[:, None] * stride_o_h + d[None, :],
+            out.to(OUT.dtype.element_ty),
+            mask=keep,
+        )
     else:
         # an empty split (start >= length) leaves total 0: its log-sum-exp is -inf and it weighs nothing
         has = total > 0
         out = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0)
         lse = tl.where(has, m + tl.log(tl.where(has, total, 1.0)), float("-inf"))
-        tl.store(O_PART + row * stride_p_b + heads[:, None] * stride_p_h + split * stride_p_s + d[None, :], out, mask=keep)
+        tl.store(
+            O_PART + row * stride_p_b + heads[:, None] * stride_p_h + split * stride_p_s + d[None, :],
+            out,
+            mask=keep,
+        )
         tl.store(LSE_PART + row * stride_l_b + heads * stride_l_h + split, lse, mask=g_ok)
 
 
