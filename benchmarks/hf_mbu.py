@@ -89,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--top-p", type=float, default=1.0, help="requests' top-p (1: the sort-free sampler's fast path)"
     )
     group.add_argument("--hw", default=None, help="peak-bandwidth profile (default: from the device name)")
+    group.add_argument(
+        "--profile",
+        action="store_true",
+        help="on cuda, also the GPU time of one step's kernels by category (torch.profiler over eager "
+        "launches of the step a graph holds): where a step's time and its cost per extra sequence go",
+    )
 
 
 def _hardware(device: str, hw: str | None) -> str | None:
@@ -115,6 +121,59 @@ def _peak_bandwidth(device: str, hw: str | None) -> tuple[float, str]:
         return profile.memory_bw, f"{hw}: {profile.sources.get('memory_bw', 'vendor peak')}"
     host = measure_host(1.0)
     return host.memory_bw, "measured on this CPU: float32 copy bandwidth (measure_host), not a vendor peak"
+
+
+#: Kernel-name patterns (lower case) of each category, first match wins.
+KERNEL_CATEGORIES = (
+    ("attention", ("attention", "fmha", "flash", "_combine")),
+    ("sampler", ("sort", "radix", "scan", "softmax", "searchsorted", "argmax", "_top_p", "logsumexp")),
+    ("matrix products", ("gemm", "gemv", "cutlass", "cublas", "sm90_", "sm80_", "nvjet")),
+    ("fused elementwise", ("_add_rms_norm", "_rope_store", "_silu_mul")),
+)
+
+
+def kernel_category(name: str) -> str:
+    lowered = name.lower()
+    return next((cat for cat, keys in KERNEL_CATEGORIES if any(k in lowered for k in keys)), "other")
+
+
+def _kernel_profile(engine: HFEngine, batch: int, context: int, repeats: int = 5) -> dict[str, Any] | None:
+    """GPU microseconds per step by kernel category: the step a graph holds, launched eagerly under
+    torch.profiler (kernel times are the graph's; launch gaps are not counted).  Rows are set to
+    ``context`` tokens, so attention reads what a real step reads; the rows are padding (no live state)."""
+    import torch
+
+    decoder = engine.static_decoder
+    if decoder is None or engine.device.type != "cuda":
+        return None
+    rows = batch
+    if decoder.pad_to_buckets:
+        rows = next((b for b in decoder.batch_buckets if b >= batch), batch)
+    view = (
+        decoder.max_len
+        if not decoder.needs_view
+        else next((b for b in decoder.kv_buckets if b >= context + 1), decoder.max_len)
+    )
+    saved = decoder.ints[:rows].clone()
+    decoder.position[:rows] = context
+    with torch.inference_mode():
+        decoder._step(rows, view, False)  # warm (Triton, cuBLAS handles)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                decoder._step(rows, view, False)
+            torch.cuda.synchronize()
+    decoder.ints[:rows].copy_(saved)
+    decoder.done.zero_()
+    by_category: dict[str, float] = {}
+    kernels = 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kernels += 1
+        category = kernel_category(event.name)
+        by_category[category] = by_category.get(category, 0.0) + event.time_range.elapsed_us() / repeats
+    return {"kernels_per_step": kernels / repeats, "us_by_category": by_category}
 
 
 def _bytes_per_step(engine: HFEngine, batch: int, mean_context: float) -> tuple[float, float]:
@@ -184,6 +243,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         "kv_bytes": kv,
                         "mbu": (weights + kv) / step / peak,
                         "target_ms": target_ms(args.model, hardware, batch),
+                        "kernel_profile": (
+                            _kernel_profile(engine, batch, args.context) if args.profile else None
+                        ),
                     }
                 )
             decoder = engine.static_decoder
@@ -272,12 +334,45 @@ def render(result: dict[str, Any], provenance: dict[str, Any]) -> str:
             for path, r in result["runtime"].items()
         ),
         "",
+        *_profile_lines(result),
         f"Targets (issue 33): <= {TARGET['step_ms'][1]:g} ms per decode step at batch 1 and <= "
         f"{TARGET['step_ms'][64]:g} ms at batch 64 for {TARGET['model']} on one {TARGET['hardware'].upper()} "
         f"(bf16, 512-token prompts: `--device cuda --model {TARGET['model']}`); requests' top-p "
         f"{result['top_p']:g}.",
     ]
     return "\n".join(lines)
+
+
+def _profile_lines(result: dict[str, Any]) -> list[str]:
+    """The kernel-time table (``--profile``), and each category's cost per extra sequence."""
+    points = [p for p in result["points"] if p.get("kernel_profile")]
+    if not points:
+        return []
+    names = ("matrix products", "attention", "fused elementwise", "sampler", "other")
+    rows = [
+        [p["decode_path"], str(p["batch"]), f"{p['kernel_profile']['kernels_per_step']:.0f}"]
+        + [f"{p['kernel_profile']['us_by_category'].get(n, 0.0):,.0f}" for n in names]
+        for p in points
+    ]
+    slopes = []
+    for path in sorted({p["decode_path"] for p in points}):
+        mine = sorted((p for p in points if p["decode_path"] == path), key=lambda p: p["batch"])
+        if len(mine) >= 2 and mine[-1]["batch"] > mine[0]["batch"]:
+            lo, hi = mine[0]["kernel_profile"]["us_by_category"], mine[-1]["kernel_profile"]["us_by_category"]
+            span = mine[-1]["batch"] - mine[0]["batch"]
+            cells = [f"{(hi.get(n, 0.0) - lo.get(n, 0.0)) / span:.2f}" for n in names]
+            slopes.append([path, f"{mine[0]['batch']}..{mine[-1]['batch']}", *cells])
+    return [
+        "GPU time of one step's kernels by category (us; `--profile`: eager launches of the graph's step "
+        "under torch.profiler, launch gaps not counted):",
+        "",
+        render_markdown(("decode path", "batch", "kernels", *names), rows),
+        "",
+        "Kernel microseconds per extra sequence, by category:",
+        "",
+        render_markdown(("decode path", "batches", *names), slopes),
+        "",
+    ]
 
 
 def main(args: argparse.Namespace) -> None:
