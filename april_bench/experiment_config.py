@@ -82,6 +82,12 @@ class ExperimentConfig(BaseConfig):
     telemetry: TelemetryConfig = param(
         help="GPU telemetry of measured runs (NVML or AMD SMI)", default_factory=TelemetryConfig
     )
+    length_oracle: str | None = param(
+        None,
+        help="force every response's length and reward from a length profile (DATASET[@MODEL][opts] or a "
+        "length-trace file): the engine ignores the stop token until the drawn length, so the schedule "
+        "depends on the seed alone (a forced-length run; april_bench/sim/length_oracle.py)",
+    )
 
     def __post_init__(self) -> None:
         from april_bench.data import DATASETS as DATA_SETS  # light: no pyarrow or datasets on import
@@ -128,6 +134,10 @@ class ExperimentConfig(BaseConfig):
             raise ConfigError(f"--eval-every must be >= 1, got {self.eval_every}")
         if self.num_gpus is not None and self.num_gpus < 1:
             raise ConfigError(f"--num-gpus must be >= 1 (or unset for one node), got {self.num_gpus}")
+        if self.length_oracle is not None:
+            from april_bench.sim.length_oracle import parse_profile
+
+            parse_profile(self.length_oracle)  # a bad profile fails here, before anything runs
         for name in (*self.data_paths, *self.eval_datasets):
             if name not in DATA_SETS:
                 raise ConfigError(

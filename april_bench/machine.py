@@ -1,7 +1,9 @@
 """What this machine has: accelerators, engine packages, torch.
 
 Read by the backends (``--engine auto``), provenance and telemetry.  Nothing
-here imports an engine or calls a GPU driver unless a GPU device node exists.
+here imports an engine or calls a GPU driver unless a GPU device node exists; the GPUs' own facts
+(model, driver, clocks) are :func:`april_bench.telemetry.gpu_facts.gpu_info`'s.  A fact: this
+module imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -10,14 +12,12 @@ import glob
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = [
     "GPU_NAME",
     "GPU_VENDOR",
     "Accelerators",
     "detect_accelerators",
-    "gpu_info",
     "gpu_name",
     "hf_available",
     "installed_engines",
@@ -67,18 +67,3 @@ def gpu_name() -> str | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_name(0)
-
-
-def gpu_info() -> list[dict[str, Any]]:
-    """One dict per GPU for provenance: model, driver, CUDA/ROCm version, memory, max and current SM
-    clocks, power limit, persistence and compute mode (keys: ``april_bench.telemetry.gpu_facts.FACT_KEYS``).
-
-    Asks NVML, then AMD SMI, then ``torch.cuda`` (only if a GPU device node exists), then
-    ``nvidia-smi``; ``[]`` on a machine without GPUs.  Never raises.
-    """
-    try:
-        from april_bench.telemetry.gpu_facts import collect_gpu_info
-
-        return collect_gpu_info(has_gpu_nodes=detect_accelerators().any)
-    except Exception:  # provenance must never fail a run
-        return []

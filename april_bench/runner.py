@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from april_bench.backends import Components
     from april_bench.experiment import RunResult
     from april_bench.experiment_config import ExperimentConfig
-    from april_bench.results.records import RunRecorder
+    from april_bench.results.recorder import RunRecorder
     from april_bench.results.resume import RunStatus
     from april_bench.results.store import RunDirectory
 
@@ -232,7 +232,7 @@ def execute(
     from april_bench.config_files import write_config_file
     from april_bench.experiment import run as run_sessions
     from april_bench.results.provenance import collect_provenance, thread_choice
-    from april_bench.results.records import SMALL_TABLES, RunRecorder
+    from april_bench.results.recorder import SMALL_TABLES, RunRecorder
     from april_bench.results.store import RunWriter, write_json_atomic
     from april_bench.results.trackers import open_trackers
     from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
@@ -248,6 +248,8 @@ def execute(
             metadata=metadata,
             out=out,
         )
+        if components.task.forced_lengths is not None:  # --length-oracle: what the lengths were drawn from
+            provenance["forced_lengths"] = components.task.forced_lengths
         write_json_atomic(out / "config.json", config.to_dict())
         write_json_atomic(provenance_path, provenance)
     else:

@@ -35,6 +35,7 @@ from typing import Any
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import Engine
 from april_bench.experiment_config import ExperimentConfig
+from april_bench.results.store import write_text_atomic
 
 __all__ = [
     "MeasuredIterations",
@@ -215,13 +216,13 @@ def run_simcheck(
     if not rows:
         raise ConfigError("simcheck: the trace run trained no sample; lengthen it with --trace-steps")
     trace_path = out / "trace.jsonl"
-    trace_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text_atomic(trace_path, "".join(json.dumps(r) + "\n" for r in rows))
 
     say("simcheck 3/4: predicting every arm with the simulator (before any measured arm runs)")
     prediction_config = _prediction_config(config, curve_path, trace_path)
     predicted, predicted_passes = _predict(prediction_config, progress)
-    (out / "prediction.json").write_text(
-        json.dumps({"summary": predicted, "passes": predicted_passes}, indent=2)
+    write_text_atomic(
+        out / "prediction.json", json.dumps({"summary": predicted, "passes": predicted_passes}, indent=2)
     )
 
     say("simcheck 4/4: measuring every arm (interleaved, repeated as `run` does)")
@@ -273,8 +274,8 @@ def run_simcheck(
             "arms": [_with_errors(a) for a in arms],
         }
     )
-    (out / "simcheck.json").write_text(json.dumps(result.data, indent=2) + "\n")
-    (out / "simcheck.md").write_text(render_simcheck(result.data) + "\n")
+    write_text_atomic(out / "simcheck.json", json.dumps(result.data, indent=2) + "\n")
+    write_text_atomic(out / "simcheck.md", render_simcheck(result.data) + "\n")
     return result
 
 

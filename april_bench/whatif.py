@@ -179,7 +179,7 @@ def run_whatif(
     runner.check_reference_run(out, allow_dirty=allow_dirty)
     lock = RunLock()  # one process per run directory while the replay runs
     try:
-        status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock)
+        status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock, kind="whatif")
         outcome = runner.execute(config, components, status.path.parent, status, progress=progress, echo=echo)
     finally:
         lock.release()
@@ -210,8 +210,10 @@ def run_whatif(
         "out": str(out),
         "rows": [_row(arm, summary[arm.label], config.rollout.rollout_batch_size) for arm in arms],
     }
-    (out / "whatif.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "whatif.md").write_text(render_whatif(result) + "\n")
+    from april_bench.results.store import write_text_atomic
+
+    write_text_atomic(out / "whatif.json", json.dumps(result, indent=1) + "\n")
+    write_text_atomic(out / "whatif.md", render_whatif(result) + "\n")
     figure = whatif_figure(result, out / "whatif.png")
     result["figure"] = None if figure is None else str(figure)
     return result
@@ -349,6 +351,9 @@ def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
         fontsize=9,
     )
     fig.tight_layout()
+    from april_bench.fsio import record
+
+    record(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

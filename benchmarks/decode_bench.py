@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from april_bench.engines.protocol import Engine, EngineAccounting, GenerateRequest, SamplingParams
+from april_bench.engines.protocol import ACCOUNTING, Engine, GenerateRequest, SamplingParams
 from april_bench.results.provenance import collect_provenance
 
 ENGINES = ("hf-eager", "hf-static", "vllm")
@@ -76,14 +76,15 @@ def wave(prefix: str, requests: int, tokens: int) -> list[GenerateRequest]:
 
 
 async def measure(engine: Engine, tag: str, batch: int, tokens: int) -> dict[str, float]:
-    before = engine.work() if isinstance(engine, EngineAccounting) else None
+    counted = ACCOUNTING.of(engine)
+    before = counted.work() if counted else None
     t0 = time.perf_counter()
     done = [c async for c in engine.generate(wave(tag, batch, tokens))]
     seconds = time.perf_counter() - t0
     generated = sum(c.num_tokens for c in done)
     out = {"seconds": seconds, "tokens": generated, "tokens_per_s": generated / seconds}
-    if before is not None and isinstance(engine, EngineAccounting):
-        out["engine_iterations"] = engine.work().minus(before).engine_iterations
+    if counted is not None and before is not None:
+        out["engine_iterations"] = counted.work().minus(before).engine_iterations
     return out
 
 

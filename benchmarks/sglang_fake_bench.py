@@ -36,7 +36,7 @@ from typing import Any
 from april_bench.engines.protocol import GenerateRequest, SamplingParams, WeightUpdate
 from april_bench.engines.sglang import SGLangEngine
 from april_bench.results.provenance import collect_provenance
-from april_bench.results.records import RunRecorder
+from april_bench.results.recorder import RunRecorder
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.workload import ScriptedWorkload
 from april_impl import AprilStrategy

@@ -1,6 +1,6 @@
 """GPU telemetry probe: check that this machine's GPUs can be sampled, and what the samples say.
 
-What it does: prints the GPU facts a run's provenance records (``machine.gpu_info``),
+What it does: prints the GPU facts a run's provenance records (``telemetry.gpu_facts.gpu_info``),
 then runs the telemetry sampler (``--telemetry auto`` by default) for ``--seconds``
 and prints, per device, the rows written, the achieved sampling rate, mean
 utilisation, mean SM clock, peak memory, mean power, and energy two ways: from the
@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from april_bench.config import ConfigError
-from april_bench.machine import gpu_info
 from april_bench.telemetry import ListSink, TelemetryConfig, TelemetryRecord
+from april_bench.telemetry.gpu_facts import gpu_info
 from april_bench.telemetry.metrics import window_metrics
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from april_bench.results.records import RequestRecord, RunRecorder, SampleRecord, StepRecord
+from april_bench.results.recorder import RunRecorder
+from april_bench.results.records import RequestRecord, SampleRecord, StepRecord
 from april_bench.results.store import RunWriter, write_run
 
 ARMS, GROUPS, GROUP_SIZE = ("sync", "april"), 32, 8

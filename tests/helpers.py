@@ -7,7 +7,8 @@ from typing import Any
 
 from april_bench.engines.fake import FakeEngine
 from april_bench.engines.protocol import WeightUpdate
-from april_bench.results.records import Fate, RunRecorder
+from april_bench.results.recorder import RunRecorder
+from april_bench.results.records import Fate
 from april_bench.rollout.loop import RolloutConfig, RolloutLoop, StepOutcome
 from april_bench.rollout.strategy import RolloutStrategy
 from april_bench.vtime import run_virtual

@@ -9,7 +9,7 @@ import pytest
 from helpers import fake_arm
 
 from april_bench.results.accumulate import LatencyValues
-from april_bench.results.records import SMALL_TABLES, RunRecorder
+from april_bench.results.recorder import SMALL_TABLES, RunRecorder
 from april_bench.results.summary import summarize
 from april_bench.strategies import build_strategy
 

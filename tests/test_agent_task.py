@@ -201,7 +201,7 @@ class _Recording:
 def test_the_hf_engine_continues_an_episode_by_token_ids() -> None:
     from april_bench.engines.hf import HFEngine
     from april_bench.envs.scripted import ScriptedEpisodes
-    from april_bench.results.records import RunRecorder
+    from april_bench.results.recorder import RunRecorder
     from april_bench.rollout.loop import RolloutConfig
     from april_bench.strategies import ArmSpec, build_strategy
     from april_bench.vtime import run_real

@@ -16,7 +16,7 @@ import pytest
 from april_bench.config import ConfigError
 from april_bench.engines.fake import FakeEngine
 from april_bench.engines.protocol import GenerateRequest, SamplingParams, WeightUpdate
-from april_bench.results.records import RunRecorder
+from april_bench.results.recorder import RunRecorder
 from april_bench.rollout.driver import DriverConfig, Pipeline, StepDone
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.strategies import ArmSpec, build_strategy

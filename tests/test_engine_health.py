@@ -15,8 +15,15 @@ from typing import Any
 
 import pytest
 
-from april_bench.engines.protocol import EngineError, EngineInfo, GenerateRequest, HealthCheck, SamplingParams
-from april_bench.engines.replicas import FaultEvent, FaultOptions, ReplicaRouter
+from april_bench.engines.protocol import (
+    HEALTH,
+    EngineError,
+    EngineInfo,
+    FaultEvent,
+    GenerateRequest,
+    SamplingParams,
+)
+from april_bench.engines.replicas import FaultOptions, ReplicaRouter
 from april_bench.engines.server.process import ServerProcess
 from april_bench.engines.vllm.server import VLLMServerEngine
 from april_bench.vtime import run_real
@@ -88,7 +95,7 @@ async def _probe(engine: VLLMServerEngine) -> str | None:
 
 def test_the_vllm_adapter_is_healthy_while_its_server_answers_health_with_200(stub: _Stub) -> None:
     engine = _vllm(stub)
-    assert isinstance(engine, HealthCheck)
+    assert HEALTH.of(engine) is not None
 
     async def main() -> list[str | None]:
         before = await _probe(engine)  # not started: no client yet

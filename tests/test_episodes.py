@@ -16,7 +16,8 @@ from april_bench.engines.fake import FakeEngine
 from april_bench.engines.protocol import WeightUpdate
 from april_bench.envs import EpisodeWorkload
 from april_bench.envs.scripted import ScriptedEpisodes, Turn
-from april_bench.results.records import Fate, RunRecorder
+from april_bench.results.recorder import RunRecorder
+from april_bench.results.records import Fate
 from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutConfig, RolloutLoop, StepOutcome
 from april_bench.rollout.state import group_from_dict, group_to_dict

@@ -1,6 +1,7 @@
 """The import layering of docs/architecture.md, checked on the source (ast): lazy imports, imports
 only for type checking, and ``"module:attr"`` registry strings (an import made later by
-:func:`april_bench.registry.load`) all count."""
+:func:`april_bench.registry.load`) all count, and ``from package import module`` is an import of the
+module (and of the package, whose ``__init__`` runs first)."""
 
 from __future__ import annotations
 
@@ -44,10 +45,20 @@ def _imports(
                 target = node.module or ""
             if target.split(".")[0] in PACKAGES:
                 found.add(target)
+                found.update(m for a in node.names if (m := _submodule(target, a.name)))
         elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
             match = REGISTRY_STRING.match(node.value)
             found.update(match.groups() if match else ())
     return found
+
+
+def _submodule(package: str, name: str) -> str | None:
+    """``package.name`` when ``from package import name`` imports a module (a file or a package), not
+    an attribute of the package."""
+    folder = ROOT.joinpath(*package.split("."))
+    if (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file():
+        return f"{package}.{name}"
+    return None
 
 
 def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
@@ -65,8 +76,8 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 FILES = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
-#: Run-time imports and registry strings: what the layering rules hold.
-GRAPH = {_module_name(p): _imports(p) for p in FILES}
+#: Imports at run time and for type checking, and registry strings: what the layering rules hold.
+GRAPH = {_module_name(p): _imports(p, type_only=True) for p in FILES}
 #: Imports alone, at run time and for type checking: what must hold no circle.
 IMPORT_GRAPH = {_module_name(p): _imports(p, strings=False) for p in FILES}
 TYPED_GRAPH = {_module_name(p): _imports(p, type_only=True, strings=False) for p in FILES}
@@ -132,15 +143,60 @@ def test_no_arrow_goes_back_up(importer: str, imported: str, why: str) -> None:
     assert not bad, f"{why}: {bad}"
 
 
-def test_no_module_outside_the_engines_imports_an_engines_internals() -> None:
-    bad = sorted(
+def _engine_internals(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports from outside ``april_bench.engines`` of anything in it but :data:`ENGINE_SURFACE` and an
+    engine package's face (``engines.sim``, ``engines.hf``: a folder's ``__init__``)."""
+    return sorted(
         (mod, dep)
-        for mod, deps in GRAPH.items()
+        for mod, deps in graph.items()
         if not mod.startswith("april_bench.engines")
         for dep in deps
-        if dep.startswith("april_bench.engines.") and dep not in ENGINE_SURFACE and dep.count(".") > 2
+        if dep.startswith("april_bench.engines.")
+        and dep not in ENGINE_SURFACE
+        and not ROOT.joinpath(*dep.split("."), "__init__.py").is_file()
     )
-    assert not bad, f"import the engine through ENGINES or its package, not its modules: {bad}"
+
+
+def test_no_module_outside_the_engines_imports_an_engines_internals() -> None:
+    bad = _engine_internals(GRAPH)
+    assert not bad, f"import the engine through ENGINES, the protocol or its package, not its modules: {bad}"
+
+
+def test_an_injected_import_of_the_replica_router_is_caught() -> None:
+    """``engines.replicas`` is not the surface (the fault protocols a session reads are in the
+    protocol), nor is a module inside an engine package; ``engines.sim`` (a package's face) is."""
+    graph = {
+        **GRAPH,
+        "april_bench.experiment.session": {"april_bench.engines.replicas", "april_bench.engines.sim"},
+    }
+    assert _engine_internals(graph) == [("april_bench.experiment.session", "april_bench.engines.replicas")]
+    graph["april_bench.experiment.session"] = {"april_bench.engines.sim.engine"}
+    assert _engine_internals(graph) == [("april_bench.experiment.session", "april_bench.engines.sim.engine")]
+
+
+#: docs/architecture.md's facts and records: they import nothing of the package but one another.
+FACTS = ("april_bench.config", "april_bench.types", "april_bench.profiles", "april_bench.seeding")
+FACTS += ("april_bench.machine", "april_bench.vtime", "april_bench.registry", "april_bench.data.specs")
+FACTS += ("april_bench.results.records", "april_bench.telemetry.records")
+
+
+def _is_fact(module: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in FACTS)
+
+
+def _facts_importing_more(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (mod, dep) for mod, deps in graph.items() if _is_fact(mod) for dep in deps if not _is_fact(dep)
+    )
+
+
+def test_facts_and_records_import_only_one_another() -> None:
+    """Lazy, type-only and registry-string imports counted: ``results/records.py`` holds the records
+    (the recorder that summarizes them is ``results/recorder.py``), ``machine.py`` what the machine
+    has (the GPUs' own facts are ``telemetry/gpu_facts.py``'s)."""
+    assert not _facts_importing_more(FULL_GRAPH), _facts_importing_more(FULL_GRAPH)
+    looped = {**FULL_GRAPH, "april_bench.results.records": {"april_bench.results.summary"}}
+    assert _facts_importing_more(looped) == [("april_bench.results.records", "april_bench.results.summary")]
 
 
 def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -174,6 +230,48 @@ def test_an_injected_upward_import_is_caught(tmp_path: Path) -> None:
         "april_bench.tasks.base": IMPORT_GRAPH["april_bench.tasks.base"] | {"april_bench.backends.task"},
     }
     assert _cycle(looped) is not None
+
+
+def test_from_package_import_module_is_an_import_of_the_module(tmp_path: Path) -> None:
+    """``from april_bench.rollout import episodes`` (and ``from . import episodes`` inside the package)
+    imports the module ``episodes`` after the package; a name that is not a module stays the package's."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from april_bench.rollout import episodes, loop\nfrom . import strategy\n"
+        "from april_bench.engines import ENGINES\n"
+    )
+    found = _imports(source, name="april_bench.rollout.probe")
+    assert found == {
+        "april_bench.rollout",
+        "april_bench.rollout.episodes",
+        "april_bench.rollout.loop",
+        "april_bench.rollout.strategy",
+        "april_bench.engines",
+    }
+    assert "april_bench.rollout.episodes" in GRAPH["april_bench.rollout.loop"]
+
+
+def test_an_injected_type_only_episodes_to_loop_import_is_a_circle(tmp_path: Path) -> None:
+    """The circle issue 30 found: ``rollout/loop.py`` imports ``episodes`` (``from april_bench.rollout
+    import episodes``) and ``episodes`` imported ``RolloutLoop`` for its annotations only.  Injected
+    into ``episodes``, that type-only import closes a circle the checks report; episodes now reach the
+    loop through its public members (``rollout.episodes.Host``) and import nothing of it."""
+    episodes = "april_bench.rollout.episodes"
+    assert not any(d.startswith("april_bench.rollout.loop") for d in FULL_GRAPH[episodes])
+    source = tmp_path / "episodes.py"
+    source.write_text(
+        "from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from april_bench.rollout.loop import RolloutLoop\n"
+    )
+    injected = _imports(source, name=episodes, type_only=True, strings=False)
+    assert injected == {"april_bench.rollout.loop"}
+    assert _imports(source, name=episodes, strings=False) == set()  # not at run time
+    looped = {**TYPED_GRAPH, episodes: TYPED_GRAPH[episodes] | injected}
+    cycle = _cycle(looped)
+    assert cycle is not None and {episodes, "april_bench.rollout.loop"} <= set(cycle)
+    full = {**FULL_GRAPH, episodes: FULL_GRAPH[episodes] | injected}
+    graph = {m: {d for d in deps if d in full and d != m} for m, deps in full.items()}
+    assert frozenset({episodes, "april_bench.rollout.loop"}) in _circles(graph)
 
 
 def _cycle(graph_in: dict[str, set[str]]) -> list[str] | None:

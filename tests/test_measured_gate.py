@@ -1,5 +1,6 @@
-"""The measured CI gate (tox.ini): a short embedded run against results/gates/ci-embedded-gate, on the
-gains per engine iteration.  Unchanged code passes it; an injected scheduling regression fails it."""
+"""The measured CI gate (tox.ini): a short forced-length embedded run against
+results/gates/ci-embedded-gate, on its engine work and gains per engine iteration, exactly.  Unchanged
+code passes it; an injected scheduling regression fails it; the reference is a forced-length run."""
 
 from __future__ import annotations
 
@@ -24,6 +25,30 @@ def _gate_args() -> list[str]:
     raise AssertionError("tox.ini has no measured gate run")
 
 
+def _gate_rule() -> list[str]:
+    """The measured gate's ``compare`` rule, read from tox.ini."""
+    for line in (ROOT / "tox.ini").read_text().splitlines():
+        if "gate-measured" in line and " compare " in line:
+            args = shlex.split(line)
+            return args[args.index("--fail") : args.index("--fail") + 2]
+    raise AssertionError("tox.ini has no measured gate compare")
+
+
+def test_the_gate_is_a_forced_length_run_compared_exactly() -> None:
+    """Its schedule must not depend on the machine: forced lengths, an exact two-sided rule, and a
+    reference written with the same arguments that records the CPU it ran on."""
+    import json
+
+    args = _gate_args()
+    assert "--length-oracle" in args and _gate_rule() == ["--fail", "iterations:exact"]
+    config = json.loads((REFERENCE / "config.json").read_text())
+    assert config["length_oracle"] == args[args.index("--length-oracle") + 1]
+    provenance = json.loads((REFERENCE / "provenance.json").read_text())
+    assert provenance["git"]["dirty"] is False
+    assert provenance["command"][2 : provenance["command"].index("--out")] == args
+    assert provenance["machine"]["cpu_facts"]["vector_flags"]
+
+
 @pytest.mark.slow
 def test_the_measured_gate_passes_unchanged_code_and_fails_april_resuming_its_partials_last(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -31,7 +56,7 @@ def test_the_measured_gate_passes_unchanged_code_and_fails_april_resuming_its_pa
     monkeypatch.setenv("APRIL_BENCH_CACHE", str(tmp_path / "cache"))
     same = tmp_path / "same"
     assert main(["run", *_gate_args(), "--out", str(same), "--no-progress"]) == 0
-    assert main(["compare", str(REFERENCE), str(same), "--fail", "iterations:0"]) == 0
+    assert main(["compare", str(REFERENCE), str(same), *_gate_rule()]) == 0
 
     april = type(build_strategy("april"))
 
@@ -42,5 +67,5 @@ def test_the_measured_gate_passes_unchanged_code_and_fails_april_resuming_its_pa
     regressed = tmp_path / "regressed"
     assert main(["run", *_gate_args(), "--out", str(regressed), "--no-progress"]) == 0
     capsys.readouterr()
-    assert main(["compare", str(REFERENCE), str(regressed), "--fail", "iterations:0"]) == 1
-    assert "REGRESSED" in capsys.readouterr().out
+    assert main(["compare", str(REFERENCE), str(regressed), *_gate_rule()]) == 1
+    assert "CHANGED" in capsys.readouterr().out

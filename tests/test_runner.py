@@ -59,5 +59,10 @@ def test_the_library_run_refuses_a_run_directory_that_holds_a_run(tmp_path: Path
 
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "steps.jsonl").write_text("")
+    (tmp_path / "taken" / "status.json").write_text('{"state": "interrupted", "completed": {}}')
     with pytest.raises(ConfigError, match="--overwrite"):
         april_bench.run(ExperimentConfig(engine="sim", steps=1), out=tmp_path / "taken", progress=False)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "steps.jsonl").write_text("")  # no status or provenance: not a run's
+    with pytest.raises(ConfigError, match="did not write"):
+        april_bench.run(ExperimentConfig(engine="sim", steps=1), out=tmp_path / "mine", progress=False)

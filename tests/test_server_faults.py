@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from april_bench.engines.protocol import Completion, EngineInfo, GenerateRequest, SamplingParams
-from april_bench.engines.replicas import FaultEvent, FaultOptions, ReplicaRouter
+from april_bench.engines.protocol import Completion, EngineInfo, FaultEvent, GenerateRequest, SamplingParams
+from april_bench.engines.replicas import FaultOptions, ReplicaRouter
 from april_bench.engines.server.process import ServerProcess
 from april_bench.engines.sglang import SGLangEngine
 

@@ -28,7 +28,7 @@ from april_bench.engines.protocol import (
 from april_bench.engines.server.process import ServerProcess, group_alive
 from april_bench.engines.sglang import FakeSGLangServer, SGLangEngine
 from april_bench.engines.sglang.fake_requests import fake_sglang_token
-from april_bench.results.records import RunRecorder
+from april_bench.results.recorder import RunRecorder
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from april_bench.engines.protocol import GenerateRequest, SamplingParams
-from april_bench.engines.sim.cost import CostModel, _sum_max_linear
+from april_bench.engines.sim.cost import CostModel, DecodeCost, _sum_max_linear
+from april_bench.engines.sim.cost_curve import CostCurve, MeasuredCost
 from april_bench.engines.sim.engine import SimEngine
 from april_bench.experiment import ExperimentConfig, run
 from april_bench.profiles.hardware import hardware_profile
@@ -48,6 +49,34 @@ def test_closed_form_run_time_equals_the_sum_of_iterations() -> None:
     assert cost.decode_run_time(96, 300_000, 250) == pytest.approx(total, rel=1e-12)
     assert cost.iterations_within(96, 300_000, 250, total) == 250
     assert cost.iterations_within(96, 300_000, 250, total * 0.5) < 250
+
+
+def test_both_cost_models_count_the_steps_a_budget_holds_with_one_bisection() -> None:
+    curve = CostCurve(
+        engine="x",
+        model="tiny",
+        hardware="cpu",
+        prefill_base_s=0.5,
+        prefill_per_token_s=0.01,
+        decode_base_s=0.002,
+        decode_per_seq_s=0.0003,
+        decode_per_context_token_s=1e-6,
+    )
+    models = [CostModel(hardware_profile("h100"), MODELS.get("qwen3-4b"), tp=2), MeasuredCost(curve)]
+    assert CostModel.iterations_within is MeasuredCost.iterations_within is DecodeCost.iterations_within
+    for cost in models:
+        batch, context, limit = 7, 900.0, 60
+        for budget in (
+            0.0,
+            cost.decode_run_time(batch, context, 1),
+            cost.decode_run_time(batch, context, 33) * 1.0001,
+        ):
+            brute = max(k for k in range(limit + 1) if cost.decode_run_time(batch, context, k) <= budget)
+            assert cost.iterations_within(batch, context, limit, budget) == brute
+        assert cost.iterations_within(batch, context, limit, float("inf")) == limit
+        rate = cost.saturated_tokens_per_s(batch, context)
+        assert rate == pytest.approx(batch / cost.decode_iteration_time(batch, batch * context))
+        assert cost.saturated_tokens_per_s(0, context) == 0.0
 
 
 def test_decode_is_memory_bound_small_and_compute_bound_large() -> None:

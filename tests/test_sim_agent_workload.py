@@ -15,7 +15,7 @@ import pytest
 from april_bench.engines.fake import FakeEngine
 from april_bench.envs import EpisodeWorkload
 from april_bench.experiment_config import ExperimentConfig
-from april_bench.results.records import RunRecorder
+from april_bench.results.recorder import RunRecorder
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.sim.agent_workload import AgentToolEpisodes, EpisodePlan, ToolShape, plan_episode
 from april_bench.sim.paper_settings import AGENT_ROW

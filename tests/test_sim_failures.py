@@ -13,8 +13,7 @@ import pytest
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
-from april_bench.engines.protocol import GenerateRequest, SamplingParams
-from april_bench.engines.replicas import FaultEvent
+from april_bench.engines.protocol import FaultEvent, GenerateRequest, SamplingParams
 from april_bench.engines.sim.engine import SimEngine
 from april_bench.engines.sim.failures import FailurePlan
 from april_bench.types import FinishReason

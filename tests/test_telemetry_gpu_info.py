@@ -11,8 +11,7 @@ from fakes import fake_amdsmi, fake_pynvml, loader_for
 from fakes.fake_amdsmi import FakeAmdGpu
 from fakes.fake_pynvml import NOT_SUPPORTED, FakeNvidiaGpu
 
-from april_bench.machine import gpu_info
-from april_bench.telemetry.gpu_facts import FACT_KEYS, collect_gpu_info
+from april_bench.telemetry.gpu_facts import FACT_KEYS, collect_gpu_info, gpu_info
 
 NO_SMI = {"which": lambda _name: None}
 

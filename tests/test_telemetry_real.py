@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fakes import fake_amdsmi, fake_pynvml
 
-from april_bench.machine import gpu_info
 from april_bench.telemetry import ListSink, TelemetryConfig, TelemetryRecord
+from april_bench.telemetry.gpu_facts import gpu_info
 
 
 def test_every_pynvml_name_the_fake_defines_exists_in_the_real_module() -> None:

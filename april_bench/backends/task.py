@@ -44,4 +44,8 @@ def build_task(
     check_data_claims(config, kind=kind, simulated=simulated, produces_tokens=produces_tokens)
     build: Any = TASKS.get(kind)
     task: Task = build(config, produces_tokens=produces_tokens, progress=progress)
+    if config.length_oracle is not None:  # forced lengths and rewards over any task's prompts
+        from april_bench.tasks.forced import force_lengths
+
+        task = force_lengths(task, config)
     return task

@@ -157,47 +157,53 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     name = "ablate-" + default_run_name(base.hardware, base.algorithm, base.dataset)
     check_reference_output(args.out, allow_dirty=args.allow_dirty)  # results/ holds committed evidence
     lock = RunLock()  # held until the ablation ends: a second ablate into this --out is refused
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, lock=lock)
-    _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
-    rows: list[dict[str, Any]] = []
-    simulated = True
-    for mode in modes:
-        run_dir = out / mode
-        status = start_run_dir(run_dir, default_name=mode)
-        tick = time.monotonic()
-        outcome = runner.execute(
-            configs[mode], components[mode], run_dir, status, progress=not args.no_progress, echo=_echo
-        )
-        code = print_outcome(outcome)
-        if code != 0:
-            return code
-        _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")
-        run = load_run(run_dir)
-        simulated = simulated and run.simulated
-        summary = run.summary()
-        rows += [_row(arm, mode, summary[arm.label], base.rollout.rollout_batch_size) for arm in arms]
-    from april_bench.results.schema import SCHEMA_VERSION
+    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, lock=lock, kind="ablate")
+    try:
+        _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
+        rows: list[dict[str, Any]] = []
+        simulated = True
+        for mode in modes:
+            run_dir = out / mode
+            status = start_run_dir(run_dir, default_name=mode)
+            tick = time.monotonic()
+            outcome = runner.execute(
+                configs[mode], components[mode], run_dir, status, progress=not args.no_progress, echo=_echo
+            )
+            code = print_outcome(outcome)
+            if code != 0:
+                return code
+            _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")
+            run = load_run(run_dir)
+            simulated = simulated and run.simulated
+            summary = run.summary()
+            rows += [_row(arm, mode, summary[arm.label], base.rollout.rollout_batch_size) for arm in arms]
+        from april_bench.results.schema import SCHEMA_VERSION
 
-    result = {
-        "schema_version": SCHEMA_VERSION,
-        "result_kind": "simulated" if simulated else "measured",
-        "hardware": base.hardware,
-        "algorithm": base.algorithm,
-        "dataset": base.dataset,
-        "model": base.model,
-        "steps": base.steps,
-        "baseline": baseline,
-        "rows": rows,
-    }
-    (out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
-    table = render_ablation(result)
-    (out / "ablation.md").write_text(table + "\n")
-    figure = _figure(result, out / "ablation.png")
-    print(table)
-    print(
-        f"\nablation directory: {out}" + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
-    )
-    return 0
+        result = {
+            "schema_version": SCHEMA_VERSION,
+            "result_kind": "simulated" if simulated else "measured",
+            "hardware": base.hardware,
+            "algorithm": base.algorithm,
+            "dataset": base.dataset,
+            "model": base.model,
+            "steps": base.steps,
+            "baseline": baseline,
+            "rows": rows,
+        }
+        from april_bench.results.store import write_text_atomic
+
+        write_text_atomic(out / "ablation.json", json.dumps(result, indent=1) + "\n")
+        table = render_ablation(result)
+        write_text_atomic(out / "ablation.md", table + "\n")
+        figure = _figure(result, out / "ablation.png")
+        print(table)
+        print(
+            f"\nablation directory: {out}"
+            + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
+        )
+        return 0
+    finally:
+        lock.release()  # a caller in this process may claim the directory again
 
 
 def _echo(line: str) -> None:
@@ -317,6 +323,10 @@ def _figure(result: dict[str, Any], path: Path) -> Path | None:
         where = ", ".join(str(result.get(k, "")) for k in ("hardware", "algorithm", "dataset"))
         fig.suptitle(f"{kind}: strategy ablation ({where})")
         fig.legend(loc="outside lower center", ncols=3, frameon=False)
+        from april_bench.fsio import record
+
+        record(path)
+        record(path.with_suffix(".pdf"))
         fig.savefig(path, dpi=150, metadata={"Software": None})
         fig.savefig(
             path.with_suffix(".pdf"), metadata={"Creator": None, "Producer": None, "CreationDate": None}

@@ -133,6 +133,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated arms ({', '.join(STRATEGIES.names())}); {exp['strategies']}",
     )
     what.add_argument("--baseline", metavar="ARM", help=exp["baseline"])
+    what.add_argument(
+        "--length-oracle",
+        metavar="PROFILE",
+        help="forced-length run: every response's length and reward are drawn from PROFILE, a data set's "
+        "length model (deepscaler, dapo-math-17k, deepmath-103k, synthetic; DATASET@MODEL; options in "
+        "brackets: cap=, scale=, solve_rate= ...) or a length-trace file; the engine ignores the stop token "
+        "until the drawn length, so the schedule is the same on every machine (docs/measured.md)",
+    )
     what.add_argument("--steps", type=_int, help=exp["steps"])
     what.add_argument("--seed", type=_int, help=exp["seed"])
     batch = p.add_argument_group("rollout batch")
@@ -277,6 +285,7 @@ _TOP_LEVEL = {
     "repeats": "repeats",
     "block_steps": "block_steps",
     "warmup_steps": "warmup_steps",
+    "length_oracle": "length_oracle",
 }
 _ROLLOUT = (
     "rollout_batch_size",

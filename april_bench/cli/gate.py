@@ -33,7 +33,8 @@ def add_parsers(sub: Any) -> None:
         default=[],
         metavar="VIEW:TOL",
         help="fail when a gain drops by more than TOL: total:5%%, median:5%%, total:0, median:ci (wall-clock "
-        "gains); iterations:0 (the tokens-per-engine-iteration gains)",
+        "gains); iterations:0 (the tokens-per-engine-iteration gains); iterations:exact (every arm's engine "
+        "work and iteration gains identical, up or down: the gate of a forced-length run)",
     )
     p.add_argument(
         "--gains",
@@ -82,11 +83,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     rules = [parse_rule(r) for r in args.fail] or default_rules(base.simulated)
+    if any(r.exact for r in rules) and not (
+        base.config.get("length_oracle") and new.config.get("length_oracle")
+    ):
+        print(
+            "note: iterations:exact on a run without --length-oracle: its lengths are the model's samples, "
+            "which follow the CPU's float arithmetic, so the counts hold only on the machine that wrote BASE",
+            file=sys.stderr,
+        )
     rows = compare_runs(base.summary(), new.summary(), rules, gains)
     regressed = [r for r in rows if r.regressed]
     if not args.json:
         print(render_comparison(rows))
         print(f"\n{len(regressed)} regression(s) in {len(rows)} comparison(s)")
+        if any(r.rule.exact for r in regressed):
+            command = " ".join(base.provenance.get("command", [])[1:]) or "run ..."
+            print(
+                "an exact gate fails on any change of the schedule, better or worse: if the change is "
+                f"meant, regenerate BASE from a clean commit with `python -m april_bench {command}` "
+                "(its provenance's command) and commit it with the change"
+            )
     else:
         print(
             json.dumps(

@@ -39,7 +39,7 @@ def cmd_simcheck(args: argparse.Namespace) -> int:
         raise ConfigError(f"--trace-steps must be >= 1, got {args.trace_steps}")
     config = config_from_args(args)
     name = "simcheck-" + default_run_name(config.hardware, config.algorithm, config.dataset)
-    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite)
+    out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, kind="simcheck")
     result = run_simcheck(
         config,
         out,

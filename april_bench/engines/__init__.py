@@ -65,8 +65,8 @@ class EngineSpec(Spec):
     #: The ``pip install`` that provides them.
     install: str = ""
     #: True when ``update_weights`` may land with requests in flight (pause, install, continue):
-    #: what an asynchronous arm with ``weight_update=inflight`` needs (its engine's
-    #: ``EngineInfo.inflight_updates`` says the same once built).
+    #: what an asynchronous arm with ``weight_update=inflight`` needs.  Stated here only, so a run is
+    #: refused before its engine is built; the engine raises ``EngineError`` when it cannot.
     inflight_updates: bool = False
     #: Engine arguments that choose a variant of it without in-flight updates (vLLM's ``url`` and
     #: ``server``: its OpenAI-server adapter), refused as early as an engine without them.

@@ -38,6 +38,9 @@ from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
+    ACCOUNTING,
+    SATURATION,
+    STATE,
     Completion,
     EngineError,
     EngineInfo,
@@ -104,7 +107,11 @@ class FakeEngine(Configurable):
         self._started = False
         self._submitted = 0
         self._info = EngineInfo(
-            name="fake", simulated=True, produces_tokens=True, virtual_time=True, inflight_updates=True
+            name="fake",
+            simulated=True,
+            produces_tokens=True,
+            virtual_time=True,
+            capabilities=frozenset({ACCOUNTING, STATE, SATURATION}),
         )
         #: Set while no update is in progress; requests landing and aborts wait for it.
         self._unpaused = asyncio.Event()

@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
+    ACCOUNTING,
+    FAULTS,
+    HEALTH,
+    KILL,
+    STATE,
     Completion,
     Engine,
-    EngineAccounting,
     EngineError,
     EngineInfo,
     EngineLoad,
     EngineSettings,
-    EngineState,
     EngineWork,
     GenerateRequest,
     WeightUpdate,
@@ -48,7 +52,11 @@ class InProcessReplica:
 
     @property
     def info(self) -> EngineInfo:
-        return self.engine.info
+        """The engine's info, with the replica's own capabilities: it answers health probes, can be
+        killed, has a state, and counts work when its engine does."""
+        info = self.engine.info
+        counts = info.capabilities & {ACCOUNTING}
+        return dataclasses.replace(info, capabilities=frozenset({HEALTH, KILL, STATE, *counts}))
 
     async def start(self) -> None:
         await self.engine.start()
@@ -102,15 +110,17 @@ class InProcessReplica:
         await self.engine.update_weights(update)
 
     def work(self) -> EngineWork:
-        assert isinstance(self.engine, EngineAccounting)
-        return self.engine.work()
+        counted = ACCOUNTING.of(self.engine)
+        assert counted is not None
+        return counted.work()
 
     def export_state(self) -> dict[str, Any]:
-        return self.engine.export_state() if isinstance(self.engine, EngineState) else {}
+        engine = STATE.of(self.engine)
+        return engine.export_state() if engine else {}
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        if isinstance(self.engine, EngineState):
-            self.engine.restore_state(state)
+        if engine := STATE.of(self.engine):
+            engine.restore_state(state)
 
     async def kill(self) -> None:
         self._hung = False
@@ -158,7 +168,7 @@ class FakeReplicaPool(RouterFront, Configurable):
             produces_tokens=True,
             virtual_time=True,
             replicas=config.replicas,
-            inflight_updates=True,
+            capabilities=frozenset({ACCOUNTING, FAULTS, STATE}),
         )
         self._router = ReplicaRouter(
             make=make, replicas=config.replicas, policy=config.router_policy, faults=config.faults, info=info

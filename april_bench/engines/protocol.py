@@ -20,11 +20,16 @@ april-bench, on the simulator and on real engines alike:
   decoding with the new weights.  Their completions then report
   ``version_runs``: the policy version of every token, run-length encoded.
   An engine that cannot do this (:attr:`EngineInfo.inflight_updates` False)
-  raises :class:`EngineError` instead;
+  raises :class:`EngineError` instead (whether it can is the registry's to say:
+  ``EngineSpec.updates_in_flight``, known before the engine is built);
 * ``load()`` reports running and queued requests;
 * ``start()`` / ``close()``.
 
-Optional capabilities, checked with ``isinstance``:
+Optional capabilities: an engine declares which of these protocols it implements in
+:attr:`EngineInfo.capabilities`, and callers read them from there (``ACCOUNTING.of(engine)`` is the
+engine as :class:`EngineAccounting`, or ``None``), never by probing the object.  A wrapper (a
+replica, a pool) declares its own, which need not be those of what it wraps.  The conformance suite
+checks that every engine declares exactly what it implements.
 
 * :class:`SaturationModel` - ``saturated_tokens_per_s(concurrency, context)``,
   the rate a rollout would reach with no tail (the simulator knows it from its
@@ -40,7 +45,11 @@ Optional capabilities, checked with ``isinstance``:
   tokens), which the rollout loop differences into every step row;
 * :class:`HealthCheck` - ``health()``, a liveness probe (a server's ``/health``, a Ray actor's
   answer); the replica router (:mod:`april_bench.engines.replicas`) calls it with a timeout and
-  probes an engine without it with ``load()``.
+  probes an engine without it with ``load()``;
+* :class:`FaultReport` - ``watch_faults(callback)``: replica failures (a pool's, the simulator's)
+  reported as :class:`FaultEvent` as they happen (the arm session writes them to the events table);
+* :class:`Placed` - ``placement``: where a pool's replicas run (the Ray pools), for provenance;
+* :class:`Killable` - ``kill()`` / ``hang()``: a replica fault injection can stop.
 
 Weights reach an engine as a :class:`WeightUpdate`: an in-process state dict
 (``weights``), or a checkpoint directory (``path``) for an engine in another
@@ -53,12 +62,22 @@ Native engine arguments are not flattened into this interface: each engine's
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 from april_bench.types import FinishReason
 
 __all__ = [
+    "ACCOUNTING",
+    "CAPABILITIES",
+    "FAULTS",
+    "HEALTH",
+    "KILL",
+    "METRICS",
+    "PLACEMENT",
+    "SATURATION",
+    "STATE",
+    "Capability",
     "Completion",
     "Engine",
     "EngineAccounting",
@@ -70,12 +89,18 @@ __all__ = [
     "EngineSettings",
     "EngineState",
     "EngineWork",
+    "FaultEvent",
+    "FaultReport",
     "GenerateRequest",
     "HealthCheck",
+    "Killable",
+    "Placed",
     "SamplingParams",
     "SaturationModel",
     "WeightUpdate",
 ]
+
+P = TypeVar("P")
 
 
 class EngineError(RuntimeError):
@@ -217,11 +242,11 @@ class EngineInfo:
     version: str | None = None
     #: What ``update_weights`` accepts: ``"state_dict"``, ``"path"``, ``"none"`` (version only).
     weight_formats: tuple[str, ...] = ("state_dict", "none")
-    #: True when ``update_weights`` may land with requests in flight (pause, install, continue).
-    inflight_updates: bool = False
     #: The dtype the model computes in (``"float32"``, ``"bfloat16"``); ``None``: not known.  Log-probs
     #: match the trainer's only when this is the trainer's dtype.
     dtype: str | None = None
+    #: The optional protocols this engine implements (:data:`CAPABILITIES`): what callers read, once.
+    capabilities: frozenset[Capability[Any]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,3 +386,75 @@ class HealthCheck(Protocol):
     async def health(self) -> None:
         """Return when the engine answers and is healthy; raise :class:`EngineError` when it is not.
         The caller bounds the wait: an engine that does not answer in time counts as dead."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    """A failure-handling moment: ``t`` on the engine's loop clock."""
+
+    kind: str
+    t: float
+    replica: int
+    requests: int | None = None
+    tokens: int | None = None
+    detail: str | None = None
+
+
+@runtime_checkable
+class FaultReport(Protocol):
+    """Optional: an engine that reports its failure handling as it happens (the replica pools, the
+    simulator's replica failures)."""
+
+    def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None: ...
+
+
+@runtime_checkable
+class Placed(Protocol):
+    """Optional: a pool that knows where its replicas run (the Ray pools): one dict per replica,
+    written into the run's provenance."""
+
+    placement: list[dict[str, Any]]
+
+
+@runtime_checkable
+class Killable(Protocol):
+    """Optional: a replica fault injection can stop: ``kill()`` (it dies: its calls fail) or ``hang()``
+    (it stops answering: only a timeout finds it)."""
+
+    async def kill(self) -> None: ...
+
+    async def hang(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capability(Generic[P]):
+    """One optional protocol, as an engine declares it in :attr:`EngineInfo.capabilities`."""
+
+    name: str
+    #: The protocol an engine declaring this implements (the conformance suite checks it).
+    protocol: type = field(compare=False, repr=False)
+
+    def of(self, engine: Engine) -> P | None:
+        """``engine`` as this protocol when its info declares it, else ``None``."""
+        return cast("P", engine) if self in engine.info.capabilities else None
+
+
+SATURATION: Capability[SaturationModel] = Capability("saturation", SaturationModel)
+METRICS: Capability[EngineMetrics] = Capability("metrics", EngineMetrics)
+STATE: Capability[EngineState] = Capability("state", EngineState)
+ACCOUNTING: Capability[EngineAccounting] = Capability("accounting", EngineAccounting)
+HEALTH: Capability[HealthCheck] = Capability("health", HealthCheck)
+FAULTS: Capability[FaultReport] = Capability("faults", FaultReport)
+PLACEMENT: Capability[Placed] = Capability("placement", Placed)
+KILL: Capability[Killable] = Capability("kill", Killable)
+#: Every optional protocol an engine may declare.
+CAPABILITIES: tuple[Capability[Any], ...] = (
+    SATURATION,
+    METRICS,
+    STATE,
+    ACCOUNTING,
+    HEALTH,
+    FAULTS,
+    PLACEMENT,
+    KILL,
+)

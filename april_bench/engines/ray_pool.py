@@ -29,6 +29,11 @@ from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
+    FAULTS,
+    HEALTH,
+    KILL,
+    PLACEMENT,
+    STATE,
     Completion,
     Engine,
     EngineError,
@@ -93,6 +98,7 @@ class RayEnginePool(RouterFront, Configurable):
             replicas=config.replicas,
             hardware=settings.hardware,
             model=settings.model,
+            capabilities=frozenset({FAULTS, PLACEMENT, STATE}),
         )
         self._router = ReplicaRouter(
             make=self._replica,
@@ -203,7 +209,9 @@ class RayReplica:
         return self._info
 
     async def start(self) -> None:
-        self._info = await self.actor.start.remote()
+        info: EngineInfo = await self.actor.start.remote()
+        # the replica's own capabilities, not its engine's: the actor answers probes and can be killed
+        self._info = dataclasses.replace(info, capabilities=frozenset({HEALTH, KILL}))
         self._pump = asyncio.ensure_future(self._poll())
 
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:

@@ -7,8 +7,9 @@ actors through :class:`~april_bench.engines.ray_pool.RayReplica`), routed with
 * **Detection.**  A replica is dead when its completion stream raises (the in-process engine's own
   error, a Ray actor that died), when a call to it (``abort``, ``load``, ``update_weights``) raises
   or does not return within ``health_timeout_s``, or when its health probe does: ``health()``
-  (:class:`~april_bench.engines.protocol.HealthCheck`: a server's ``/health``, a Ray actor's answer)
-  or else ``load()``, every ``health_interval_s`` while requests are out.  A hung replica is dead.
+  (a replica declaring :data:`~april_bench.engines.protocol.HEALTH`: a server's ``/health``, a Ray
+  actor's answer) or else ``load()``, every ``health_interval_s`` while requests are out.  A hung
+  replica is dead.
 * **Recovery, nothing lost.**  Each request the dead replica held is re-queued on a survivor under
   its own id, from what was received: its input ids, which carry the prompt and every token the
   rollout loop already holds for it (the engines here deliver a request's tokens when it finishes,
@@ -28,10 +29,11 @@ actors through :class:`~april_bench.engines.ray_pool.RayReplica`), routed with
 
 **Chaos.**  :class:`FaultSchedule` kills (or hangs) replicas at delivered-token counts drawn from a
 seed, never at wall-clock times, so a chaos run on the virtual clock is exactly repeatable; the
-router calls the replica's ``kill()`` / ``hang()`` (:class:`Killable`) and then detects the failure
-the ordinary way.  The schedule's progress (tokens delivered, faults fired, the victims' draws) is
-part of the pool's checkpoint state (:meth:`ReplicaRouter.chaos_state`), so a resumed run goes on
-counting where the checkpoint left it: a fault that fired before the checkpoint does not fire again.
+router calls the replica's ``kill()`` / ``hang()`` (it declares
+:data:`~april_bench.engines.protocol.KILL`) and then detects the failure the ordinary way.  The
+schedule's progress (tokens delivered, faults fired, the victims' draws) is part of the pool's
+checkpoint state (:meth:`ReplicaRouter.chaos_state`), so a resumed run goes on counting where the
+checkpoint left it: a fault that fired before the checkpoint does not fire again.
 """
 
 from __future__ import annotations
@@ -42,37 +44,29 @@ import dataclasses
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, param
 from april_bench.engines.protocol import (
+    ACCOUNTING,
+    HEALTH,
+    KILL,
+    STATE,
     Completion,
     Engine,
-    EngineAccounting,
     EngineError,
     EngineInfo,
     EngineLoad,
     EngineLost,
-    EngineState,
     EngineWork,
+    FaultEvent,
     GenerateRequest,
-    HealthCheck,
     WeightUpdate,
 )
 from april_bench.engines.routing import Router
 from april_bench.engines.stream import CompletionStream
 
-__all__ = [
-    "FAULT_OPTIONS",
-    "FaultEvent",
-    "FaultOptions",
-    "FaultReport",
-    "FaultSchedule",
-    "Killable",
-    "Placed",
-    "ReplicaRouter",
-    "split_options",
-]
+__all__ = ["FAULT_OPTIONS", "FaultOptions", "FaultSchedule", "ReplicaRouter", "RouterFront", "split_options"]
 
 ON_FAILURE = ("restart", "continue")
 CHAOS_MODES = ("kill", "hang")
@@ -143,43 +137,6 @@ class FaultSchedule:
         return cls(tuple(sorted(rng.randint(1, window_tokens) for _ in range(faults))), seed, mode)
 
 
-@dataclass(frozen=True, slots=True)
-class FaultEvent:
-    """A failure-handling moment: ``t`` on the router's loop clock."""
-
-    kind: str
-    t: float
-    replica: int
-    requests: int | None = None
-    tokens: int | None = None
-    detail: str | None = None
-
-
-@runtime_checkable
-class FaultReport(Protocol):
-    """An engine that reports its failure handling as it happens (the replica pools)."""
-
-    def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None: ...
-
-
-@runtime_checkable
-class Placed(Protocol):
-    """A pool that knows where its replicas run (the Ray pools): one dict per replica, written into
-    the run's provenance."""
-
-    placement: list[dict[str, Any]]
-
-
-@runtime_checkable
-class Killable(Protocol):
-    """A replica fault injection can stop: ``kill()`` (it dies: its calls fail) or ``hang()`` (it stops
-    answering: only a timeout finds it)."""
-
-    async def kill(self) -> None: ...
-
-    async def hang(self) -> None: ...
-
-
 @dataclass(slots=True)
 class _Tracked:
     request: GenerateRequest
@@ -199,7 +156,9 @@ class _Slot:
 
 
 class ReplicaRouter:
-    """The engine protocol over replicas built by ``make(i)`` (an unstarted engine for slot ``i``)."""
+    """The engine protocol over replicas built by ``make(i)`` (an unstarted engine for slot ``i``).
+    ``info`` describes the engine the router serves as, its capabilities included: a pool in front of
+    it passes its own."""
 
     def __init__(
         self,
@@ -339,8 +298,8 @@ class ReplicaRouter:
             if task is not current:
                 task.cancel()
         dead, slot.engine = slot.engine, None
-        if isinstance(dead, EngineAccounting):  # its work stays counted after it is gone
-            self._retired = _plus(self._retired, dead.work())
+        if dead is not None and (counted := ACCOUNTING.of(dead)):  # its work stays counted after it is gone
+            self._retired = _plus(self._retired, counted.work())
         if dead is not None:
             self._spawn(self._release(dead))
         lost = [t for t in self._tracked.values() if t.replica == i]
@@ -409,7 +368,8 @@ class ReplicaRouter:
         slot = self._slots[i]
         engine, generation = slot.engine, slot.generation
         assert engine is not None
-        probe: Awaitable[Any] = engine.health() if isinstance(engine, HealthCheck) else engine.load()
+        checked = HEALTH.of(engine)
+        probe: Awaitable[Any] = checked.health() if checked else engine.load()
         with contextlib.suppress(EngineError):
             await self._call(i, generation, "health check", probe)
 
@@ -452,10 +412,11 @@ class ReplicaRouter:
             victim = self._rng.choice(live)
             self._hit.add((victim, self._slots[victim].generation))
             engine = self._slots[victim].engine
-            if not isinstance(engine, Killable):
+            killable = None if engine is None else KILL.of(engine)
+            if killable is None:
                 raise EngineError(f"fault injection: replica {victim} ({engine}) cannot be killed")
             self._event("fault_injected", victim, tokens=self._delivered_tokens, detail=schedule.mode)
-            self._spawn(engine.kill() if schedule.mode == "kill" else engine.hang())
+            self._spawn(killable.kill() if schedule.mode == "kill" else killable.hang())
 
     # ------------------------------------------------------------ the rest of the protocol
     async def abort(self, request_ids: Collection[str] | None = None) -> None:
@@ -488,9 +449,10 @@ class ReplicaRouter:
         for slot in self._slots:
             if slot.engine is None:
                 continue
-            if not isinstance(slot.engine, EngineAccounting):
+            counted = ACCOUNTING.of(slot.engine)
+            if counted is None:
                 return None
-            total = _plus(total, slot.engine.work())
+            total = _plus(total, counted.work())
         return total
 
     def export_state(self) -> dict[str, Any]:
@@ -499,7 +461,9 @@ class ReplicaRouter:
         return {
             "version": None if self._current is None else self._current.version,
             "replicas": [
-                s.engine.export_state() if s.alive and isinstance(s.engine, EngineState) else None
+                state.export_state()
+                if s.alive and s.engine is not None and (state := STATE.of(s.engine))
+                else None
                 for s in self._slots
             ],
             "chaos": self.chaos_state(),
@@ -509,8 +473,8 @@ class ReplicaRouter:
         if state["version"] is not None and self._current is None:
             self._current = WeightUpdate(version=state["version"])  # what a restarted replica installs
         for slot, saved in zip(self._slots, state["replicas"], strict=True):
-            if saved is not None and isinstance(slot.engine, EngineState):
-                slot.engine.restore_state(saved)
+            if saved is not None and slot.engine is not None and (engine := STATE.of(slot.engine)):
+                engine.restore_state(saved)
         self.restore_chaos(state.get("chaos"))
 
     def chaos_state(self) -> dict[str, Any] | None:
@@ -552,8 +516,8 @@ class ReplicaRouter:
     async def _release(self, dead: Engine) -> None:
         """Free what a dead replica holds (its process, its GPU, its placement bundle): killed first
         when it can be (a hung one never answers a polite close), then closed, each bounded."""
-        if isinstance(dead, Killable):
-            await self._bounded(dead.kill())
+        if killable := KILL.of(dead):
+            await self._bounded(killable.kill())
         await self._bounded(dead.close())
 
     async def _bounded(self, call: Awaitable[Any]) -> None:

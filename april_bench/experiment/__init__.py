@@ -39,7 +39,7 @@ from typing import Any
 from april_bench.backends import Components, build_components, check_drivers, validate
 from april_bench.experiment.session import ArmSession, Bars
 from april_bench.experiment_config import ExperimentConfig, load_config
-from april_bench.results.records import RunRecorder
+from april_bench.results.recorder import RunRecorder
 from april_bench.results.resume import RunStatus
 from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.vtime import run_real, run_virtual

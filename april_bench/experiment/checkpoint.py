@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.backends.weights import WeightSync
-from april_bench.engines.protocol import Engine, EngineState
+from april_bench.engines.protocol import STATE, Engine
 from april_bench.results.resume import RunStatus, state_path
 from april_bench.results.store import write_json_atomic
 from april_bench.results.validate_files import load_trainer_state, read_checkpoint, save_trainer_state
@@ -51,7 +51,7 @@ def save(
             **clocks,
             "rollout": rollout.state(),
             "strategy": rollout.strategy.state(),
-            "engine": engine.export_state() if isinstance(engine, EngineState) else None,
+            "engine": stateful.export_state() if (stateful := STATE.of(engine)) else None,
             "trainer_file": trainer_file,
         },
     )
@@ -87,8 +87,8 @@ async def restore(
     if saved["trainer_file"] and isinstance(trainer, TrainerState):
         load_trainer_state(stored_trainer_file(run_dir, saved["trainer_file"]), trainer.load_state)
         await sync.push(trainer, engine, done)  # before the clock restarts
-    if saved["engine"] is not None and isinstance(engine, EngineState):
-        engine.restore_state(saved["engine"])
+    if saved["engine"] is not None and (stateful := STATE.of(engine)):
+        stateful.restore_state(saved["engine"])
     rollout.restore(saved["rollout"])
     rollout.strategy.restore(saved["strategy"])
     return done

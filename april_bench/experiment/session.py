@@ -14,11 +14,11 @@ from tqdm import tqdm
 import april_bench.experiment.checkpoint as checkpoint
 from april_bench.backends import Components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
-from april_bench.engines.protocol import Engine, EngineMetrics
-from april_bench.engines.replicas import FaultEvent, FaultReport, Placed
+from april_bench.engines.protocol import FAULTS, METRICS, PLACEMENT, Engine, FaultEvent
 from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
-from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, RunRecorder
+from april_bench.results.recorder import RunRecorder
+from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate
 from april_bench.results.resume import RunStatus
 from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
@@ -134,13 +134,13 @@ class ArmSession:
         if driver.asynchronous:
             make_engine, make_trainer, _ = self.components.split(driver.train_gpus)
         engine = self._engine = make_engine()
-        if isinstance(engine, FaultReport):  # a replica pool: its failures go to the events table
-            engine.watch_faults(self._fault_event)
+        if reporter := FAULTS.of(engine):  # a replica pool: its failures go to the events table
+            reporter.watch_faults(self._fault_event)
         await engine.start()
         info = engine.info  # known once started
         self.simulated, self.engine_version, self.engine_dtype = info.simulated, info.version, info.dtype
-        if isinstance(engine, Placed):
-            self.placement = engine.placement  # the pool's own list: restarts update it
+        if placed := PLACEMENT.of(engine):
+            self.placement = placed.placement  # the pool's own list: restarts update it
         self._trainer = make_trainer()
         self._scratch = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch_root(self.status))
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
@@ -387,14 +387,14 @@ class ArmSession:
         )
 
     def _engine_metrics(self, step: int, phase: str, t: float) -> None:
-        if isinstance(self._engine, EngineMetrics):
+        if self._engine is not None and (engine := METRICS.of(self._engine)):
             self.recorder.add(
                 EngineMetricRecord(
                     arm=self.arm.label,
                     step=step,
                     phase=phase,
                     t=t,
-                    metrics=self._engine.metrics(),
+                    metrics=engine.metrics(),
                     repeat=self.repeat,
                 )
             )

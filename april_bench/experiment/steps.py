@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from april_bench.results.records import EventRecord, Fate, RunRecorder
+from april_bench.results.recorder import RunRecorder
+from april_bench.results.records import EventRecord, Fate
 from april_bench.rollout.driver import StepDone
 
 __all__ = ["PHASES", "record_step"]

@@ -1,7 +1,7 @@
 """Per-arm summaries accumulated row by row, in memory that does not grow with the run's steps.
 
 :func:`april_bench.results.summary.summarize` feeds a run's tables through a
-:class:`SummaryAccumulator`, and a run's :class:`~april_bench.results.records.RunRecorder` feeds
+:class:`SummaryAccumulator`, and a run's :class:`~april_bench.results.recorder.RunRecorder` feeds
 it each row as the row is recorded, so a run streaming its rows to disk need not keep them: its
 summary is ready when its last row is.  What the accumulator keeps:
 

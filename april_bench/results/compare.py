@@ -20,7 +20,13 @@ Two views of a gain are compared:
 A rule ``VIEW:TOLERANCE`` (``--fail median:5%``, ``--fail total:0``,
 ``--fail iterations:0``) fails the comparison when NEW's gain is more than
 TOLERANCE below BASE's; ``total`` and ``median`` rules apply to the wall-clock
-gains, ``iterations`` rules to the iteration-unit ones.  ``median:ci`` fails
+gains, ``iterations`` rules to the iteration-unit ones.  ``iterations:exact`` is
+two-sided and stricter: every arm's engine work (forward passes, decode and
+prefill tokens, re-prefill, generated and trained tokens) and every iteration
+gain must come back identical, up or down - the gate for a forced-length run
+(``--length-oracle``), whose schedule is a function of the seed alone and so
+the same on every machine; any change, a better schedule included, means the
+reference is regenerated with the change that explains it.  ``median:ci`` fails
 when NEW's paired median lies below BASE's 95% interval, or NEW's whole interval
 lies below BASE's median: a drop as large as the reference's own spread.
 
@@ -42,6 +48,7 @@ from typing import Any
 from april_bench.config import ConfigError
 
 __all__ = [
+    "EXACT_COUNTS",
     "GAINS",
     "ITERATION_GAINS",
     "Comparison",
@@ -62,7 +69,17 @@ _TOTAL_KEY = {
     "iteration_throughput": "iteration_throughput_gain",
     "iteration_useful": "iteration_useful_gain",
 }
-_RULE = re.compile(r"^(total|median|iterations):(ci|[0-9.]+%?)$")
+_RULE = re.compile(r"^(total|median|iterations):(ci|exact|[0-9.]+%?)$")
+#: What ``iterations:exact`` holds equal in every arm (the summary's totals of the step rows).
+EXACT_COUNTS = (
+    "engine_iterations",
+    "decode_iterations",
+    "decode_tokens",
+    "prefill_tokens",
+    "reprefill_tokens",
+    "generated_tokens",
+    "trained_tokens",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +87,12 @@ class Rule:
     view: str  # "total" or "median" (wall-clock gains), "iterations" (iteration-unit gains)
     #: Allowed drop in gain units (0.05 = 5 points); ``None`` means "the intervals must overlap".
     tolerance: float | None
+    #: ``iterations:exact``: every count and gain equal, in both directions.
+    exact: bool = False
 
     def __str__(self) -> str:
+        if self.exact:
+            return f"{self.view}:exact"
         amount = "ci" if self.tolerance is None else f"{self.tolerance * 100:g}%" if self.tolerance else "0"
         return f"{self.view}:{amount}"
 
@@ -83,6 +104,12 @@ def parse_rule(text: str) -> Rule:
             f"--fail {text!r}: write VIEW:TOLERANCE, e.g. median:5%, total:0, median:ci or iterations:0"
         )
     view, amount = match.groups()
+    if amount == "exact":
+        if view != "iterations":
+            raise ConfigError(
+                f"--fail {view}:exact: only engine work is counted exactly; use iterations:exact"
+            )
+        return Rule(view, 0.0, exact=True)
     if amount == "ci":
         if view != "median":
             raise ConfigError(f"--fail {view}:ci: only the paired median has an interval; use median:ci")
@@ -123,11 +150,35 @@ def compare_runs(
     if not arms:
         raise ConfigError("the two runs have no non-baseline arm in common: nothing to compare")
     out = []
+    for rule in rules:
+        if rule.exact:  # every arm's counts, the baseline's included, then every arm's gains
+            out += [_compare_work(a, rule, base[a], new[a]) for a in base if a in new]
     for arm in arms:
         for rule in rules:
             for gain in ITERATION_GAINS if rule.view == "iterations" else gains:
                 out.append(_compare(arm, gain, rule, base[arm], new[arm]))
     return out
+
+
+def _compare_work(arm: str, rule: Rule, base: Mapping[str, Any], new: Mapping[str, Any]) -> Comparison:
+    """``iterations:exact`` on one arm's engine work: every count of :data:`EXACT_COUNTS` equal."""
+
+    def row(regressed: bool, why: str) -> Comparison:
+        return Comparison(arm, "engine work", rule, None, None, None, None, regressed, why)
+
+    if base.get("engine_iterations") is None or new.get("engine_iterations") is None:
+        return row(True, "the engine's work was not counted in both runs: nothing to hold exact")
+    if not (base.get("work_deterministic") and new.get("work_deterministic")):
+        return row(
+            True, "the engine's schedule depends on timing (vLLM): it cannot be exact; use iterations:5%"
+        )
+    changed = [f"{k} {base.get(k)} -> {new.get(k)}" for k in EXACT_COUNTS if base.get(k) != new.get(k)]
+    if changed:
+        return row(True, "changed: " + "; ".join(changed))
+    return row(
+        False,
+        f"identical ({base['engine_iterations']:,} iterations, {base.get('generated_tokens'):,} tokens)",
+    )
 
 
 def _compare(arm: str, gain: str, rule: Rule, base: Mapping[str, Any], new: Mapping[str, Any]) -> Comparison:
@@ -146,10 +197,17 @@ def _compare(arm: str, gain: str, rule: Rule, base: Mapping[str, Any], new: Mapp
     if (
         rule.view == "iterations"
         and not rule.tolerance
+        and not rule.exact
         and not (base.get("work_deterministic") and new.get("work_deterministic"))
     ):
         why = "the engine's schedule depends on timing (vLLM): not gated exactly; use e.g. iterations:5%"
         return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, why)
+    if rule.exact:
+        if abs(n - b) <= 1e-9 * max(1.0, abs(b)):
+            return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "identical")
+        way = "rose" if n > b else "dropped"
+        why = f"{way} {abs(n - b) * 100:.2f} pts (exact: any change, up or down, fails)"
+        return Comparison(arm, gain, rule, b, n, b_ci, n_ci, True, why)
     if rule.tolerance is not None:
         regressed = n < b - rule.tolerance - 1e-12
         why = (
@@ -182,7 +240,7 @@ def render_comparison(rows: Sequence[Comparison]) -> str:
             pct(r.base) + ci(r.base_ci),
             pct(r.new) + ci(r.new_ci),
             "n/a" if r.delta is None else f"{r.delta * 100:+.2f} pts",
-            ("REGRESSED: " if r.regressed else "ok: ") + r.why,
+            (("CHANGED: " if r.rule.exact else "REGRESSED: ") if r.regressed else "ok: ") + r.why,
         ]
         for r in rows
     ]

@@ -355,6 +355,9 @@ def save_figures(tables: Tables, out: Path, formats: tuple[str, ...] = FORMATS) 
     import matplotlib
     import matplotlib.pyplot as plt
 
+    from april_bench.fsio import record
+
+    record(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, build in FIGURES.items():
@@ -364,6 +367,7 @@ def save_figures(tables: Tables, out: Path, formats: tuple[str, ...] = FORMATS) 
         with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]
             for fmt in formats:
                 path = out / f"{name}.{fmt}"
+                record(path)
                 fig.savefig(path, dpi=DPI, metadata=dict(_METADATA.get(fmt, {})))
                 written.append(path)
         plt.close(fig)

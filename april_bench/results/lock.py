@@ -10,9 +10,11 @@ The lock file's content (the holder's pid) is informational only; the lock is th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 from types import TracebackType
 
@@ -20,7 +22,8 @@ from april_bench.config import ConfigError
 
 __all__ = ["LOCK_NAME", "RunLock"]
 
-#: The lock file inside a run directory (a dot file: ``_clear_run`` and readers never see it as a run file).
+#: The lock file inside a run directory (a dot file: readers never see it as a run file; kept by
+#: ``--overwrite``).
 LOCK_NAME = ".lock"
 
 
@@ -30,6 +33,7 @@ class RunLock:
     def __init__(self, run_dir: Path | None = None) -> None:
         self.path = Path(run_dir or ".") / LOCK_NAME
         self._fd: int | None = None
+        self._created = False
 
     def acquire(self, run_dir: Path | None = None) -> RunLock:
         """Take the lock (of ``run_dir``, else the directory given at construction), or raise
@@ -37,7 +41,7 @@ class RunLock:
         if run_dir is not None:
             self.path = Path(run_dir) / LOCK_NAME
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd, created = _open_lock_file(self.path)
         except OSError as exc:
             raise ConfigError(
                 f"cannot lock run directory {self.path.parent} ({exc.strerror}); choose another --out"
@@ -57,8 +61,16 @@ class RunLock:
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+        self._fd, self._created = fd, created
         return self
+
+    def abandon(self) -> None:
+        """Release the lock, removing the lock file if this lock created it: a directory the run was
+        refused (it holds a user's files) is left exactly as it was found."""
+        if self._fd is not None and self._created:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self.release()
 
     def release(self) -> None:
         if self._fd is not None:
@@ -77,6 +89,21 @@ class RunLock:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+def _open_lock_file(path: Path) -> tuple[int, bool]:
+    """The lock file, opened never through a link (a ``.lock`` that is a symbolic link is refused, not
+    followed: its target is never truncated); whether this call created it."""
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
+    except FileExistsError:
+        pass
+    fd = os.open(path, flags)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "the lock file is not a regular file", str(path))
+    return fd, False
 
 
 def _holder(path: Path) -> str:

@@ -6,22 +6,26 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from april_bench.machine import detect_accelerators, gpu_info, installed_engines
+from april_bench.machine import detect_accelerators, installed_engines
+from april_bench.telemetry.gpu_facts import gpu_info
 from april_bench.threads import DEFAULT_CPU_THREADS, threads_in_use
 
 __all__ = [
     "collect_provenance",
+    "cpu_facts",
     "git_info",
     "loaded_packages",
     "result_environment",
     "source_root",
     "thread_choice",
+    "torch_cpu_capability",
 ]
 
 #: Packages whose versions are recorded whether or not the run imported them (None: not installed).
@@ -67,6 +71,10 @@ _ENV_NAMES = (
     "HIP_VISIBLE_DEVICES",
     "ROCR_VISIBLE_DEVICES",
     "APRIL_BENCH_CACHE",
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
 )
 _ENV_PREFIXES = ("CUDA_", "VLLM_", "SGLANG_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "KMP_", "RAY_")
 #: Never recorded, whatever the prefix: credentials.
@@ -187,6 +195,55 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The CPU flags that decide which vector kernels run (and so the float results of a model's forward):
+#: SSE4, AVX, AVX2, FMA, F16C, every AVX-512 and AVX-VNNI extension, AMX.
+_VECTOR_FLAG = re.compile(r"^(sse4_[12]|avx.*|fma|f16c|amx.*|.*vnni.*)$")
+
+
+def cpu_facts(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The processor beyond its name: vendor, family, model and stepping numbers, and its vector
+    extensions (``avx2``, ``avx512f``, ``amx_tile`` ...), which choose the kernels torch and numpy run:
+    two CPUs sold under one name can compute different floats.  Empty where ``/proc/cpuinfo`` is not."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    facts: dict[str, Any] = {
+        "vendor": fields.get("vendor_id"),
+        "family": _int_or_none(fields.get("cpu family")),
+        "model": _int_or_none(fields.get("model")),
+        "stepping": _int_or_none(fields.get("stepping")),
+        "vector_flags": sorted(f for f in fields.get("flags", "").split() if _VECTOR_FLAG.match(f)),
+    }
+    return facts
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
+
+
+def torch_cpu_capability() -> str | None:
+    """The vector ISA torch's CPU kernels dispatch to (``AVX512``, ``AVX2``, ``DEFAULT``; set by
+    ``ATEN_CPU_CAPABILITY``), when the run imported torch; ``None`` otherwise (never imports it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # an old or partial torch: provenance must never fail a run
+        return None
+
+
 def _memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -224,7 +281,11 @@ def collect_provenance(
         done["engine_version"] = engine_version
         done["engine_dtype"] = engine_dtype
         done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        done["machine"] = {**started["machine"], "load_average_end": _load_average()}
+        done["machine"] = {
+            **started["machine"],
+            "load_average_end": _load_average(),
+            "torch_cpu_capability": torch_cpu_capability(),
+        }
         done["notes"] = notes or []
         done["packages_loaded"] = loaded_packages()
         done["torch_threads"] = torch_threads  # the engine's and trainer's (april_bench.threads)
@@ -244,6 +305,7 @@ def collect_provenance(
         "machine": {
             "platform": platform.platform(),
             "cpu": _cpu_model(),
+            "cpu_facts": cpu_facts(),
             "cpu_count": os.cpu_count(),
             "memory_bytes": _memory_bytes(),
             "load_average_start": _load_average(),

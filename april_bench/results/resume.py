@@ -178,6 +178,9 @@ def _read_tolerant(path: Path) -> Iterable[dict[str, Any]]:
 
 def _rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
     """Replace ``path`` with ``rows``, durably: a uniquely named temporary file, fsync, rename."""
+    from april_bench.fsio import record
+
+    record(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from april_bench.config import ConfigError
+from april_bench.fsio import MANIFEST_NAME, RUN_SUBDIRS, read_manifest, record, start_manifest
 from april_bench.results.lock import LOCK_NAME, RunLock
 
 if TYPE_CHECKING:
@@ -18,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SCRATCH_PREFIX",
     "claim_run_dir",
+    "clear_run_dir",
     "default_run_name",
     "remove_stale_scratch",
     "scratch_root",
@@ -39,15 +44,18 @@ def claim_run_dir(
     root: Path = Path("runs"),
     overwrite: bool = False,
     lock: RunLock | None = None,
+    kind: str = "run",
 ) -> Path:
-    """Create (and so claim) the run directory before anything runs.
+    """Create (and so claim) the run directory before anything runs, and start its manifest
+    (:mod:`april_bench.fsio`): the record of every file the ``kind`` command writes there.
 
     The default name gets a ``-2``, ``-3`` ... suffix when taken: ``mkdir`` is atomic, so runs started
     together never share a directory.  An explicit ``out`` must not be a file, and must be empty
-    unless ``overwrite`` (its old rows are then removed).  The directory must be writable.  With
-    ``lock``, the directory's lock is taken *before* it is checked for files, so two runs started at
-    once with one ``--out`` cannot both find it empty: the second is refused (the caller holds the
-    lock for the whole run).
+    unless ``overwrite``: then it must hold a run april-bench wrote, whose files are removed
+    (:func:`clear_run_dir`; a file the run did not write is refused, nothing removed).  The directory
+    must be writable.  With ``lock``, the directory's lock is taken *before* it is checked for files, so
+    two runs started at once with one ``--out`` cannot both find it empty: the second is refused (the
+    caller holds the lock for the whole run).
     """
     if out is None:
         try:
@@ -71,26 +79,50 @@ def claim_run_dir(
             if lock is not None:
                 lock.acquire(path)
             _check_writable(path)
+            start_manifest(path, kind)
             return path
         raise ConfigError(f"{root} holds 10,000 runs named {default_name}*; pass --out")
     out = Path(os.path.expanduser(out))
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a directory; choose another --out")
     try:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} is a file, not a directory; choose another --out")
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {out} cannot be created ({exc.strerror}); choose another --out") from None
     if lock is not None:
         lock.acquire(out)
-    if any(child.name != LOCK_NAME for child in out.iterdir()):
+    try:
+        _clear_for_claim(out, overwrite)
+    except ConfigError:
+        if lock is not None:
+            lock.abandon()  # a refused directory is left as it was found: no lock file added
+        raise
+    _check_writable(out)
+    start_manifest(out, kind)
+    return out
+
+
+def _clear_for_claim(out: Path, overwrite: bool) -> None:
+    if _holds_files(out):
         if not overwrite:
+            foreign = _first_foreign(out)
+            if foreign is not None:
+                raise ConfigError(
+                    f"--out {out} holds {foreign}, which april-bench did not write; choose another --out "
+                    "(a new or empty directory)"
+                )
             raise ConfigError(
-                f"--out {out} already holds files (a run?); pass --resume {out} to continue it, "
+                f"--out {out} already holds files of a run; pass --resume {out} to continue it, "
                 "--overwrite to replace it, or another --out"
             )
-        _clear_run(out)
-    _check_writable(out)
-    return out
+        clear_run_dir(out)
+
+
+def _holds_files(path: Path) -> bool:
+    try:
+        return any(name not in (LOCK_NAME, MANIFEST_NAME) for name in os.listdir(path))
+    except OSError as exc:
+        raise ConfigError(f"--out {path} cannot be read ({exc.strerror}); choose another --out") from None
 
 
 def _check_writable(path: Path) -> None:
@@ -104,17 +136,195 @@ def _check_writable(path: Path) -> None:
         ) from None
 
 
-def _clear_run(path: Path) -> None:
-    """Remove what a run writes (row files, JSON, tables); anything else in the directory is kept."""
-    for child in path.iterdir():
-        if child.is_file() and (child.suffix in (".jsonl", ".json", ".md", ".gz", ".png", ".csv", ".tex")):
-            child.unlink()
-    remove_stale_scratch(path)
-    state = path / "state"  # the old run's checkpoints: a new run must never resume from them
-    if state.is_dir():
-        for child in state.iterdir():
-            if child.is_file() and child.name.endswith((".json", ".trainer.pt")):
-                child.unlink()
+# ---------------------------------------------------------------- what --overwrite may remove
+
+#: The files a run directory made before manifests existed may hold (committed reference runs,
+#: ``results/runs/*``, ``results/gates/*``, ...): a directory without a manifest is recognised as a
+#: run by its status or provenance (:func:`_made_by_april_bench`), and only these names are removed.
+_KNOWN_FILES = frozenset(
+    {
+        "config.json",
+        "config.yaml",
+        "provenance.json",
+        "status.json",
+        "summary.json",
+        "table.md",
+        "trace.jsonl",
+        "trace.jsonl.gz",
+        "mlflow.db",
+        "ablation.json",
+        "ablation.md",
+        "ablation.png",
+        "ablation.pdf",
+        "simcheck.json",
+        "simcheck.md",
+        "prediction.json",
+        "cost_curve.json",
+        "whatif.json",
+        "whatif.md",
+        "whatif.png",
+    }
+)
+#: Subdirectories whose whole tree the run's libraries write (tracker logs, figures).
+_TREES = ("tensorboard", "wandb", "figures")
+#: mkstemp's temporary files beside a file being written (``.<name>.<8 characters>.tmp``), the
+#: writability probe, the manifest's own temporary file: what a killed run may leave.
+_LEFTOVER = re.compile(
+    rf"\.(?P<name>.+)\.[A-Za-z0-9_]{{8}}\.tmp|\.write-check-[A-Za-z0-9_]{{8}}|{re.escape(f'.{MANIFEST_NAME}.new')}"
+)
+#: A file that identifies a directory made before manifests: (name, key its JSON object holds).
+_SIGNATURES = (
+    ("status.json", "state"),
+    ("provenance.json", "result_kind"),
+    ("ablation.json", "result_kind"),
+    ("simcheck.json", "result_kind"),
+    ("whatif.json", "result_kind"),
+)
+
+
+def _known_files() -> frozenset[str]:
+    from april_bench.results.records import TABLES
+
+    tables = {f"{t}.jsonl" for t in TABLES} | {f"{t}.jsonl.gz" for t in TABLES}
+    return _KNOWN_FILES | tables | set(RUN_SUBDIRS)
+
+
+def clear_run_dir(path: Path) -> None:
+    """Remove every file april-bench wrote into the run directory ``path`` (its lock and manifest stay
+    for the new run).  What the run wrote: the names its manifest lists, or, for a run directory made
+    before manifests, the names a run writes (:data:`_KNOWN_FILES`).  Nested run directories (an
+    ablation's modes, simcheck's ``measured/``) are checked the same way and removed.  Anything else
+    (a file the run did not write, a directory that holds no run) is refused with one line naming the
+    first such file, before anything is removed."""
+    files: list[Path] = []
+    dirs: list[Path] = []
+    try:
+        foreign = _collect(path, Path(), files, dirs, top=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--overwrite: cannot read {exc.filename} ({exc.strerror}); choose another --out"
+        ) from None
+    if foreign is not None:
+        raise ConfigError(
+            f"--overwrite: {path / foreign} was not written by april-bench, so {path} is not replaced; "
+            "move that file out of the directory, or choose another --out"
+        )
+    try:
+        for file in files:
+            if stat.S_ISDIR(os.lstat(file).st_mode):
+                shutil.rmtree(file)
+            else:
+                os.unlink(file)
+        for directory in dirs:
+            os.rmdir(directory)
+    except OSError as exc:
+        raise ConfigError(
+            f"--overwrite: cannot remove {exc.filename} ({exc.strerror}); remove the old run yourself, or "
+            "choose another --out"
+        ) from None
+
+
+def _first_foreign(path: Path) -> Path | None:
+    """The first file in ``path`` (sorted) that april-bench did not write; ``None``: all are a run's."""
+    try:
+        return _collect(path, Path(), [], [], top=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {path}: cannot read {exc.filename} ({exc.strerror}); choose another --out"
+        ) from None
+
+
+def _collect(directory: Path, rel: Path, files: list[Path], dirs: list[Path], *, top: bool) -> Path | None:
+    """Add what april-bench wrote in ``directory`` to ``files`` (files and whole trees) and ``dirs``
+    (directories to remove once empty, deepest first); the first foreign entry (relative path), or
+    ``None``."""
+    manifest = read_manifest(directory)
+    if manifest is not None:
+        allowed: frozenset[str] = manifest.names
+    elif _made_by_april_bench(directory):
+        allowed = _known_files()
+    else:
+        allowed = frozenset()  # a directory that holds no run: only an empty one (or a lock) is a run's
+    for name in sorted(os.listdir(directory)):
+        child, where = directory / name, rel / name
+        if name in (LOCK_NAME, MANIFEST_NAME) or _leftover(name, allowed):
+            if not top:
+                files.append(child)
+            continue
+        mode = os.lstat(child).st_mode
+        if stat.S_ISDIR(mode):
+            if name not in allowed and not (
+                allowed and manifest is None and (read_manifest(child) or _made_by_april_bench(child))
+            ):
+                return where  # a directory a run made before manifests is a nested run or a known one
+            if name in _TREES:
+                files.append(child)
+                continue
+            foreign = (
+                _collect_state(child, where, files)
+                if name == "state"
+                else _collect(child, where, files, dirs, top=False)
+            )
+            if foreign is not None:
+                return foreign
+            dirs.append(child)
+        elif name in allowed and name not in RUN_SUBDIRS:
+            files.append(child)  # a link is unlinked, never followed
+        else:
+            return where
+    return None
+
+
+def _collect_state(directory: Path, rel: Path, files: list[Path]) -> Path | None:
+    """A run's ``state/``: checkpoints (``*.json``), trainer states (``*.trainer.pt``), their temporary
+    files, and the scratch directories of weights handed to an engine."""
+    for name in sorted(os.listdir(directory)):
+        child = directory / name
+        mode = os.lstat(child).st_mode
+        scratch = stat.S_ISDIR(mode) and name.startswith(SCRATCH_PREFIX)
+        saved = stat.S_ISREG(mode) and (
+            name.endswith((".json", ".trainer.pt")) or _LEFTOVER.fullmatch(name) is not None
+        )
+        if not (scratch or saved):
+            return rel / name
+        files.append(child)
+    return None
+
+
+def _leftover(name: str, allowed: frozenset[str]) -> bool:
+    match = _LEFTOVER.fullmatch(name)
+    if match is None:
+        return False
+    written = match.group("name")
+    return written is None or written in allowed
+
+
+def _made_by_april_bench(directory: Path) -> bool:
+    """Whether a directory without a manifest holds a run (its status or provenance says so)."""
+    from april_bench.results.coverage import STATES
+
+    for name, key in _SIGNATURES:
+        data = _small_json(directory / name)
+        if isinstance(data, dict) and key in data:
+            return name != "status.json" or data[key] in STATES
+    return False
+
+
+def _small_json(path: Path) -> Any:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > (16 << 20):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def scratch_root(status: Any) -> Path | None:
@@ -123,6 +333,7 @@ def scratch_root(status: Any) -> Path | None:
     if status is None:
         return None
     root = Path(status.path).parent / "state"
+    record(root)
     root.mkdir(parents=True, exist_ok=True)
     return root
 
@@ -142,12 +353,15 @@ def start_run_dir(
     root: Path = Path("runs"),
     overwrite: bool = False,
     lock: RunLock | None = None,
+    kind: str = "run",
 ) -> RunStatus:
     """Claim the run directory (:func:`claim_run_dir`, taking ``lock``) and write its ``status.json``: the
     run's status, whose ``path.parent`` is the directory."""
     from april_bench.results.resume import RunStatus
 
-    claimed = claim_run_dir(out, default_name=default_name, root=root, overwrite=overwrite, lock=lock)
+    claimed = claim_run_dir(
+        out, default_name=default_name, root=root, overwrite=overwrite, lock=lock, kind=kind
+    )
     status = RunStatus(path=claimed / "status.json")
     status.save()
     return status

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from april_bench.config import ConfigError
+from april_bench.fsio import record
 from april_bench.results.coverage import covered, row_key
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
 from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
@@ -99,6 +100,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 def _write_text_atomic(path: Path, text: str) -> None:
     """A uniquely named temporary file, fsynced, renamed over ``path``, then the directory fsynced: after
     a crash ``path`` holds the old text or the new, never a torn or empty file."""
+    record(path)  # a run directory's manifest lists it before it exists
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a run directory is shared like any file
@@ -148,6 +150,7 @@ class RunWriter:
         #: (table, session key) -> (step, end_of_run) -> rows
         self._counts: dict[tuple[str, str], dict[tuple[int, bool], int]] = {}
         for table in TABLES:  # every table has a file, empty or not: a reader sees what was recorded
+            record(out / f"{table}.jsonl")
             (out / f"{table}.jsonl").touch()
 
     def write(self, table: str, row: Mapping[str, Any]) -> None:
@@ -248,6 +251,7 @@ def write_run(
         name: [r if isinstance(r, dict) else as_row(r) for r in records] for name, records in tables.items()
     }
     for name, data in rows.items():
+        record(out / f"{name}.jsonl")
         with (out / f"{name}.jsonl").open("w") as f:
             for row in data:
                 f.write(json.dumps(row, separators=(",", ":")))
@@ -405,6 +409,12 @@ def render_tables(
     config: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]], simulated: bool
 ) -> str:
     kind = "SIMULATED (simulator, published-evidence parameters; no accuracy)" if simulated else "MEASURED"
+    oracle = config.get("length_oracle")
+    if oracle:
+        kind += (
+            f", FORCED LENGTHS (every response's length and reward drawn from {oracle}: the schedule is "
+            "measured, the rewards and accuracy are not the model's)"
+        )
     columns, rows, assumes = results_table(config, summary, simulated)
     paper = render_markdown(columns, rows) + (f"\n\n{assumes}" if assumes else "")
     detail = render_markdown(DETAIL_COLUMNS, detail_table(summary))
@@ -425,7 +435,7 @@ def render_tables(
             f"+-{GAIN_TOLERANCE * 100:.0f} points: the machine was noisy; rerun with more --repeats or "
             "smaller --block-steps"
         )
-    label = kind.split()[0].lower()
+    label = kind.split()[0].rstrip(",").lower()
     text = f"## Results: {kind}\n\n{setup}\n\n"
     if not simulated:  # the paired median leads; the ratio of totals is secondary
         headline = render_markdown(HEADLINE_COLUMNS, headline_table(summary))

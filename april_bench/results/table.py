@@ -43,6 +43,8 @@ def paper_table(
 ) -> list[list[str]]:
     """Rows of the paper-style table: throughput gain and accuracy improvement against the baseline arm."""
     source = "simulated" if simulated else "measured"
+    if config.get("length_oracle"):
+        source += " (forced lengths)"
     rows = []
     for arm, m in summary.items():
         is_base = arm == m.get("baseline")

@@ -162,7 +162,10 @@ class TensorBoardTracker:
 
         from torch.utils.tensorboard import SummaryWriter
 
+        from april_bench.fsio import record
+
         self.dir = options.out / "tensorboard"
+        record(self.dir)
         self._writer = SummaryWriter(log_dir=str(self.dir))
         self._writer.add_text("config", "```\n" + json.dumps(dict(config), indent=1) + "\n```", 0)
         self._writer.add_text("metadata", json.dumps(dict(provenance.get("metadata", {}))), 0)
@@ -189,6 +192,9 @@ class WandbTracker:
     ) -> None:
         import wandb
 
+        from april_bench.fsio import record
+
+        record(options.out / "wandb")
         self._run = wandb.init(
             project=options.project,
             name=options.run_name,
@@ -229,6 +235,9 @@ class MlflowTracker:
 
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if options.offline or not uri:
+            from april_bench.fsio import record
+
+            record(options.out / "mlflow.db")
             uri = f"sqlite:///{(options.out / 'mlflow.db').resolve()}"
         self.uri = uri
         self._client = MlflowClient(tracking_uri=uri)

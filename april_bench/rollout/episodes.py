@@ -21,22 +21,62 @@ not wait for them, the episode keeps its state (a step never mutates it) and its
 and the call is made again when it resumes (:func:`call_again`).  After the stop no new turn is
 launched: what the strategy does with the carried-over episode (buffer and resume it, or drop it)
 is its ``on_leftover``, as for any partial.
+
+The loop runs episodes through its public members only (:class:`Host`): this module never imports
+the loop, which imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from april_bench.envs.protocol import Environment, EnvStep
 from april_bench.rollout.step import InFlight, Pending, StepState
 from april_bench.types import FinishReason, Sample, SampleStatus, Segment
 
-if TYPE_CHECKING:
-    from april_bench.rollout.loop import RolloutLoop
+__all__ = [
+    "EpisodeSettings",
+    "Host",
+    "awaits_answer",
+    "begin",
+    "call",
+    "call_again",
+    "cancel",
+    "drain",
+    "turn_action",
+]
 
-__all__ = ["awaits_answer", "begin", "call", "call_again", "cancel", "drain", "turn_action"]
+
+class EpisodeSettings(Protocol):
+    """The loop's settings an episode reads (:class:`~april_bench.rollout.loop.RolloutConfig` has them)."""
+
+    @property
+    def max_response_len(self) -> int: ...
+
+    @property
+    def env_calls_at_stop(self) -> str: ...
+
+
+class Host(Protocol):
+    """What an episode needs of the loop that runs it (:class:`~april_bench.rollout.loop.RolloutLoop`)."""
+
+    @property
+    def env(self) -> Environment | None: ...
+
+    @property
+    def config(self) -> EpisodeSettings: ...
+
+    def submit(self, st: StepState, flight: InFlight, sample: Sample, priority: int) -> bool:
+        """Send the request that continues ``sample`` now; ``False`` when there is none."""
+        ...
+
+    def request_returned(self, st: StepState, flight: InFlight) -> None:
+        """One of ``flight``'s samples is back."""
+
+    def fail(self, st: StepState, error: BaseException) -> None:
+        """End the step with ``error``."""
 
 
 def begin(env: Environment, sample: Sample, st: StepState) -> None:
@@ -58,7 +98,7 @@ def turn_action(sample: Sample) -> list[int]:
     return out
 
 
-def call(loop: RolloutLoop, st: StepState, pending: Pending) -> None:
+def call(loop: Host, st: StepState, pending: Pending) -> None:
     """Start the environment call that answers the turn ``pending`` just ended."""
     key, priority = pending.request.request_id, pending.request.priority
     _start(loop, st, pending.flight, pending.sample, key, priority)
@@ -73,7 +113,7 @@ def awaits_answer(sample: Sample) -> bool:
     return not last.observation and last.finish_reason is FinishReason.STOP
 
 
-def call_again(loop: RolloutLoop, st: StepState, flight: InFlight, sample: Sample, priority: int) -> None:
+def call_again(loop: Host, st: StepState, flight: InFlight, sample: Sample, priority: int) -> None:
     """Make the call a stop cancelled, for a resumed episode (instead of a request)."""
     flight.outstanding += 1
     _start(loop, st, flight, sample, f"again-{sample.prompt.uid}-{sample.index}", priority)
@@ -92,17 +132,13 @@ async def drain(st: StepState) -> None:
         await asyncio.gather(*list(st.env_pending.values()))
 
 
-def _start(
-    loop: RolloutLoop, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int
-) -> None:
+def _start(loop: Host, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int) -> None:
     sample.status = SampleStatus.PARTIAL  # not finished while the environment answers
     st.all_returned.clear()
     st.env_pending[key] = asyncio.ensure_future(_call(loop, st, flight, sample, key, priority))
 
 
-async def _call(
-    loop: RolloutLoop, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int
-) -> None:
+async def _call(loop: Host, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int) -> None:
     env = loop.env
     assert env is not None and sample.env_state is not None
     clock = asyncio.get_running_loop()
@@ -113,10 +149,8 @@ async def _call(
         else:
             answer = await env.step(sample.env_state, turn_action(sample))
     except Exception as exc:  # the step raises it where it is awaited
-        st.error = st.error or exc
-        st.enough.set()
-        st.all_returned.set()
         del st.env_pending[key]
+        loop.fail(st, exc)
         return
     if answer is None:  # cancelled at the stop: the state and the unanswered turn stay
         st.env_cancelled += 1
@@ -138,16 +172,8 @@ async def _call(
         _observe(sample, answer.token_ids, st, version=sample.segments[-1].policy_version)
         if sample.response_len >= loop.config.max_response_len:
             sample.status = SampleStatus.TRUNCATED
-        elif not st.stopping and not st.error:
-            request = loop.next_request(st, sample, loop._view(st), priority)
-            if request is not None:  # the next turn, at once
-                now = clock.time()
-                st.pending[request.request_id] = Pending(flight, sample, request, sample.response_len, now)
-                st.requests += 1
-                st.peak_concurrency = max(st.peak_concurrency, len(st.pending))
-                st.all_returned.clear()
-                st.pumps.append(asyncio.ensure_future(loop._pump(st, loop.engine.generate([request]))))
-                return
+        elif not st.stopping and not st.error and loop.submit(st, flight, sample, priority):
+            return  # the next turn, at once
     loop.request_returned(st, flight)
 
 

@@ -33,17 +33,18 @@ from typing import Any
 from april_bench.algorithms.filters import keep_group
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
+    ACCOUNTING,
+    SATURATION,
     Completion,
     Engine,
-    EngineAccounting,
     EngineError,
     EngineWork,
     GenerateRequest,
     SamplingParams,
-    SaturationModel,
 )
 from april_bench.envs.protocol import Environment, EpisodeWorkload
-from april_bench.results.records import Fate, RequestRecord, RunRecorder, StepRecord
+from april_bench.results.recorder import RunRecorder
+from april_bench.results.records import Fate, RequestRecord, StepRecord
 from april_bench.rollout import episodes
 from april_bench.rollout.buffer import GroupBuffer
 from april_bench.rollout.state import group_from_dict, group_to_dict
@@ -344,13 +345,7 @@ class RolloutLoop(Configurable):
             if flight.outstanding == 0:
                 ready.append(flight)
         if requests:
-            st.requests += len(requests)
-            st.peak_concurrency = max(st.peak_concurrency, len(st.pending))
-            st.all_returned.clear()
-            tick = time.perf_counter()
-            stream = self.engine.generate(requests)
-            st.bookkeeping_s -= time.perf_counter() - tick  # the engine's submit is not ours
-            st.pumps.append(asyncio.ensure_future(self._pump(st, stream)))
+            self._send(st, requests)
         for flight in ready:  # buffered groups that were already finished
             self._on_group_returned(st, flight)
 
@@ -420,7 +415,37 @@ class RolloutLoop(Configurable):
         seed = sample_seed(self.config.seed, sample.prompt.uid, sample.index)
         return dataclasses.replace(self._sampling, seed=seed)
 
+    def submit(self, st: StepState, flight: InFlight, sample: Sample, priority: int) -> bool:
+        """Send the request that continues ``sample`` of ``flight`` now (an episode's next turn, once
+        its environment answered); ``False`` when there is none (it is finished, or has no budget
+        left).  Its completion comes back through the step like any other."""
+        with Meter(st):
+            request = self.next_request(st, sample, self._view(st), priority)
+            if request is None:
+                return False
+            now = asyncio.get_running_loop().time()
+            st.pending[request.request_id] = Pending(flight, sample, request, sample.response_len, now)
+            self._send(st, [request])
+            return True
+
+    def _send(self, st: StepState, requests: list[GenerateRequest]) -> None:
+        """Hand ``requests`` (already pending) to the engine; a pump brings their completions back."""
+        st.requests += len(requests)
+        st.peak_concurrency = max(st.peak_concurrency, len(st.pending))
+        st.all_returned.clear()
+        tick = time.perf_counter()
+        stream = self.engine.generate(requests)
+        st.bookkeeping_s -= time.perf_counter() - tick  # the engine's submit is not ours
+        st.pumps.append(asyncio.ensure_future(self._pump(st, stream)))
+
     # ------------------------------------------------------------ returning
+    def fail(self, st: StepState, error: BaseException) -> None:
+        """End the step with ``error`` (the first one wins): the step wakes and raises it where it is
+        awaited."""
+        st.error = st.error or error
+        st.enough.set()
+        st.all_returned.set()
+
     async def _pump(self, st: StepState, stream: AsyncIterator[Completion]) -> None:
         try:
             async for completion in stream:
@@ -429,9 +454,7 @@ class RolloutLoop(Configurable):
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # wake the step: it re-raises the error where it is awaited
-            st.error = st.error or exc
-            st.enough.set()
-            st.all_returned.set()
+            self.fail(st, exc)
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt, SystemExit: stop the loop now
             # An Exception is not re-raised here: the step raises it, and a task holding it too
@@ -612,13 +635,15 @@ class RolloutLoop(Configurable):
 
     def _work(self) -> EngineWork | None:
         """The engine's work counters now (``None``: it does not count its work)."""
-        return self.engine.work() if isinstance(self.engine, EngineAccounting) else None
+        counted = ACCOUNTING.of(self.engine)
+        return counted.work() if counted else None
 
     def _saturated(self, st: StepState) -> float | None:
-        if not isinstance(self.engine, SaturationModel):
+        model = SATURATION.of(self.engine)
+        if model is None:
             return None  # a real server cannot know its no-tail rate
         mean_context = st.context_token_sum / st.generated if st.generated else 0.0
-        return self.engine.saturated_tokens_per_s(st.peak_concurrency, mean_context)
+        return model.saturated_tokens_per_s(st.peak_concurrency, mean_context)
 
 
 def _segments(c: Completion, step: int) -> list[Segment]:

@@ -47,6 +47,8 @@ class Task:
     checkpoint: Callable[[], str] | None = None
     #: Lines for the user and the provenance (rows a data file lost, ...).
     notes: list[str] = field(default_factory=list)
+    #: ``--length-oracle``: what the forced lengths and rewards are drawn from (``None``: the model's own).
+    forced_lengths: dict[str, Any] | None = None
 
 
 #: The options each kind of task reads; any other kind given them is a mistake worth an error.

@@ -16,9 +16,18 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
+from april_bench.machine import detect_accelerators
 from april_bench.telemetry.devices import ModuleLoader, TelemetryUnavailable, as_number, import_quietly
 
-__all__ = ["FACT_KEYS", "amdsmi_facts", "collect_gpu_info", "nvidia_smi_facts", "nvml_facts", "torch_facts"]
+__all__ = [
+    "FACT_KEYS",
+    "amdsmi_facts",
+    "collect_gpu_info",
+    "gpu_info",
+    "nvidia_smi_facts",
+    "nvml_facts",
+    "torch_facts",
+]
 
 FACT_KEYS = (
     "index",
@@ -244,3 +253,16 @@ def _float(value: str | None) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
+
+def gpu_info() -> list[dict[str, Any]]:
+    """One dict per GPU for provenance: model, driver, CUDA/ROCm version, memory, max and current SM
+    clocks, power limit, persistence and compute mode (keys: :data:`FACT_KEYS`).
+
+    Asks NVML, then AMD SMI, then ``torch.cuda`` (only if a GPU device node exists), then
+    ``nvidia-smi``; ``[]`` on a machine without GPUs.  Never raises.
+    """
+    try:
+        return collect_gpu_info(has_gpu_nodes=detect_accelerators().any)
+    except Exception:  # provenance must never fail a run
+        return []

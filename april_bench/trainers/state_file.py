@@ -18,7 +18,10 @@ def save_atomic(obj: Any, path: str | Path) -> None:
     """``torch.save(obj, path)``, atomically and durably."""
     import torch
 
+    from april_bench.fsio import record
+
     target = Path(path)
+    record(target)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -45,6 +45,15 @@ class EngineKind:
     #: ``metrics()["generation_tokens"]`` counts tokens as they are decoded (not when a request ends):
     #: a test can wait for decoding progress instead of sleeping a guess.
     live_token_count: bool = False
+    #: The registry entry (``ENGINES``) and ``--engine-arg`` options that build this engine: what the
+    #: registry says of it (``updates_in_flight``) is checked on it.
+    spec: str = ""
+    args: tuple[tuple[str, Any], ...] = ()
+
+    def updates_in_flight(self) -> bool:
+        from april_bench.engines import ENGINES
+
+        return ENGINES.get(self.spec or self.name).updates_in_flight(dict(self.args))
 
 
 async def _fake(checkpoints: tuple[str, str]) -> Engine:
@@ -117,7 +126,14 @@ KINDS = {
         "vllm", _vllm, seeded=True, real_weights=True, float32=True, live_token_count=True
     ),  # dtype float32
     "vllm-server": EngineKind(
-        "vllm-server", _vllm_server, seeded=True, real_weights=True, float32=True, live_token_count=True
+        "vllm-server",
+        _vllm_server,
+        seeded=True,
+        real_weights=True,
+        float32=True,
+        live_token_count=True,
+        spec="vllm",
+        args=(("server", True),),
     ),
     "sglang-fake": EngineKind("sglang-fake", _sglang_fake, seeded=True, real_weights=False),
     # SGLang honours per-request seeds only with deterministic inference, which sglang_real_engine sets.

@@ -15,8 +15,16 @@ import time
 
 from conformance_engines import MAX_RUNNING, EngineHost, descendants
 
-from april_bench.engines.protocol import Completion, Engine, GenerateRequest, SamplingParams, WeightUpdate
-from april_bench.results.records import RunRecorder
+from april_bench.engines.protocol import (
+    CAPABILITIES,
+    METRICS,
+    Completion,
+    Engine,
+    GenerateRequest,
+    SamplingParams,
+    WeightUpdate,
+)
+from april_bench.results.recorder import RunRecorder
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.types import FinishReason
 from april_bench.workload import ScriptedWorkload
@@ -66,8 +74,8 @@ async def until(engine: Engine, running: int, waiting: int, timeout: float = 60)
 async def generated_tokens(engine: Engine) -> float | None:
     """The engine's own count of tokens it decoded (``None`` where it reports none)."""
     await engine.load()  # a server's metrics are read with its load
-    metrics = getattr(engine, "metrics", None)
-    return None if metrics is None else metrics().get("generation_tokens")
+    reporting = METRICS.of(engine)
+    return None if reporting is None else reporting.metrics().get("generation_tokens")
 
 
 async def until_decoded(engine: Engine, before: float | None, tokens: int, timeout: float = 120) -> None:
@@ -101,6 +109,16 @@ async def until_idle(engine: Engine, timeout: float = 60) -> None:
     while not (await engine.load()).idle:
         assert time.monotonic() < deadline, "the engine did not become idle"
         await asyncio.sleep(0.02)
+
+
+# ----------------------------------------------------------------------------- capabilities
+def test_the_engine_declares_exactly_the_optional_protocols_it_implements(host: EngineHost) -> None:
+    # Callers read capabilities from EngineInfo, never probe the object: a missing declaration would
+    # silently drop a feature (no work counters, no resume state), a false one would crash a caller.
+    engine = host.engine
+    assert engine is not None
+    implemented = {c.name for c in CAPABILITIES if isinstance(engine, c.protocol)}
+    assert {c.name for c in engine.info.capabilities} == implemented
 
 
 # ----------------------------------------------------------------------------- ids, seeds, budgets
@@ -411,7 +429,7 @@ def test_an_update_in_flight_stamps_every_token_with_the_weights_that_sampled_it
     # cover its tokens, old version first; with real weights, the tokens before the boundary have
     # the old weights' log-probs and those after the new weights' (over the KV the old ones kept).
     engine = host.engine
-    if engine is None or not engine.info.inflight_updates:
+    if engine is None or not host.kind.updates_in_flight():
         return
     first, second = host.checkpoints
     budget = 200

@@ -57,6 +57,11 @@ from april_bench.engines.hf.cache import SlotKVCache
 from april_bench.engines.hf.sampling import position_uniform, sample, sample_sort_free
 from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
+    ACCOUNTING,
+    HEALTH,
+    METRICS,
+    SATURATION,
+    STATE,
     Completion,
     EngineError,
     EngineInfo,
@@ -232,7 +237,7 @@ class HFEngine(Configurable):
             hardware=self.device.type,
             model=config.model,
             weight_formats=("state_dict", "path", "none"),
-            inflight_updates=True,
+            capabilities=frozenset({ACCOUNTING, HEALTH, METRICS, SATURATION, STATE}),
             dtype=str(self.dtype).removeprefix("torch."),
         )
 

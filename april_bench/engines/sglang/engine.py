@@ -41,6 +41,10 @@ from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
+    HEALTH,
+    KILL,
+    METRICS,
+    Capability,
     Completion,
     EngineError,
     EngineInfo,
@@ -58,6 +62,9 @@ from april_bench.engines.sglang.wire import VersionMap, error_message, generate_
 from april_bench.engines.stream import CompletionStream
 
 __all__ = ["SGLangEngine", "launch_command"]
+
+#: What the adapter implements beyond the protocol (:attr:`EngineInfo.capabilities`).
+_CAPABILITIES: frozenset[Capability[Any]] = frozenset({HEALTH, KILL, METRICS})
 
 MIN_SGLANG = "0.5.9"  # oldest version whose API this adapter was checked against (/v1/loads, sampling_seed)
 
@@ -144,6 +151,7 @@ class SGLangEngine(ServerAdapter, Configurable):
             virtual_time=False,
             model=config.model_path or "",
             weight_formats=("path", "none"),
+            capabilities=_CAPABILITIES,
         )
         self._snapshot: dict[str, float] = {}
         self._counters = {"requests": 0, "aborted_requests": 0, "generation_tokens": 0, "preemptions": 0}
@@ -181,6 +189,7 @@ class SGLangEngine(ServerAdapter, Configurable):
             version=None if version is None else (f"{version} (april-bench fake)" if fake else str(version)),
             hardware=f"{count}x {accelerator}" if accelerator else "",
             weight_formats=("path", "none"),
+            capabilities=_CAPABILITIES,
         )
 
     async def _wait_healthy(self) -> None:
@@ -195,7 +204,7 @@ class SGLangEngine(ServerAdapter, Configurable):
             await asyncio.sleep(0.5)
 
     async def kill(self) -> None:
-        """Fault injection (:class:`~april_bench.engines.replicas.Killable`): SIGKILL the launched server."""
+        """Fault injection (:data:`~april_bench.engines.protocol.KILL`): SIGKILL the launched server."""
         kill_server(self.server, name="sglang")
 
     async def hang(self) -> None:

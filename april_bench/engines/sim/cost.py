@@ -31,11 +31,43 @@ from dataclasses import dataclass, field
 from april_bench.profiles.hardware import HardwareProfile
 from april_bench.profiles.models import ModelProfile
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "DecodeCost"]
+
+
+class DecodeCost:
+    """What both cost models (the roofline here, the measured curve of :mod:`.cost_curve`) answer the
+    same way from their decode times: how many decode steps fit a time budget, and the no-tail rate."""
+
+    __slots__ = ()
+
+    def decode_iteration_time(self, batch: int, context_sum: float) -> float:
+        raise NotImplementedError
+
+    def decode_run_time(self, batch: int, context_sum: float, iterations: int) -> float:
+        """Time of ``iterations`` decode steps; the context sum grows by ``batch`` per step."""
+        raise NotImplementedError
+
+    def iterations_within(self, batch: int, context_sum: float, limit: int, budget: float) -> int:
+        """Largest k <= limit with decode_run_time(batch, context_sum, k) <= budget (bisection: the
+        run time grows with k)."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.decode_run_time(batch, context_sum, mid) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def saturated_tokens_per_s(self, batch: int, mean_context: float) -> float:
+        """Decode tokens/s with ``batch`` requests always running at ``mean_context`` tokens each."""
+        if batch <= 0:
+            return 0.0
+        return batch / self.decode_iteration_time(batch, batch * mean_context)
 
 
 @dataclass(frozen=True)
-class CostModel:
+class CostModel(DecodeCost):
     hardware: HardwareProfile
     model: ModelProfile
     tp: int = 1
@@ -99,17 +131,6 @@ class CostModel:
             return c * iterations + _sum_linear(mem[0] + comp[0], mem[1] + comp[1], 0, iterations)
         return c * iterations + _sum_max_linear(mem, comp, iterations)
 
-    def iterations_within(self, batch: int, context_sum: float, limit: int, budget: float) -> int:
-        """Largest k <= limit with decode_run_time(batch, context_sum, k) <= budget."""
-        lo, hi = 0, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.decode_run_time(batch, context_sum, mid) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
     # -- prefill -------------------------------------------------------------
     def prefill_time(self, chunks: Iterable[tuple[int, int]]) -> float:
         """One extend batch; each chunk is (tokens already in the KV cache, new tokens)."""
@@ -136,11 +157,6 @@ class CostModel:
         if per_gpu_pool <= 0:
             return 0
         return int(self.tp * per_gpu_pool // self.model.kv_bytes_per_token)
-
-    def saturated_tokens_per_s(self, batch: int, mean_context: float) -> float:
-        if batch <= 0:
-            return 0.0
-        return batch / self.decode_iteration_time(batch, batch * mean_context)
 
 
 def _sum_linear(a: float, b: float, lo: int, hi: int) -> float:

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.engines.sim.cost import DecodeCost
 
 __all__ = ["SCHEMA_VERSION", "UNLIMITED", "CostCurve", "MeasuredCost"]
 
@@ -176,6 +177,9 @@ class CostCurve:
             raise ConfigError(f"{where}: malformed cost curve ({type(exc).__name__}: {exc})") from None
 
     def save(self, path: Path) -> None:
+        from april_bench.fsio import record
+
+        record(path)
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
     @classmethod
@@ -192,7 +196,7 @@ class CostCurve:
         return cls.from_json(data, where=str(path))
 
 
-class MeasuredCost:
+class MeasuredCost(DecodeCost):
     """The simulated replica's cost model, answered from a :class:`CostCurve` (one engine, tp 1)."""
 
     def __init__(self, curve: CostCurve) -> None:
@@ -209,17 +213,6 @@ class MeasuredCost:
         first = c.step_s(batch, context_sum)
         return iterations * first + c.decode_per_context_token_s * batch * iterations * (iterations - 1) / 2
 
-    def iterations_within(self, batch: int, context_sum: float, limit: int, budget: float) -> int:
-        """Largest k <= limit with decode_run_time(batch, context_sum, k) <= budget."""
-        lo, hi = 0, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.decode_run_time(batch, context_sum, mid) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
     def prefill_time(self, chunks: Any) -> float:
         tokens = sum(n for _, n in chunks)
         return self.curve.prefill_s(tokens) if tokens else 0.0
@@ -227,6 +220,3 @@ class MeasuredCost:
     def kv_capacity_tokens(self, mem_fraction: float) -> int:
         del mem_fraction  # measured: the engine's own pool
         return self.curve.kv_capacity_tokens
-
-    def saturated_tokens_per_s(self, batch: int, mean_context: float) -> float:
-        return 0.0 if batch <= 0 else batch / self.decode_iteration_time(batch, batch * mean_context)

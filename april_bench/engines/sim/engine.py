@@ -24,15 +24,18 @@ from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
+    FAULTS,
+    SATURATION,
+    STATE,
     Completion,
     EngineError,
     EngineInfo,
     EngineLoad,
     EngineSettings,
+    FaultEvent,
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.replicas import FaultEvent
 from april_bench.engines.routing import ROUTER_POLICIES, Router
 from april_bench.engines.sim.cost import CostModel
 from april_bench.engines.sim.cost_curve import CostCurve, MeasuredCost
@@ -199,7 +202,7 @@ class SimEngine(Configurable):
             hardware=self.hardware.name,
             model=self.model.name,
             weight_formats=("none", "state_dict", "path"),  # timed from the model size; contents ignored
-            inflight_updates=True,
+            capabilities=frozenset({FAULTS, STATE, SATURATION}),
         )
 
     @property
@@ -225,7 +228,7 @@ class SimEngine(Configurable):
 
     def watch_faults(self, callback: Callable[[FaultEvent], None]) -> None:
         """Simulated replica failures go to ``callback`` (as a replica pool's do:
-        :class:`~april_bench.engines.replicas.FaultReport`)."""
+        :class:`~april_bench.engines.protocol.FaultReport`)."""
         if self.failures is not None:
             self.failures.watch(callback)
 

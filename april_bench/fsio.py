@@ -1,0 +1,167 @@
+"""What april-bench writes, and the record of it a run directory keeps.
+
+A run directory (``run``, ``ablate``, ``simcheck``, ``whatif`` output) starts with a manifest,
+:data:`MANIFEST_NAME`, written before anything else: a header line, then one line per name the tool
+writes into the directory, appended *before* the file is created (a crash leaves a name listed whose
+file is missing, never a file of the run that is not listed).  ``--overwrite`` removes only what the
+manifest lists (:func:`april_bench.results.rundir.clear_run_dir`): a directory holding a file the
+manifest does not name is refused, never emptied.
+
+The manifest lists the directory's top-level names.  A name may be a directory the run made: a nested
+run directory with its own manifest (an ablation's modes, simcheck's ``measured/``), or one of
+:data:`RUN_SUBDIRS` (checkpoints, tracker logs, figures), whose files are recorded under that name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "MANIFEST_NAME",
+    "RUN_SUBDIRS",
+    "Manifest",
+    "read_manifest",
+    "record",
+    "start_manifest",
+]
+
+#: The manifest of a run directory (a dot file: readers of a run never see it as a run file).
+MANIFEST_NAME = ".april-bench-files"
+#: Directories a run makes inside its directory whose files are recorded under the directory's name.
+RUN_SUBDIRS = ("state", "tensorboard", "wandb", "figures")
+#: A manifest larger than this is not one april-bench wrote (it lists top-level names only).
+_MAX_MANIFEST_BYTES = 1 << 20
+_HEADER_KEY = "april_bench_files"
+_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A run directory's manifest: what made it (``run``, ``ablate``, ...) and the names it wrote."""
+
+    kind: str
+    names: frozenset[str]
+
+
+def start_manifest(directory: Path, kind: str) -> None:
+    """Make ``directory`` a run directory of ``kind`` with an empty manifest (replacing an old one), and
+    record it in the manifest of the directory above when that is a run directory (an ablation's mode)."""
+    record(directory)
+    header = json.dumps({_HEADER_KEY: _VERSION, "kind": kind}) + "\n"
+    path = directory / MANIFEST_NAME
+    tmp = directory / f".{MANIFEST_NAME}.new"
+    _unlink_if_link_or_file(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, header.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+
+
+def record(path: Path) -> None:
+    """Note that april-bench writes ``path``: listed in the manifest of its directory, or of the run
+    directory above when the file lies in one of :data:`RUN_SUBDIRS`.  Call it before the file is
+    created.  A path in no run directory is left alone."""
+    path = Path(path)
+    parent = path.parent
+    roots = [parent]
+    if parent.name in RUN_SUBDIRS:
+        roots.append(parent.parent)
+    for root in roots:
+        manifest = root / MANIFEST_NAME
+        try:
+            mode = os.lstat(manifest).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            return  # not a manifest april-bench wrote: never write through a link
+        name = path.relative_to(root).parts[0]
+        if name == MANIFEST_NAME:
+            return
+        current = read_manifest(root)
+        if current is None or name in current.names:
+            return
+        fd = os.open(manifest, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, (json.dumps(name) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return
+
+
+def read_manifest(directory: Path) -> Manifest | None:
+    """The manifest of ``directory``; ``None`` when it has none or the file is not one april-bench
+    wrote (a link, too large, not the format)."""
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, _MAX_MANIFEST_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_MANIFEST_BYTES:
+        return None
+    try:
+        lines = data.decode("utf-8").splitlines()
+        header = json.loads(lines[0]) if lines else None
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(header, dict) or header.get(_HEADER_KEY) != _VERSION:
+        return None
+    names: set[str] = set()
+    for line in lines[1:]:
+        try:
+            name = json.loads(line)
+        except ValueError:
+            continue  # a line torn by a crash names a file that was never created
+        if _plain_name(name):
+            names.add(name)
+    return Manifest(kind=str(header.get("kind", "run")), names=frozenset(names))
+
+
+def _plain_name(name: object) -> bool:
+    """A single path component: a manifest never makes ``--overwrite`` reach outside its directory."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\0" not in name
+        and name != MANIFEST_NAME
+    )
+
+
+def _unlink_if_link_or_file(path: Path) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        os.unlink(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (a no-op where directories cannot be opened or synced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
