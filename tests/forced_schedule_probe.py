@@ -20,7 +20,7 @@ import torch
 
 from april_bench.engines.hf import HFEngine
 from april_bench.engines.protocol import WeightUpdate
-from april_bench.results.records import RunRecorder
+from april_bench.results.recorder import RunRecorder
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.sim.length_oracle import LengthOracle
 from april_bench.tasks.forced import ForcedLengths

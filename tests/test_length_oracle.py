@@ -15,7 +15,7 @@ from sglang_fake import sglang_fake_engine
 
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import WeightUpdate
-from april_bench.results.records import RunRecorder
+from april_bench.results.recorder import RunRecorder
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.sim.length_oracle import DEFAULT_CAP, LengthOracle, parse_profile
 from april_bench.tasks.forced import ForcedLengths

@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 
 from april_bench.engines.hf.cache import SlotKVCache
-from april_bench.engines.hf.kernels import make_ops
+from april_bench.engines.hf.kernels import TorchOps
 
-__all__ = ["FusedQwen", "unsupported"]
+__all__ = ["FusedQwen", "make_ops", "triton_usable", "unsupported"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,37 @@ def unsupported(model: Any) -> str | None:
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act!r} (the fused MLP is SiLU-gated)"
     return None
+
+
+def triton_usable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the Triton kernels cannot run here, or ``None`` when they can."""
+    import os
+
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type != "cuda" and not interpreted:
+        return f"Triton kernels need a CUDA device, not {device.type} (TRITON_INTERPRET=1 runs them on a CPU)"
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"Triton kernels take bfloat16, float16 or float32, not {dtype}"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "the triton package is not installed"
+    return None
+
+
+def make_ops(kind: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, str | None]:
+    """The ops ``kind`` asks for (``torch``, ``triton`` or ``auto``: Triton where it can run) and, when
+    ``auto`` fell back to torch, why."""
+    if kind == "torch":
+        return TorchOps(), None
+    reason = triton_usable(device, dtype)
+    if reason is None:
+        from april_bench.engines.hf.triton_kernels import TritonOps
+
+        return TritonOps(), None
+    if kind == "triton":
+        raise ValueError(f"fused_kernels=triton: {reason}")
+    return TorchOps(), reason
 
 
 @dataclass(slots=True)

@@ -28,12 +28,12 @@ say where token ``n``'s key and value go.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FusedOps", "TorchOps", "make_ops", "top_p_threshold"]
+__all__ = ["FusedOps", "TorchOps", "top_p_threshold"]
 
 #: Bisection rounds that pin a float32 threshold in [0, 1] to one representable value (2**30 > bits(1.0)).
 THRESHOLD_ROUNDS = 31
@@ -200,34 +200,3 @@ class TorchOps:
 
     def top_p_threshold(self, weights: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
         return top_p_threshold(weights, need)
-
-
-def triton_usable(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the Triton kernels cannot run here, or ``None`` when they can."""
-    import os
-
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if device.type != "cuda" and not interpreted:
-        return f"Triton kernels need a CUDA device, not {device.type} (TRITON_INTERPRET=1 runs them on a CPU)"
-    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return f"Triton kernels take bfloat16, float16 or float32, not {dtype}"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "the triton package is not installed"
-    return None
-
-
-def make_ops(kind: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, str | None]:
-    """The ops ``kind`` asks for (``torch``, ``triton`` or ``auto``: Triton where it can run) and, when
-    ``auto`` fell back to torch, why."""
-    if kind == "torch":
-        return TorchOps(), None
-    reason = triton_usable(device, dtype)
-    if reason is None:
-        from april_bench.engines.hf.triton_kernels import TritonOps
-
-        return TritonOps(), None
-    if kind == "triton":
-        raise ValueError(f"fused_kernels=triton: {reason}")
-    return TorchOps(), reason
