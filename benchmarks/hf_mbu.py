@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -254,6 +255,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "dtype": str(engine.dtype).removeprefix("torch."),
                 "decode_path": engine.decode_path,
                 "fused_kernels": decoder.fused.ops.name if decoder and decoder.fused else None,
+                "fused_kernels_note": decoder.fused.kernels_note if decoder and decoder.fused else None,
                 "cuda_graphs_captured": decoder.graphs_captured if decoder else 0,
                 "cuda_graph_error": decoder.graph_error if decoder else None,
                 "capture_seconds_at_start": engine.capture_seconds,
@@ -262,7 +264,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             await engine.close()
             return out
 
-        points += run_real(sweep())
+        try:  # one path failing (a kernel that does not build on this GPU) must not cost the others
+            points += run_real(sweep())
+        except Exception as exc:
+            runtime[path] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            print(f"decode path {path} failed: {runtime[path]['error']}", file=sys.stderr)
     return {
         "label": f"measured on {args.device}",
         "model": args.model,
@@ -317,8 +323,11 @@ def render(result: dict[str, Any], provenance: dict[str, Any]) -> str:
         "",
         "Runtime: "
         + "; ".join(
-            f"{path}: {r['device']} {r['dtype']} ({r.get('decode_path', path)} path"
+            f"{path}: FAILED ({r['error']})"
+            if "error" in r
+            else f"{path}: {r['device']} {r['dtype']} ({r.get('decode_path', path)} path"
             + (f", {r['fused_kernels']} kernels" if r.get("fused_kernels") else "")
+            + (f" [{r['fused_kernels_note']}]" if r.get("fused_kernels_note") else "")
             + f"), {r['cuda_graphs_captured']} CUDA graphs"
             + (
                 f" captured in {r['capture_seconds_at_start']:.1f} s at start"

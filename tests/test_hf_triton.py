@@ -184,3 +184,34 @@ def test_the_engine_decodes_with_the_triton_kernels() -> None:
     assert {rid: c.num_tokens for rid, c in eager.items() if c.finish_reason.value == "length"} == {
         rid: fused[rid].num_tokens for rid, c in eager.items() if c.finish_reason.value == "length"
     }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_start_check_passes_the_triton_kernels(dtype: torch.dtype) -> None:
+    """The check the fused forward runs at start accepts the kernels as they are (no silent fallback)."""
+    from april_bench.engines.hf.fused import check_triton_ops, make_ops
+
+    assert check_triton_ops(_triton(), _device(), dtype, heads=6, kv_heads=2, head_dim=64) == {}
+    ops, note = make_ops("triton", _device(), dtype, heads=6, kv_heads=2, head_dim=64)
+    assert ops.name == "triton" and note is None and ops.reads_own_keys
+
+
+def test_a_kernel_that_fails_its_check_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from april_bench.engines.hf import triton_kernels
+    from april_bench.engines.hf.fused import make_ops
+
+    def broken(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("no kernel image for this GPU")
+
+    def wrong(self: Any, q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+
+    monkeypatch.setattr(triton_kernels.TritonOps, "silu_mul", broken)
+    monkeypatch.setattr(triton_kernels.TritonOps, "decode_attention", wrong)
+    ops, note = make_ops("auto", _device(), torch.float32, heads=4, kv_heads=2, head_dim=32)
+    assert ops.name == "triton+torch" and note is not None
+    assert "silu_mul: RuntimeError" in note and "decode_attention: disagrees" in note
+    assert not ops.reads_own_keys  # torch's attention needs the padded view again
+    gate_up = torch.randn(2, 64, device=_device())
+    assert torch.equal(ops.silu_mul(gate_up), TorchOps().silu_mul(gate_up))
+    assert type(ops.add_rms_norm.__self__).__name__ == "TritonOps"

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from april_bench.engines.hf.cache import SlotKVCache
 from april_bench.engines.hf.kernels import TorchOps
 
-__all__ = ["FusedQwen", "make_ops", "triton_usable", "unsupported"]
+__all__ = ["FusedQwen", "MixedOps", "check_triton_ops", "make_ops", "triton_usable", "unsupported"]
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +92,115 @@ def triton_usable(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def make_ops(kind: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, str | None]:
-    """The ops ``kind`` asks for (``torch``, ``triton`` or ``auto``: Triton where it can run) and, when
-    ``auto`` fell back to torch, why."""
+def make_ops(
+    kind: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 32,
+) -> tuple[Any, str | None]:
+    """The ops ``kind`` asks for (``torch``, ``triton`` or ``auto``: Triton where it can run) and a note:
+    why ``auto`` fell back to torch, or which Triton kernels failed their check at start.
+
+    Each Triton kernel is checked once against the torch reference on inputs of the model's head shape
+    (:func:`check_triton_ops`); one that fails to build, raises or disagrees is replaced by its torch
+    version, so a kernel that is wrong on some GPU costs speed, not a run."""
     if kind == "torch":
         return TorchOps(), None
     reason = triton_usable(device, dtype)
-    if reason is None:
-        from april_bench.engines.hf.triton_kernels import TritonOps
+    if reason is not None:
+        if kind == "triton":
+            raise ValueError(f"fused_kernels=triton: {reason}")
+        return TorchOps(), reason
+    from april_bench.engines.hf.triton_kernels import TritonOps
 
+    failed = check_triton_ops(TritonOps(), device, dtype, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    if not failed:
         return TritonOps(), None
-    if kind == "triton":
-        raise ValueError(f"fused_kernels=triton: {reason}")
-    return TorchOps(), reason
+    note = "; ".join(f"{name}: {why}" for name, why in failed.items())
+    log.warning("hf fused forward: torch instead of Triton for %s", note)
+    return MixedOps(TritonOps(), TorchOps(), set(failed)), f"torch for {note}"
+
+
+class MixedOps:
+    """Triton's ops except ``fallback`` (operation names), which torch does."""
+
+    def __init__(self, fast: Any, slow: Any, fallback: set[str]) -> None:
+        self.fast, self.slow, self.fallback = fast, slow, fallback
+        self.name = "triton" if not fallback else "triton+torch"
+        self.reads_own_keys = "decode_attention" not in fallback
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.slow if name in self.fallback else self.fast, name)
+
+
+def check_triton_ops(
+    ops: Any, device: torch.device, dtype: torch.dtype, *, heads: int, kv_heads: int, head_dim: int
+) -> dict[str, str]:
+    """Each of ``ops``' operations against :class:`TorchOps` on small random inputs of this head shape;
+    the ones that raised or disagreed beyond a few units in the last place, and why."""
+    reference = TorchOps()
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    hidden, rows, slots, max_len = heads * head_dim, 3, 3, 80
+    x, residual, weight = rand(rows, hidden), rand(rows, hidden), 1 + 0.1 * rand(hidden)
+    qkv = rand(rows, (heads + 2 * kv_heads) * head_dim)
+    angle = torch.arange(max_len)[:, None] * 0.01 * torch.arange(1, head_dim // 2 + 1)[None, :]
+    cos = torch.cat([angle, angle], -1).cos().to(device, dtype)
+    sin = torch.cat([angle, angle], -1).sin().to(device, dtype)
+    positions = torch.tensor([0, 40, max_len - 1], device=device)
+    q = rand(rows, heads, head_dim)
+    keys, values = rand(slots, kv_heads, max_len, head_dim), rand(slots, kv_heads, max_len, head_dim)
+    probs = torch.softmax(3 * torch.randn(rows, 1000, generator=gen), -1)
+    probs = (probs / probs.max(-1, keepdim=True).values).to(device)
+    need = torch.tensor([0.5, 0.9, 0.99], device=device) * probs.sum(-1)
+
+    def rope(o: Any) -> torch.Tensor:
+        k, v = torch.zeros_like(keys), torch.zeros_like(values)
+        out = o.rope_store(
+            qkv, heads=heads, kv_heads=kv_heads, head_dim=head_dim, cos=cos, sin=sin, positions=positions,
+            slots=torch.arange(rows, device=device), q_norm=weight[:head_dim], k_norm=weight[:head_dim],
+            eps=1e-6, keys=k, values=v,
+        )  # fmt: skip
+        return torch.cat([out.flatten(), k.flatten(), v.flatten()])
+
+    def attention(o: Any) -> torch.Tensor:
+        lengths = positions + 1
+        scale = head_dim**-0.5
+        return torch.cat(
+            [o.decode_attention(q, keys, values, lengths, scale=scale, view=None, splits=s) for s in (1, 4)]
+        )
+
+    probes: dict[str, Any] = {
+        "add_rms_norm": lambda o: torch.cat([t.flatten() for t in o.add_rms_norm(x, residual, weight, 1e-6)]),
+        "rope_store": rope,
+        "decode_attention": attention,
+        "silu_mul": lambda o: o.silu_mul(torch.cat([x, residual], -1)),
+        # the kept sets, as 0/1: the masses may sum in another order, so one token per row may differ
+        "top_p_threshold": lambda o: (probs >= o.top_p_threshold(probs, need)[:, None]).float(),
+    }
+    ulps = 8 * (torch.finfo(dtype).eps if dtype != torch.float32 else 1e-6)
+    failed: dict[str, str] = {}
+    for name, probe in probes.items():
+        try:
+            got, want = probe(ops).double().cpu(), probe(reference).double().cpu()
+        except Exception as exc:  # a kernel that does not build or launch here
+            failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+            continue
+        if name == "top_p_threshold":
+            bad = float((got != want).sum()) > rows
+        else:
+            bad = bool(not torch.isfinite(got).all()) or float((got - want).abs().max()) > ulps * max(
+                1.0, float(want.abs().max())
+            )
+        if bad:
+            failed[name] = "disagrees with the torch reference"
+    return failed
 
 
 @dataclass(slots=True)
@@ -168,7 +264,9 @@ class FusedQwen:
         self.scale = self.head_dim**-0.5
         weight = model.get_output_embeddings().weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.ops, self.kernels_note = make_ops(kernels, self.device, self.dtype)
+        self.ops, self.kernels_note = make_ops(
+            kernels, self.device, self.dtype, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim
+        )
         self._bind_weights()
         # the rotary tables of transformers' own module, for every position a slot can hold
         positions = torch.arange(cache.max_len, device=self.device)[None, :]

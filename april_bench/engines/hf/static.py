@@ -167,7 +167,7 @@ class StaticDecoder:
         self.batch_buckets = batch_buckets(min(max_graph_batch, slots))
         self.kv_buckets = kv_buckets(max_len)
         #: The fused forward's Triton attention reads each row's own keys: no KV view, one graph per batch.
-        self.needs_view = fused is None or fused.ops.name != "triton"
+        self.needs_view = fused is None or not getattr(fused.ops, "reads_own_keys", False)
         self.graph_error: str | None = None
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._pool: Any = None

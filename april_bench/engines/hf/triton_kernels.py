@@ -241,6 +241,7 @@ class TritonOps:
     """:class:`~.kernels.TorchOps`' operations, one Triton launch each (two for split attention)."""
 
     name = "triton"
+    reads_own_keys = True  # decode attention reads each row's own keys: no padded view
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
