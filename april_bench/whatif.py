@@ -112,13 +112,13 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     workload: dict[str, Any] = {"trace": str(trace.path)}
     if trace.arm is not None:
         workload["trace_arm"] = trace.arm
-    from april_bench.sim.workload import DATASETS
+    from april_bench.sim.workload import DATASET_PROFILES
 
     # The data-set profile is unused by a replay (the trace gives every length); name the source's
     # when the simulator knows it, so tables say what was replayed.
     source_dataset = str(trace.header.provenance.get("dataset"))
     config = ExperimentConfig(
-        dataset=source_dataset if source_dataset in DATASETS else "dapo-math-17k",
+        dataset=source_dataset if source_dataset in DATASET_PROFILES else "dapo-math-17k",
         hardware=hardware,
         algorithm=setup.algorithm,
         model=model,

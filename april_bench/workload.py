@@ -31,11 +31,6 @@ class PromptStream:
         self._returned: deque[Prompt] = deque()
 
     @property
-    def consumed(self) -> int:
-        """Prompts taken and not given back."""
-        return self._next - len(self._returned)
-
-    @property
     def position(self) -> int:
         """The uid the next new prompt will have."""
         return self._next

@@ -1,8 +1,12 @@
-"""Small builders shared by the tests: a rollout loop over the fake engine."""
+"""Small builders shared by the tests: command-line flags for small runs, a run directory's rows, and
+a rollout loop over the fake engine."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gzip
+import json
+from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 from april_bench.engines.fake import FakeEngine
@@ -13,6 +17,95 @@ from april_bench.rollout.loop import RolloutConfig, RolloutLoop, StepOutcome
 from april_bench.rollout.strategy import RolloutStrategy
 from april_bench.vtime import run_virtual
 from april_bench.workload import ScriptedWorkload
+
+__all__ = [
+    "EMBEDDED",
+    "SIM",
+    "comparable_rows",
+    "embedded_flags",
+    "fake_arm",
+    "flags",
+    "read_jsonl",
+    "sim_flags",
+    "table_rows",
+]
+
+
+# ------------------------------------------------------------------------------------------- flags
+def flags(**options: object) -> list[str]:
+    """Command-line flags from keyword options, in order: ``steps=3`` -> ``--steps 3``; ``True`` -> the
+    bare flag (``no_progress=True``); ``None`` or ``False`` -> left out; a list or tuple -> the flag
+    repeated (``engine_arg=["a=1", "b=2"]``)."""
+    out: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                out += [flag, str(item)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+#: A small simulated run on the H100 profile: sync and APRIL part within a few steps, in seconds.
+SIM: dict[str, object] = {
+    "hw": "h100",
+    "steps": 3,
+    "rollout_batch_size": 4,
+    "n_samples_per_prompt": 4,
+    "over_sampling_batch_size": 8,
+    "max_response_len": 2048,
+    "no_progress": True,
+}
+
+#: A small embedded run (the hf engine on a tiny model warm-started for 20 steps): about a minute.
+EMBEDDED: dict[str, object] = {
+    "steps": 3,
+    "rollout_batch_size": 4,
+    "n_samples_per_prompt": 4,
+    "over_sampling_batch_size": 8,
+    "max_response_len": 48,
+    "warmstart_arg": "steps=20",
+    "no_progress": True,
+}
+
+
+def sim_flags(**changes: object) -> list[str]:
+    """:data:`SIM`'s flags with ``changes`` (``steps=4``; ``None`` drops a flag:
+    ``over_sampling_batch_size=None``)."""
+    return flags(**{**SIM, **changes})
+
+
+def embedded_flags(**changes: object) -> list[str]:
+    """:data:`EMBEDDED`'s flags with ``changes``."""
+    return flags(**{**EMBEDDED, **changes})
+
+
+# -------------------------------------------------------------------------------------------- rows
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every row of a JSON Lines file (blank lines skipped)."""
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def table_rows(run: Path, table: str) -> list[dict[str, Any]]:
+    """A run directory's table: ``<table>.jsonl``, or ``<table>.jsonl.gz`` once compressed."""
+    plain = run / f"{table}.jsonl"
+    if plain.exists():
+        return read_jsonl(plain)
+    with gzip.open(run / f"{table}.jsonl.gz", "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def comparable_rows(run: Path, table: str, *, drop: Collection[str] = ("bookkeeping_s",)) -> list[str]:
+    """A table's rows, order-free, for comparing two runs: each row as sorted JSON, without ``drop``
+    (by default the harness's own CPU seconds: measured, not simulated)."""
+    rows = ({k: v for k, v in row.items() if k not in drop} for row in table_rows(run, table))
+    return sorted(json.dumps(row, sort_keys=True) for row in rows)
 
 
 def fake_arm(

@@ -6,23 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import sim_flags
 
 from april_bench.cli import main
 from april_bench.cli.ablate import grid_arms
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--max-response-len",
-    "2048",
-    "--no-progress",
-]
+SIM = sim_flags(over_sampling_batch_size=None)
 
 
 def test_the_grid_varies_one_knob_at_a_time_around_the_first_values() -> None:

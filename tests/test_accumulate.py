@@ -48,3 +48,23 @@ def test_latency_percentiles_are_exact_up_to_the_cap_then_within_a_tenth_of_a_pe
         nearest = ordered[round(pos)]
         assert binned.quantile(q) == pytest.approx(nearest, rel=1e-3)
     assert len(binned) == len(values) and binned.quantile(0.0) == 0.0
+
+
+def test_one_quantile_serves_the_summary_the_bootstrap_and_the_data_stats() -> None:
+    import numpy as np
+
+    from april_bench.data.stats import percentile
+    from april_bench.quantiles import quantile
+
+    rng = random.Random(3)
+    for n in (1, 2, 7, 100):
+        values = sorted(rng.uniform(0, 50) for _ in range(n))
+        exact = LatencyValues()
+        for v in values:
+            exact.add(v)
+        for q in (0.0, 0.25, 0.5, 0.9, 0.99, 1.0):
+            expected = float(np.quantile(values, q))
+            assert quantile(values, q) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+            assert exact.quantile(q) == quantile(values, q)
+            assert percentile(values, q * 100) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert math.isnan(percentile([], 50))

@@ -12,29 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import comparable_rows, flags, table_rows
 
 from april_bench.cli import main
 from april_bench.tasks.agent import AgentTask, Calculator, ReplayedCalculator
 from april_bench.tasks.synthetic import CharTokenizer, Problem
 from april_bench.types import Prompt
 
-SIM = [
-    "--dataset",
-    "synthetic-agent",
-    "--engine",
-    "sim",
-    "--steps",
-    "4",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--strategies",
-    "sync,april",
-    "--no-progress",
-]
+SIM = flags(
+    dataset="synthetic-agent",
+    engine="sim",
+    steps=4,
+    rollout_batch_size=4,
+    n_samples_per_prompt=4,
+    over_sampling_batch_size=8,
+    strategies="sync,april",
+    no_progress=True,
+)
 
 
 def _task(**options: Any) -> AgentTask:
@@ -122,15 +116,6 @@ def test_bad_agent_input_is_one_line(
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
 
 
-def _rows(run: Path, table: str) -> list[str]:
-    out = []
-    for line in (run / f"{table}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        row.pop("bookkeeping_s", None)
-        out.append(json.dumps(row, sort_keys=True))
-    return sorted(out)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("agent") / "run"
@@ -139,7 +124,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_simulated_agent_run_resumes_episodes_across_steps(uninterrupted: Path) -> None:
-    samples = [json.loads(line) for line in (uninterrupted / "samples.jsonl").read_text().splitlines()]
+    samples = table_rows(uninterrupted, "samples")
     resumed = [
         s
         for s in samples
@@ -150,13 +135,13 @@ def test_a_simulated_agent_run_resumes_episodes_across_steps(uninterrupted: Path
         state = s["episode"]["env_state"]
         assert state["x"] < state["k"] and s["episode"]["env_calls"] == state["calls"] + 1
         assert s["observation_tokens"] > 0 and s["status"] == "completed"
-    steps = [json.loads(line) for line in (uninterrupted / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(uninterrupted, "steps")
     assert all(r["env_calls"] > 0 and r["observation_tokens"] > 0 for r in steps)
     assert main(["report", str(uninterrupted)]) == 0  # every prompt one fate, tokens conserved
 
 
 @pytest.mark.parametrize(("arm", "step"), [("april", 1), ("sync", 2)])
-def test_interrupt_then_resume_an_agent_run_gives_the_same_rows(
+def test_interrupt_then_resume_an_agent_run_gives_the_samecomparable_rows(
     arm: str, step: int, uninterrupted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from april_bench import experiment
@@ -174,7 +159,7 @@ def test_interrupt_then_resume_an_agent_run_gives_the_same_rows(
     monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     for table in ("requests", "samples", "steps", "events"):
-        assert _rows(out, table) == _rows(uninterrupted, table), table
+        assert comparable_rows(out, table) == comparable_rows(uninterrupted, table), table
     fates: dict[tuple[str, int, int], int] = {}
     for line in (out / "samples.jsonl").read_text().splitlines():
         f = json.loads(line)

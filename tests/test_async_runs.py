@@ -9,39 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import comparable_rows, sim_flags
 
 from april_bench.cli import main
 from april_bench.results.store import check_run, load_run
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "4",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
-    "--no-progress",
-]
+SIM = sim_flags(steps=4)
 ONE_STEP_OFF = "sync[driver=one-step-off]"
 STALE_SYNC = "sync[driver=stale,max_staleness=2]"
 STALE_APRIL = "april[driver=stale,max_staleness=1]"
 STALE_APRIL2 = "april[driver=stale,max_staleness=2]"
 ARMS = f"sync,{ONE_STEP_OFF},april[driver=one-step-off],{STALE_SYNC},{STALE_APRIL},{STALE_APRIL2}"
-
-
-def _rows(run: Path, table: str) -> list[str]:
-    out = []
-    for line in (run / f"{table}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        row.pop("bookkeeping_s", None)  # the harness's own CPU seconds: measured, not simulated
-        out.append(json.dumps(row, sort_keys=True))
-    return sorted(out)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +84,7 @@ def test_an_interrupted_async_arm_restarts_and_the_run_matches_an_uninterrupted_
     err = capsys.readouterr().err
     assert f"arm {STALE_APRIL2}: driver=stale" in err and "restart from step 0" in err
     for table in ("requests", "samples", "steps", "events"):
-        assert _rows(out, table) == _rows(uninterrupted, table), table
+        assert comparable_rows(out, table) == comparable_rows(uninterrupted, table), table
     assert check_run(load_run(out)) == []
 
 

@@ -9,39 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import embedded_flags, flags, table_rows
 
 from april_bench.cli import build_parser, main
 
-SMALL = [
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "8",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "16",
-    "--max-response-len",
-    "4096",
-    "--no-progress",
-]
-TINY_EMBEDDED = [
-    "--steps",
-    "2",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "48",
-    "--eval-every",
-    "1",
-    "--warmstart-arg",
-    "steps=20",
-    "--no-progress",
-]
+SMALL = flags(
+    steps=3,
+    rollout_batch_size=8,
+    n_samples_per_prompt=4,
+    over_sampling_batch_size=16,
+    max_response_len=4096,
+    no_progress=True,
+)
+TINY_EMBEDDED = embedded_flags(steps=2, eval_every=1)
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -100,7 +80,7 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
     ):
         assert key in arm, key
     assert arm["accuracy"] is None  # a simulated rollout has no accuracy
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(out, "steps")
     assert len(steps) == 9 and {s["arm"] for s in steps} == {"sync", "oversample-discard", "april"}
 
     report = _run("report", str(out))
@@ -124,7 +104,7 @@ def test_embedded_default_measures_throughput_and_accuracy(tmp_path: Path) -> No
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["engine"] == "hf" and provenance["result_kind"] == "measured"
     assert provenance["engine_dtype"] == "float32"  # what the engine computed in: the gap depends on it
-    evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+    evals = table_rows(out, "evals")
     # The arms are interleaved (ABBA blocks), so rows of the two arms alternate on disk.
     assert sorted((e["arm"], e["step"]) for e in evals) == [
         ("april", 0),
@@ -249,6 +229,7 @@ def test_cli_flags_stay_few() -> None:
             "--trainer-arg",
             "--warmstart-arg",
             "--workload-arg",
+            "--length-oracle",  # forced lengths and rewards from a seeded draw (docs/results-schema.md)
             "--task-arg",
             "--data-path",
             "--eval-datasets",

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.results.compare import Rule, parse_rule
@@ -108,23 +109,7 @@ def test_fail_rules_parse_and_name_the_fix() -> None:
         parse_rule("p50:5")
 
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "4",
-    "--block-steps",
-    "1",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
-    "--no-progress",
-]
+SIM = sim_flags(steps=4, block_steps=1)
 
 
 def test_compare_passes_an_unchanged_run_and_fails_an_injected_10_percent_regression(
@@ -138,7 +123,7 @@ def test_compare_passes_an_unchanged_run_and_fails_an_injected_10_percent_regres
     assert "0 regression(s)" in capsys.readouterr().out
     regressed = tmp_path / "regressed"
     shutil.copytree(new, regressed)
-    steps = [json.loads(line) for line in (regressed / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(regressed, "steps")
     for s in steps:  # APRIL's rollouts take 10% longer for the same tokens: its gain falls
         if s["arm"] == "april":
             s["rollout_time_s"] *= 1.10

@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import flags
 
 from april_bench.cli import build_parser, main
 from april_bench.cli.args import config_from_args
 from april_bench.experiment_config import load_config
 
-SIM = ["--engine", "sim", "--steps", "2", "--no-progress"]
+SIM = flags(engine="sim", steps=2, no_progress=True)
 
 
 def _config(argv: list[str]):  # type: ignore[no-untyped-def]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -178,11 +178,6 @@ def test_import_is_light() -> None:
 # --- real data, read in place ----------------------------------------------------------------------
 
 
-def _rows(root: Path, name: str) -> list[dict[str, Any]]:
-    with (root / name).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _gt(row: dict[str, Any]) -> str:
     return str(row["reward_model"]["ground_truth"])
 
@@ -197,13 +192,13 @@ BOXED_SETS = [
 
 def test_dapo_labels_grade_against_themselves(shared_data: Path) -> None:
     for name in ("dapo-math-17k/sample.jsonl", "aime-2024/dapo-format.jsonl"):
-        rows = _rows(shared_data, name)
+        rows = read_jsonl(shared_data / name)
         assert rows and all(score("dapo", f"Steps...\nAnswer: {_gt(r)}", _gt(r)) == 1.0 for r in rows), name
 
 
 @pytest.mark.parametrize(("name", "native"), BOXED_SETS)
 def test_boxed_labels_grade_against_themselves(shared_data: Path, name: str, native: str) -> None:
-    rows = _rows(shared_data, name)
+    rows = read_jsonl(shared_data / name)
     for style in dict.fromkeys((native, "deepscaler", "math-verify")):
         bad = [
             i
@@ -214,7 +209,7 @@ def test_boxed_labels_grade_against_themselves(shared_data: Path, name: str, nat
 
 
 def test_math500_solutions_grade_correct(shared_data: Path) -> None:
-    rows = _rows(shared_data, "math-500/sample.jsonl")
+    rows = read_jsonl(shared_data / "math-500/sample.jsonl")
     for style in ("math-verify", "deepscaler"):  # measured on the full sample: 500/500 for both
         bad = [i for i, r in enumerate(rows) if score(style, r["solution"], r["answer"]) != 1.0]
         assert not bad, (style, bad)
@@ -254,7 +249,7 @@ DEEPSCALER_SOLUTION_EXCEPTIONS = {
 
 
 def test_deepscaler_solutions_grade_correct(shared_data: Path) -> None:
-    rows = _rows(shared_data, "deepscaler/sample.jsonl")
+    rows = read_jsonl(shared_data / "deepscaler/sample.jsonl")
     value_rows = [
         i for i, r in enumerate(rows) if not is_choice_letter(deepscaler.last_boxed(r["solution"]) or "A")
     ]
@@ -289,7 +284,7 @@ def _perturb(answer: str) -> str | None:
 
 @pytest.mark.parametrize(("name", "native"), BOXED_SETS)
 def test_perturbed_answers_grade_wrong(shared_data: Path, name: str, native: str) -> None:
-    rows = _rows(shared_data, name)
+    rows = read_jsonl(shared_data / name)
     pairs = [(str(r["answer"]), p) for r in rows if (p := _perturb(str(r["answer"]))) is not None]
     assert len(pairs) >= 20
     for style in ("deepscaler", "math-verify"):
@@ -300,7 +295,7 @@ def test_perturbed_answers_grade_wrong(shared_data: Path, name: str, native: str
 
 
 def test_dapo_perturbed(shared_data: Path) -> None:
-    for r in _rows(shared_data, "dapo-math-17k/sample.jsonl"):
+    for r in read_jsonl(shared_data / "dapo-math-17k/sample.jsonl"):
         wrong = _perturb(_gt(r))
         assert wrong is not None  # every DAPO answer is an integer string
         assert score("dapo", f"Answer: {wrong}", _gt(r)) == -1.0
@@ -308,8 +303,8 @@ def test_dapo_perturbed(shared_data: Path) -> None:
 
 
 def test_aime2024_zero_padding_quirk(shared_data: Path) -> None:
-    padded = _rows(shared_data, "aime-2024/sample.jsonl")
-    dapo_format = _rows(shared_data, "aime-2024/dapo-format.jsonl")
+    padded = read_jsonl(shared_data / "aime-2024/sample.jsonl")
+    dapo_format = read_jsonl(shared_data / "aime-2024/dapo-format.jsonl")
     assert any(r["answer"] == "025" for r in padded)
     assert score("dapo", "Answer: 25", "025") == -1.0  # documented verl behaviour: use DAPO-format labels
     assert score("deepscaler", "\\boxed{25}", "025") == 1.0
@@ -325,8 +320,12 @@ def test_aime2024_zero_padding_quirk(shared_data: Path) -> None:
 
 
 def test_mangled_latex_rows(shared_data: Path) -> None:
-    aime25 = [r for r in _rows(shared_data, "aime-2025/sample.jsonl") if str(r["id"]) in {"18", "19", "27"}]
-    dapo_rows = [r for r in _rows(shared_data, "dapo-math-17k/sample.jsonl") if "\x0crac" in r["prompt"]]
+    aime25 = [
+        r for r in read_jsonl(shared_data / "aime-2025/sample.jsonl") if str(r["id"]) in {"18", "19", "27"}
+    ]
+    dapo_rows = [
+        r for r in read_jsonl(shared_data / "dapo-math-17k/sample.jsonl") if "\x0crac" in r["prompt"]
+    ]
     assert len(aime25) == 3 and len(dapo_rows) >= 1
     assert all(re.search(r"[\x0c\t]", r["problem"]) for r in aime25)
     cases = [(r["problem"], str(r["answer"])) for r in aime25] + [(r["prompt"], _gt(r)) for r in dapo_rows]

@@ -9,13 +9,13 @@ fixture), read in place; nothing here depends on how many rows a file has.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -151,7 +151,7 @@ def test_eval_cli_on_a_checkpoint(
     assert set(summary["by_dataset"]) == {"math-500", "aime-2025"}
     assert summary["by_dataset"]["math-500"]["problems"] == 3
     assert summary["provenance"]["git"]
-    rows = [json.loads(line) for line in (out / "eval_rows.jsonl").read_text().splitlines()]
+    rows = table_rows(out, "eval_rows")
     assert len(rows) == 2 * 3 * 2
     assert all(0 < r["response_len"] <= 6 for r in rows)
 
@@ -194,10 +194,10 @@ def test_math_rl_run_on_a_checkpoint(
     assert code == 0, capsys.readouterr().err
     config = json.loads((out / "config.json").read_text())
     assert config["eval_datasets"] == ["math-500"] and "deepscaler" in config["data_paths"]
-    evals = _rows(out, "evals")
+    evals = table_rows(out, "evals")
     assert {(e["arm"], e["step"]) for e in evals} == {(a, s) for a in ("sync", "april") for s in (0, 1, 2)}
     assert all(set(e["by_dataset"]) == {"math-500"} and e["n"] == 4 for e in evals)
-    samples = _rows(out, "samples")
+    samples = table_rows(out, "samples")
     trained = [s for s in samples if s["fate"] == "trained"]
     assert len(trained) == 2 * 2 * 2 * 2  # arms x steps x groups x samples
     assert all(s["reward"] in (0.0, 1.0) for s in trained)  # DeepScaleR's 1/0 reward
@@ -253,11 +253,11 @@ def test_simulator_prompt_profiles_match_the_data(dataset: str, path: str, share
     import statistics
 
     from april_bench.data import prompt_lengths
-    from april_bench.sim.workload import DATASETS
+    from april_bench.sim.workload import DATASET_PROFILES
 
     measured, _ = prompt_lengths(load(dataset, shared_data / path))
     median = statistics.median(measured)
-    assert DATASETS.get(dataset).prompt_median == pytest.approx(median, rel=0.15)
+    assert DATASET_PROFILES.get(dataset).prompt_median == pytest.approx(median, rel=0.15)
 
 
 def test_sim_run_with_a_data_path_records_it(shared_data: Path, tmp_path: Path) -> None:
@@ -272,14 +272,6 @@ def test_sim_run_with_a_data_path_records_it(shared_data: Path, tmp_path: Path) 
         ]
     )  # fmt: skip
     assert code == 0
-    requests = _rows(out, "requests")
+    requests = table_rows(out, "requests")
     measured, _ = prompt_lengths(load("deepscaler", path))
     assert {r["prompt_len"] for r in requests} <= set(measured)
-
-
-def _rows(out: Path, name: str) -> list[dict[str, Any]]:
-    plain = out / f"{name}.jsonl"
-    if plain.exists():
-        return [json.loads(line) for line in plain.read_text().splitlines()]
-    with gzip.open(out / f"{name}.jsonl.gz", "rt") as f:
-        return [json.loads(line) for line in f]

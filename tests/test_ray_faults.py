@@ -9,47 +9,36 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_replica_faults import _check_nothing_lost, _faults, _rows
+from helpers import flags, table_rows
+from test_replica_faults import _check_nothing_lost, _faults
 
 from april_bench.cli import main
 from april_bench.results.store import check_run, load_run
 
 RUN = [
     "run",
-    "--engine",
-    "ray-fake",
-    "--engine-arg",
-    "replicas=3",
-    "--engine-arg",
-    "num_cpus=0.25",
-    "--engine-arg",
-    "token_time_s=0.0002",
-    # generous: a loaded machine must not make a healthy replica look dead
-    "--engine-arg",
-    "health_interval_s=1",
-    "--engine-arg",
-    "health_timeout_s=30",
-    "--rollout-arg",
-    "replay_lengths=true",
-    "--hw",
-    "cpu",
-    "--dataset",
-    "deepscaler",
-    "--model",
-    "qwen3-4b",
-    "--max-response-len",
-    "16384",
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--strategies",
-    "sync,april",
-    "--no-progress",
+    *flags(
+        engine="ray-fake",
+        engine_arg=[
+            "replicas=3",
+            "num_cpus=0.25",
+            "token_time_s=0.0002",
+            # generous: a loaded machine must not make a healthy replica look dead
+            "health_interval_s=1",
+            "health_timeout_s=30",
+        ],
+        rollout_arg="replay_lengths=true",
+        hw="cpu",
+        dataset="deepscaler",
+        model="qwen3-4b",
+        max_response_len=16384,
+        steps=3,
+        rollout_batch_size=4,
+        n_samples_per_prompt=4,
+        over_sampling_batch_size=8,
+        strategies="sync,april",
+        no_progress=True,
+    ),
 ]
 
 
@@ -140,5 +129,5 @@ def test_a_resumed_chaos_run_on_ray_kills_no_replica_twice(
     # here with the simulated trainer, serves at version 0 again; docs/faults.md, "Not done yet")
     assert json.loads((out / "status.json").read_text())["state"] == "complete"
     assert check_run(load_run(out)) == []
-    ids = [(r["arm"], r["request_id"]) for r in _rows(out, "requests")]
+    ids = [(r["arm"], r["request_id"]) for r in table_rows(out, "requests")]
     assert len(ids) == len(set(ids))

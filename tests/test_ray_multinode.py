@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_replica_faults import _check_nothing_lost, _faults, _rows
+from helpers import table_rows
+from test_replica_faults import _check_nothing_lost, _faults
 
 from april_bench.cli import main
 
@@ -71,6 +72,6 @@ def test_replicas_spread_over_nodes_and_survive_a_killed_one(three_nodes: Any, t
     placement = json.loads((out / "provenance.json").read_text())["placement"]
     for arm in ("sync", "april"):  # the provenance has where each replica ran at the end
         assert {p["node_id"] for p in placement[f"{arm}#0"]} == workers
-    served = {(r["arm"], r["replica"]) for r in _rows(out, "requests")}
+    served = {(r["arm"], r["replica"]) for r in table_rows(out, "requests")}
     assert served == {(a, i) for a in ("sync", "april") for i in (0, 1)}
     assert json.loads((out / "status.json").read_text())["state"] == "complete"

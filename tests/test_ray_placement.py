@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import flags, table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -17,17 +17,9 @@ from april_bench.results.store import check_run, load_run
 from april_bench.trainers.ray_actor import check_ray
 from april_bench.trainers.registry import TRAINERS, TrainerSettings
 
-SMALL = [
-    "--steps",
-    "2",
-    "--rollout-batch-size",
-    "2",
-    "--n-samples-per-prompt",
-    "2",
-    "--over-sampling-batch-size",
-    "4",
-    "--no-progress",
-]
+SMALL = flags(
+    steps=2, rollout_batch_size=2, n_samples_per_prompt=2, over_sampling_batch_size=4, no_progress=True
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +35,8 @@ def local_ray() -> Iterator[None]:
         ray.shutdown()
 
 
-def _rows(path: Path, table: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (path / f"{table}.jsonl").read_text().splitlines()]
-
-
 def _check_replicas_and_versions(out: Path) -> None:
-    requests = _rows(out, "requests")
+    requests = table_rows(out, "requests")
     assert {r["arm"] for r in requests} == {"sync", "april"}
     for arm in ("sync", "april"):
         mine = [r for r in requests if r["arm"] == arm]
@@ -124,7 +112,7 @@ def test_embedded_replicas_and_a_trainer_actor_train_the_synthetic_task(
     assert main(argv) == 0
     assert check_run(load_run(out)) == []
     _check_replicas_and_versions(out)
-    steps = _rows(out, "steps")
+    steps = table_rows(out, "steps")
     # the torch trainer ran inside its actor: its metrics came back (with a 20-step warm start the
     # rewards may all be 0, so the update itself can be zero: learning is test_trainer.py's business)
     assert steps and all(isinstance(s["train_metrics"]["loss"], float) for s in steps)

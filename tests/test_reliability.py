@@ -19,25 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import comparable_rows, sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.results.rundir import claim_run_dir
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
-    "--no-progress",
-]
+SIM = sim_flags()
 
 
 def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> str:
@@ -47,16 +34,6 @@ def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) ->
     assert "Traceback" not in err
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
     return err
-
-
-def _rows(run: Path, table: str) -> list[str]:
-    """A table's rows, order-free, without the harness's own CPU seconds (measured, not simulated)."""
-    out = []
-    for line in (run / f"{table}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        row.pop("bookkeeping_s", None)
-        out.append(json.dumps(row, sort_keys=True))
-    return sorted(out)
 
 
 # ---------------------------------------------------------------- run directories
@@ -91,7 +68,7 @@ def test_an_existing_run_is_refused_unless_resume_or_overwrite(tmp_path: Path, c
     assert "--resume" in err and "--overwrite" in err
     assert (out / "steps.jsonl").read_text() == before  # nothing touched
     assert main(["run", *SIM, "--steps", "2", "--out", str(out), "--overwrite"]) == 0
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(out, "steps")
     assert {s["step"] for s in steps} == {0, 1}  # the old run's rows are gone, not mixed in
 
 
@@ -156,7 +133,7 @@ def test_interrupt_then_resume_gives_the_rows_of_an_uninterrupted_run(
     monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     for table in ("requests", "samples", "steps", "events"):
-        assert _rows(out, table) == _rows(uninterrupted, table), table
+        assert comparable_rows(out, table) == comparable_rows(uninterrupted, table), table
     assert json.loads((out / "status.json").read_text())["state"] == "complete"
 
 
@@ -186,7 +163,7 @@ def test_resume_keeps_the_april_buffer_neither_dropped_nor_doubled(
     assert versions <= {0, 1}  # partial tokens keep the version that produced them
     monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-    fates = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    fates = table_rows(out, "samples")
     per_prompt: dict[tuple[str, int, int], int] = {}
     for f in fates:
         key = (f["arm"], f["group_uid"], f["sample_index"])
@@ -244,7 +221,7 @@ def test_a_signal_mid_run_stops_cleanly_and_the_run_resumes(sig: signal.Signals,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(out, "steps")
     assert len(steps) == 3 * 40 and len({(s["arm"], s["step"]) for s in steps}) == 120
 
 
@@ -501,4 +478,4 @@ def test_an_interrupt_between_a_checkpoint_and_its_status_loses_no_step(
     monkeypatch.setattr(RunStatus, "step_done", original)
     assert main(["run", "--resume", str(run), "--no-progress"]) == 0
     for table in ("steps", "requests", "samples"):
-        assert _rows(run, table) == _rows(uninterrupted, table), table
+        assert comparable_rows(run, table) == comparable_rows(uninterrupted, table), table

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import sim_flags
 
 from april_bench.cli import main
 from april_bench.results.records import TABLES
@@ -18,7 +19,7 @@ from april_bench.results.store import check_run, load_run
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results-schema.md"
 COMMITTED = sorted(p for p in (ROOT / "results" / "runs").iterdir() if (p / "config.json").is_file())
-SIM = ["--hw", "h100", "--steps", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"]
+SIM = sim_flags(steps=2, over_sampling_batch_size=None, max_response_len=None, no_progress=None)
 SIM += ["--over-sampling-batch-size", "8", "--max-response-len", "2048", "--no-progress"]
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import sim_flags
 
 from april_bench.cli import main
 
-SIM = ["--hw", "h100", "--steps", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"]
+SIM = sim_flags(over_sampling_batch_size=None, max_response_len=None, no_progress=None)
 SIM += ["--over-sampling-batch-size", "8", "--max-response-len", "2048", "--strategies", "sync,april"]
 
 

@@ -24,27 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import comparable_rows, sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
 from april_bench.results.lock import LOCK_NAME, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
-    "--no-progress",
-]
+SIM = sim_flags()
 ARMS = ["--strategies", "sync,april"]
 
 
@@ -65,15 +52,6 @@ def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) ->
 
 def _state(run: Path) -> str:
     return str(json.loads((run / "status.json").read_text())["state"])
-
-
-def _rows(run: Path, table: str) -> list[str]:
-    out = []
-    for line in (run / f"{table}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        row.pop("bookkeeping_s", None)
-        out.append(json.dumps(row, sort_keys=True))
-    return sorted(out)
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +187,7 @@ def test_two_processes_started_together_leave_one_run(tmp_path: Path) -> None:
     assert codes == [0, 2], results
     err = next(e for code, e in results if code == 2)
     assert "in use by" in _one_error(err) or "already holds files" in _one_error(err)
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(out, "steps")
     assert len(steps) == len({(s["arm"], s["step"]) for s in steps}) == 3 * 3  # 3 default arms, 3 steps
 
 
@@ -225,7 +203,7 @@ def test_a_second_resume_while_one_runs_is_refused_and_touches_nothing(
     after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != LOCK_NAME}
     assert after == before
     assert main(["run", "--resume", str(run), "--no-progress"]) == 0
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(run, "steps")
     assert len(steps) == len({(s["arm"], s["step"]) for s in steps}) == 6
 
 
@@ -307,7 +285,7 @@ def test_a_full_disk_ends_the_run_as_interrupted_with_the_resume_line(tmp_path: 
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(out, "steps")
     assert len(steps) == len({(s["arm"], s["step"]) for s in steps}) == 12
 
 
@@ -345,7 +323,7 @@ def test_a_copied_run_directory_resumes_on_its_own(
     finally:
         os.chdir(cwd)
     for table in ("steps", "requests", "samples"):
-        assert _rows(moved, table) == _rows(complete_run, table), table
+        assert comparable_rows(moved, table) == comparable_rows(complete_run, table), table
     assert _state(interrupted_run) == "interrupted"  # the original is untouched
     assert not stale.exists()
     assert not list((moved / "state").glob("april-bench-weights-*"))  # the sessions' own were removed

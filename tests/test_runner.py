@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import flags
 
 import april_bench
 from april_bench.cli import build_parser, main
 from april_bench.cli.args import config_from_args
 
-FLAGS = ["--engine", "sim", "--hw", "h100", "--algo", "dapo", "--steps", "2", "--seed", "5", "--no-progress"]
+FLAGS = flags(engine="sim", hw="h100", algo="dapo", steps=2, seed=5, no_progress=True)
 
 
 def _untimed(value: object) -> object:

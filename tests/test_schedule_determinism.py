@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import embedded_flags, table_rows
 
 #: Columns that are clock readings (or rates and counts derived from them): the only ones that may differ.
 TIME_COLUMNS = {
@@ -31,36 +30,13 @@ TIME_COLUMNS = {
     "samples": set(),
 }
 
-RUN = [
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "48",
-    "--block-steps",
-    "1",
-    "--eval-every",
-    "100",
-    "--warmstart-arg",
-    "steps=20",
-    "--no-progress",
-]
+RUN = embedded_flags(block_steps=1, eval_every=100)
 
 
-def _rows(run: Path, table: str) -> list[dict[str, Any]]:
-    path = run / f"{table}.jsonl"
-    text = (
-        path.read_text()
-        if path.exists()
-        else gzip.decompress((run / f"{table}.jsonl.gz").read_bytes()).decode()
-    )
+def _untimed(run: Path, table: str) -> list[dict[str, Any]]:
+    """A table's rows without its timing columns (:data:`TIME_COLUMNS`)."""
     drop = TIME_COLUMNS[table]
-    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in text.splitlines()]
+    return [{k: v for k, v in row.items() if k not in drop} for row in table_rows(run, table)]
 
 
 def _run(out: Path, cache: Path) -> None:
@@ -87,9 +63,9 @@ def test_two_seeded_embedded_runs_one_beside_a_cpu_hog_give_the_same_rows_but_ti
             hog.kill()
             hog.wait()
     for table in TIME_COLUMNS:
-        quiet, loaded = _rows(tmp_path / "quiet", table), _rows(tmp_path / "loaded", table)
+        quiet, loaded = _untimed(tmp_path / "quiet", table), _untimed(tmp_path / "loaded", table)
         assert quiet, table
         assert quiet == loaded, table
-    steps = _rows(tmp_path / "quiet", "steps")
+    steps = _untimed(tmp_path / "quiet", "steps")
     assert all(s["engine_iterations"] > 0 and s["work_deterministic"] for s in steps)
     assert any(s["reprefill_tokens"] > 0 for s in steps if s["arm"] == "april")

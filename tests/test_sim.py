@@ -183,7 +183,7 @@ def _small(**kw: object) -> ExperimentConfig:
     return ExperimentConfig(**settings)  # type: ignore[arg-type]
 
 
-def _rows(config: ExperimentConfig) -> tuple[list[dict], dict]:
+def _requests_and_summary(config: ExperimentConfig) -> tuple[list[dict], dict]:
     rec = run(config, progress=False).recorder
     requests = [as_row(r) for r in rec["requests"]]
     summary = rec.summary()
@@ -191,15 +191,15 @@ def _rows(config: ExperimentConfig) -> tuple[list[dict], dict]:
 
 
 def test_simulation_is_deterministic_under_a_seed() -> None:
-    first, _ = _rows(_small(seed=3))
-    second, _ = _rows(_small(seed=3))
-    other, _ = _rows(_small(seed=4))
+    first, _ = _requests_and_summary(_small(seed=3))
+    second, _ = _requests_and_summary(_small(seed=3))
+    other, _ = _requests_and_summary(_small(seed=4))
     assert first == second
     assert first != other
 
 
 def test_every_prompt_and_token_is_accounted_for_in_every_arm() -> None:
-    _, summary = _rows(_small(algorithm="dapo", steps=5))
+    _, summary = _requests_and_summary(_small(algorithm="dapo", steps=5))
     for arm, m in summary.items():
         assert m["prompts"]["inconsistent"] == 0, arm
         assert (
@@ -216,7 +216,7 @@ def test_every_prompt_and_token_is_accounted_for_in_every_arm() -> None:
 def _gain(**workload: object) -> float:
     # Concurrency matched: each of the 4 replicas runs at most the 8 requests sync launches per
     # replica, so the only difference left between the arms is what happens in the tail.
-    _, summary = _rows(
+    _, summary = _requests_and_summary(
         _small(
             strategies=("sync", "april"),
             steps=6,

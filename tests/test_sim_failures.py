@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -142,28 +143,8 @@ def test_bad_failure_options_are_one_line_errors() -> None:
 
 # ---------------------------------------------------------------- runs: what a failure costs each strategy
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "4",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
-    "--strategies",
-    "sync,april",
-    "--no-progress",
-]
+SIM = sim_flags(steps=4, strategies="sync,april")
 FAILURES = ["--engine-arg", "failure_at_s=[3,25]", "--engine-arg", "restart_s=20"]
-
-
-def _table(run: Path, name: str) -> list[dict]:
-    return [json.loads(line) for line in (run / f"{name}.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +163,7 @@ def _summary(run: Path) -> dict[str, Any]:
 
 def test_a_failed_run_accounts_for_every_prompt_and_prices_the_failure(runs: dict[str, Path]) -> None:
     failed, undisturbed = _summary(runs["failed"]), _summary(runs["undisturbed"])
-    events = _table(runs["failed"], "events")
+    events = table_rows(runs["failed"], "events")
     for arm in ("sync", "april"):
         m = failed[arm]
         assert m["prompts"]["inconsistent"] == 0, arm
@@ -201,8 +182,8 @@ def test_a_failed_run_accounts_for_every_prompt_and_prices_the_failure(runs: dic
         assert f["lost_decode_tokens"] > 0
         assert undisturbed[arm]["failures"] is None
         # the first failure lands mid-rollout of step 0: that step is slower than undisturbed
-        steps = {r["step"]: r for r in _table(runs["failed"], "steps") if r["arm"] == arm}
-        calm = {r["step"]: r for r in _table(runs["undisturbed"], "steps") if r["arm"] == arm}
+        steps = {r["step"]: r for r in table_rows(runs["failed"], "steps") if r["arm"] == arm}
+        calm = {r["step"]: r for r in table_rows(runs["undisturbed"], "steps") if r["arm"] == arm}
         assert steps[0]["rollout_time_s"] > calm[0]["rollout_time_s"]
     # trained samples are the same count: a failure changes no prompt's fate in sync
     assert failed["sync"]["trained_tokens"] == undisturbed["sync"]["trained_tokens"]
@@ -210,8 +191,8 @@ def test_a_failed_run_accounts_for_every_prompt_and_prices_the_failure(runs: dic
 
 def test_the_same_failure_plan_gives_the_same_run(runs: dict[str, Path]) -> None:
     for table in ("events", "requests", "steps"):
-        a = [{k: v for k, v in r.items() if k != "bookkeeping_s"} for r in _table(runs["failed"], table)]
-        b = [{k: v for k, v in r.items() if k != "bookkeeping_s"} for r in _table(runs["again"], table)]
+        a = [{k: v for k, v in r.items() if k != "bookkeeping_s"} for r in table_rows(runs["failed"], table)]
+        b = [{k: v for k, v in r.items() if k != "bookkeeping_s"} for r in table_rows(runs["again"], table)]
         assert a == b, table
 
 
@@ -232,7 +213,7 @@ def test_a_resumed_run_meets_the_same_failures(runs: dict[str, Path], tmp_path: 
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
 
     def faults(run: Path) -> list[dict]:
-        return [e for e in _table(run, "events") if e["kind"].startswith(("replica_", "requests_"))]
+        return [e for e in table_rows(run, "events") if e["kind"].startswith(("replica_", "requests_"))]
 
     assert sorted(map(json.dumps, faults(out))) == sorted(map(json.dumps, faults(runs["failed"])))
 
@@ -244,7 +225,16 @@ def test_whatif_and_ablate_show_the_failure_cost(tmp_path: Path, capsys) -> None
     assert "Replica failures and their cost (simulated)" in text
     rows = json.loads((tmp_path / "w" / "whatif.json").read_text())["rows"]
     assert all(r["failures"]["replica_failures"] == 1 for r in rows)
-    ablate = ["ablate", *SIM[:-3], "--strategies", "sync,april", "--ratios", "2", "--spans", "none"]
+    ablate = [
+        "ablate",
+        *sim_flags(steps=4, no_progress=None),
+        "--strategies",
+        "sync,april",
+        "--ratios",
+        "2",
+        "--spans",
+        "none",
+    ]
     ablate += ["--drivers", "none", "--no-progress", *FAILURES, "--out", str(tmp_path / "a")]
     assert main(ablate) == 0
     assert "Replica failures and their cost (simulated)" in capsys.readouterr().out

@@ -2,42 +2,26 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from helpers import sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
 from april_bench.engines.sim.engine import SimEngine
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "4",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
-    "--strategies",
-    "sync,april",
-    "--no-progress",
-]
+SIM = sim_flags(steps=4, strategies="sync,april")
 
 
 def _steps(run: Path) -> dict[tuple[str, int], dict]:
-    rows = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    rows = table_rows(run, "steps")
     return {(r["arm"], r["step"]): r for r in rows}
 
 
 def _prefill(run: Path, arm: str) -> int:
     """Input tokens of resumed requests (what a recompute re-prefills)."""
-    rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    rows = table_rows(run, "requests")
     return sum(r["prompt_len"] + r["prefix_len"] for r in rows if r["arm"] == arm and r["prefix_len"])
 
 

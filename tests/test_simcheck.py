@@ -5,29 +5,22 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import flags
 
 from april_bench.config import ConfigError
 from april_bench.engines.sim.cost_curve import CostCurve, MeasuredCost
 from april_bench.simcheck import measured_iterations_per_step, run_simcheck, trace_rows
 
-FAKE_RUN = [
-    "--engine",
-    "fake",
-    "--steps",
-    "4",
-    "--rollout-batch-size",
-    "2",
-    "--n-samples-per-prompt",
-    "2",
-    "--over-sampling-batch-size",
-    "4",
-    "--max-response-len",
-    "64",
-    "--workload-arg",
-    "drift_per_step=0",
-    "--block-steps",  # paired over blocks: simcheck must use the run's own statistic
-    "2",
-]
+FAKE_RUN = flags(
+    engine="fake",
+    steps=4,
+    rollout_batch_size=2,
+    n_samples_per_prompt=2,
+    over_sampling_batch_size=4,
+    max_response_len=64,
+    workload_arg="drift_per_step=0",
+    block_steps=2,  # paired over blocks: simcheck must use the run's own statistic
+)
 
 
 def _config(argv: list[str]):

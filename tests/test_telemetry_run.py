@@ -12,30 +12,24 @@ from pathlib import Path
 
 import pytest
 from fakes import fake_pynvml
+from helpers import flags, table_rows
 
 from april_bench.cli import main
 
 RUN = [
     "run",
-    "--engine",
-    "sglang-fake",
-    "--hw",
-    "cpu",
-    "--dataset",
-    "deepscaler",
-    "--model",
-    "qwen3-4b",
-    "--steps",
-    "2",
-    "--rollout-batch-size",
-    "2",
-    "--n-samples-per-prompt",
-    "2",
-    "--over-sampling-batch-size",
-    "4",
-    "--max-response-len",
-    "64",
-    "--no-progress",
+    *flags(
+        engine="sglang-fake",
+        hw="cpu",
+        dataset="deepscaler",
+        model="qwen3-4b",
+        steps=2,
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=4,
+        max_response_len=64,
+        no_progress=True,
+    ),
 ]
 
 
@@ -46,10 +40,10 @@ def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make([gpu]))
     out = tmp_path / "run"
     assert main([*RUN, "--telemetry", "nvml", "--telemetry-rate", "50", "--out", str(out)]) == 0
-    rows = [json.loads(line) for line in (out / "telemetry.jsonl").read_text().splitlines()]
+    rows = table_rows(out, "telemetry")
     assert len(rows) >= 2 and {r["device"] for r in rows} == {0}
     assert {r["util_gpu"] for r in rows} == {75} and {r["power_w"] for r in rows} == {300.0}
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    events = table_rows(out, "events")
     t_events = [e["t"] for e in events]
     assert min(r["t"] for r in rows) <= min(t_events) and max(r["t"] for r in rows) >= max(t_events)
     arms = json.loads((out / "summary.json").read_text())["arms"]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import table_rows
 from trace_fixtures import Opaque, slime_dump, verl_dump
 
 from april_bench.cli import main
@@ -19,7 +20,7 @@ from april_bench.trace.verl import import_verl
 HEADER = TraceHeader(source="test", evidence="per-sample", token_counts="exact", max_response_len=100)
 
 
-def _rows() -> list[TraceRow]:
+def _trace_rows() -> list[TraceRow]:
     return [
         TraceRow(step, f"p{g}", j, 10 + g, 20 * (j + 1), "stop", float(j % 2))
         for step in range(2)
@@ -30,7 +31,7 @@ def _rows() -> list[TraceRow]:
 
 def test_a_written_trace_reads_back_with_its_groups_in_step_order(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    rows = _rows()[::-1]  # written newest step first: groups still replay in step order
+    rows = _trace_rows()[::-1]  # written newest step first: groups still replay in step order
     assert write_trace(path, HEADER, rows) == 24
     trace = read_trace(path)
     assert trace.header == HEADER
@@ -187,8 +188,8 @@ def test_every_run_writes_its_finished_samples_as_its_trace(tmp_path: Path) -> N
     argv = ["run", "--hw", "h100", "--algo", "dapo", "--strategies", "sync,april", "--steps", "3"]
     argv += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--max-response-len", "4096"]
     assert main([*argv, "--no-progress", "--out", str(out)]) == 0
-    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    samples = table_rows(out, "samples")
+    trace = table_rows(out, "trace")
     finished = [s for s in samples if s["status"] in ("completed", "truncated")]
     key = ("arm", "step", "sample_index", "response_len")
     assert sorted((t["arm"], t["step"], t["sample_index"], t["response_tokens"]) for t in trace) == sorted(

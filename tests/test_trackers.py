@@ -8,16 +8,20 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import flags, table_rows
 
 from april_bench.cli import main
 from april_bench.results.trackers import Point, scalars
 
-SIM = ["--engine", "sim", "--steps", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"]
-SIM += ["--over-sampling-batch-size", "8", "--max-response-len", "256", "--no-progress"]
-
-
-def _steps(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+SIM = flags(
+    engine="sim",
+    steps=3,
+    rollout_batch_size=4,
+    n_samples_per_prompt=4,
+    over_sampling_batch_size=8,
+    max_response_len=256,
+    no_progress=True,
+)
 
 
 def test_scalars_are_the_rows_numbers_on_each_arms_own_axis() -> None:
@@ -58,7 +62,7 @@ def test_tensorboard_gets_every_step_row(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert main(["run", *SIM, "--logger", "tensorboard", "--metadata", "pool=a", "--out", str(out)]) == 0
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0}).Reload()
-    steps = _steps(out)
+    steps = table_rows(out, "steps")
     for arm in ("sync", "april"):
         logged = {e.step: e.value for e in events.Scalars(f"{arm}/step/generated_tokens")}
         assert logged == {r["step"]: float(r["generated_tokens"]) for r in steps if r["arm"] == arm}
@@ -82,7 +86,7 @@ def test_mlflow_gets_every_step_row_offline(tmp_path: Path) -> None:
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.data.tags["metadata.pool"] == "a" and run.data.params["steps"] == "3"
     history = client.get_metric_history(run.info.run_id, "april/step/trained_tokens")
-    steps = _steps(out)
+    steps = table_rows(out, "steps")
     assert {m.step: m.value for m in history} == {
         r["step"]: float(r["trained_tokens"]) for r in steps if r["arm"] == "april"
     }

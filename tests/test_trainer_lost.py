@@ -10,27 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.trainers.protocol import TrainerLost
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
-    "--strategies",
-    "sync,april",
-    "--no-progress",
-]
+SIM = sim_flags(strategies="sync,april")
 
 
 def _check_interrupted(out: Path, err: str) -> None:
@@ -41,7 +26,7 @@ def _check_interrupted(out: Path, err: str) -> None:
 
 
 def _steps(out: Path) -> list[tuple[str, int]]:
-    rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    rows = table_rows(out, "steps")
     return sorted((r["arm"], r["step"]) for r in rows)
 
 

@@ -15,32 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import embedded_flags, table_rows
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-SMALL = [
-    "--strategies",
-    "april",
-    "--steps",
-    "3",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "48",
-    "--eval-every",
-    "10",
-    "--warmstart-arg",
-    "steps=20",
-    "--no-progress",
-]
-
-
-def rows(out: Path, table: str) -> list[dict]:
-    return [json.loads(line) for line in (out / f"{table}.jsonl").read_text().splitlines()]
+SMALL = embedded_flags(strategies="april", eval_every=10)
 
 
 def test_run_with_vllm_trains_and_resumes_partials_under_fresh_weights(tmp_path: Path) -> None:
@@ -59,18 +38,18 @@ def test_run_with_vllm_trains_and_resumes_partials_under_fresh_weights(tmp_path:
     assert provenance["engine_version"]  # vLLM's own version string
     assert provenance["engine_dtype"] == "float32"  # vLLM's resolved dtype, the trainer's
 
-    steps = rows(out, "steps")
+    steps = table_rows(out, "steps")
     assert {(s["arm"], s["step"]) for s in steps} == {("april", i) for i in range(3)}
     assert all(s["train_metrics"]["loss"] == s["train_metrics"]["loss"] for s in steps)  # trained, not NaN
     assert all(s["weight_sync_time_s"] > 0 for s in steps)
     # weights reached vLLM after every step: its reload counter moves by one per step
     updates = {
-        (m["arm"], m["step"]): m["metrics"]["weight_updates"] for m in rows(out, "engine_metrics")
+        (m["arm"], m["step"]): m["metrics"]["weight_updates"] for m in table_rows(out, "engine_metrics")
         if m["phase"] == "rollout_end"
     }  # fmt: skip
     assert all(updates[(arm, step)] == step for arm, step in updates)
 
-    requests = rows(out, "requests")
+    requests = table_rows(out, "requests")
     for r in requests:  # every token stamped with the weights in force: one update per step
         assert r["policy_version"] == r["step"]
     april = [r for r in requests if r["arm"] == "april"]

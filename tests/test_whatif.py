@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import table_rows
 from trace_fixtures import slime_dump, verl_dump
 
 from april_bench.cli import main
@@ -147,7 +148,7 @@ def test_a_measured_cost_curve_prices_the_replay_as_that_engine(tmp_path: Path, 
     setup = WhatIf(strategies=("sync", "april"), drivers=(), cost_curve=fake_curve)
     result = run_whatif(trace, setup, tmp_path / "o")
     assert result["cost_curve"]["engine"] == "fake" and result["num_gpus"] == 1
-    steps = [json.loads(line) for line in (tmp_path / "o" / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(tmp_path / "o", "steps")
     sync = sorted(
         (s["step"], s["rollout_time_s"], s["generated_tokens"]) for s in steps if s["arm"] == "sync"
     )

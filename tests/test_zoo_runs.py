@@ -3,47 +3,25 @@ run resumes with the rows an uninterrupted one writes (the strategies' own state
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import comparable_rows, sim_flags
 
 from april_bench.cli import main
 from april_bench.results.store import check_run, load_run
 
-SIM = [
-    "--hw",
-    "h100",
-    "--steps",
-    "4",
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--over-sampling-batch-size",
-    "8",
-    "--max-response-len",
-    "2048",
+SIM = sim_flags(
+    steps=4,
     # short responses, so most finish under the 2,048 limit: the mechanics of each strategy's state are
     # under test, not the paper's lengths (Qwen3-4B's evidence median, 7,075, would truncate nearly all)
-    "--workload-arg",
-    "response_median=500",
-    "--no-progress",
-]
+    workload_arg="response_median=500",
+)
 #: N'=5 queues about one group per short step, so the tail step comes from max_wait_steps (the state).
 TAIL = "tail-batching[max_wait_steps=2,over_sampling_batch_size=5]"
 SEGMENT = "segment[segment_len=1024]"
 ARMS = f"sync,{TAIL},{SEGMENT},adaptive,length-aware[abort_share=0.5]"
-
-
-def _rows(run: Path, table: str) -> list[str]:
-    out = []
-    for line in (run / f"{table}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        row.pop("bookkeeping_s", None)  # the harness's own CPU seconds: measured, not simulated
-        out.append(json.dumps(row, sort_keys=True))
-    return sorted(out)
 
 
 @pytest.fixture(scope="module")
@@ -91,5 +69,5 @@ def test_interrupt_then_resume_restores_the_strategy_and_its_buffer(
     monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     for table in ("requests", "samples", "steps", "events"):
-        assert _rows(out, table) == _rows(uninterrupted, table), table
+        assert comparable_rows(out, table) == comparable_rows(uninterrupted, table), table
     assert check_run(load_run(out)) == []

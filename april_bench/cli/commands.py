@@ -168,14 +168,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _ls_datasets() -> None:
-    from april_bench.data.specs import DATASETS as DATA_SETS
-    from april_bench.sim.workload import DATASETS
+    from april_bench.data.specs import DATASETS
+    from april_bench.sim.workload import DATASET_PROFILES
 
     print("datasets (simulator length profiles):")
-    for key in DATASETS:
-        print(f"  {key:22s} {DATASETS.describe(key)}")
+    for key in DATASET_PROFILES:
+        print(f"  {key:22s} {DATASET_PROFILES.describe(key)}")
     print("math data sets (--data-path NAME=PATH, else the hub):")
-    for key, spec in DATA_SETS.items():
+    for key, spec in DATASETS.items():
         print(f"  {key:22s} {spec.role:5s} hub {spec.hub_id}, template {spec.template}, grader {spec.grader}")
 
 

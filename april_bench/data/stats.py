@@ -17,6 +17,7 @@ from typing import Any
 
 from april_bench.data.records import LoadedDataset
 from april_bench.data.templates import render
+from april_bench.quantiles import quantile
 
 __all__ = [
     "ANSWER_TYPES",
@@ -136,13 +137,7 @@ def prompt_lengths(
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100), interpolating linearly between order statistics (numpy's default)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return quantile(sorted(values), q / 100) if values else math.nan
 
 
 @dataclass(slots=True)

@@ -19,9 +19,9 @@ april-bench, on the simulator and on real engines alike:
   ``/pause_generation``/``/continue_generation`` keep it by default) and go on
   decoding with the new weights.  Their completions then report
   ``version_runs``: the policy version of every token, run-length encoded.
-  An engine that cannot do this (:attr:`EngineInfo.inflight_updates` False)
-  raises :class:`EngineError` instead (whether it can is the registry's to say:
-  ``EngineSpec.updates_in_flight``, known before the engine is built);
+  An engine that cannot do this raises :class:`EngineError` instead (whether
+  it can is stated once, in its registry entry: ``EngineSpec.updates_in_flight``,
+  known before the engine is built);
 * ``load()`` reports running and queued requests;
 * ``start()`` / ``close()``.
 
@@ -295,8 +295,8 @@ class Engine(Protocol):
 
     async def update_weights(self, update: WeightUpdate) -> None:
         """Install new weights; tokens generated afterwards carry ``update.version``.  With requests
-        in flight: pause, install, continue (KV kept), when :attr:`EngineInfo.inflight_updates`;
-        otherwise raise :class:`EngineError`."""
+        in flight: pause, install, continue (KV kept), when the engine can
+        (``EngineSpec.updates_in_flight``); otherwise raise :class:`EngineError`."""
 
     async def close(self) -> None:
         """Release the engine (and every process it started)."""

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from april_bench.backends import Components, build_components, check_drivers, validate
+from april_bench.backends import Components, build_components
 from april_bench.experiment.session import ArmSession, Bars
 from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.recorder import RunRecorder
@@ -44,18 +44,7 @@ from april_bench.results.resume import RunStatus
 from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.vtime import run_real, run_virtual
 
-#: ``check_drivers`` and ``validate`` live with the wiring (``build_components`` calls them once); they
-#: are named here too, where they were before.
-__all__ = [
-    "ArmSession",
-    "ExperimentConfig",
-    "RunResult",
-    "check_drivers",
-    "load_config",
-    "run",
-    "schedule",
-    "validate",
-]
+__all__ = ["ArmSession", "ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
 
 
 @dataclass(slots=True)

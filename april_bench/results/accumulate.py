@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from april_bench.quantiles import quantile
 from april_bench.results.episodes import EpisodeTotals
 from april_bench.results.faults import FAULT_KINDS, FaultCounts
 
@@ -86,13 +87,7 @@ class LatencyValues:
         if not self._count:
             return None
         if self._exact is not None:
-            ordered = sorted(self._exact)
-            if len(ordered) == 1:
-                return ordered[0]
-            pos = q * (len(ordered) - 1)
-            lo = math.floor(pos)
-            hi = min(lo + 1, len(ordered) - 1)
-            return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+            return quantile(sorted(self._exact), q)
         rank = round(q * (self._count - 1))
         seen = 0
         for key in sorted(self._bins):

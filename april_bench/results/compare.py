@@ -266,8 +266,3 @@ def config_differences(base: Mapping[str, Any], new: Mapping[str, Any], keys: Se
     for key in keys:
         walk(key, base.get(key), new.get(key))
     return out
-
-
-def _plain(value: Any) -> Any:
-    """Tuples as lists: a config read back from JSON holds lists where the live one held tuples."""
-    return list(value) if isinstance(value, tuple) else value

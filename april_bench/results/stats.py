@@ -24,11 +24,12 @@ reported beside them.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from april_bench.quantiles import quantile
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "block_rates", "bootstrap_median", "latency_percentiles", "paired_gains"]
 
@@ -97,7 +98,7 @@ def bootstrap_median(
     n = len(values)
     medians = sorted(_median([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
     tail = (1 - level) / 2
-    return median, _quantile(medians, tail), _quantile(medians, 1 - tail)
+    return median, quantile(medians, tail), quantile(medians, 1 - tail)
 
 
 def latency_percentiles(requests: Iterable[Row], qs: Sequence[float] = (0.5, 0.9, 0.99)) -> dict[str, Any]:
@@ -118,7 +119,7 @@ def latency_percentiles(requests: Iterable[Row], qs: Sequence[float] = (0.5, 0.9
         out[arm] = {"requests": len(lat["e2e_s"])}
         for name in ("ttft_s", "tpot_s", "e2e_s"):
             values = sorted(lat.get(name, []))
-            out[arm][name] = {f"p{round(q * 100)}": _quantile(values, q) if values else None for q in qs}
+            out[arm][name] = {f"p{round(q * 100)}": quantile(values, q) if values else None for q in qs}
     return out
 
 
@@ -126,13 +127,3 @@ def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), on sorted values."""
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = q * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)

@@ -35,7 +35,3 @@ class GroupBuffer:
 
     def __iter__(self) -> Iterator[Group]:
         return iter(self._groups)
-
-    @property
-    def partial_tokens(self) -> int:
-        return sum(g.response_tokens for g in self._groups)

@@ -110,11 +110,6 @@ class Pipeline(Configurable):
         self._pushing = False
         self._push_pending = False
 
-    @property
-    def pending_rollouts(self) -> int:
-        """Rollout steps finished and not yet trained (the state a checkpoint would need)."""
-        return len(self._outcomes)
-
     def _outcome(self, step: int) -> asyncio.Future[tuple[StepOutcome, float, float]]:
         if step not in self._outcomes:
             self._outcomes[step] = asyncio.get_running_loop().create_future()

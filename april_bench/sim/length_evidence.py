@@ -24,7 +24,7 @@ Under the model's log-normal spread (total log-sd 1.0: Laminar's p99/median
 the training sets are about as hard for Qwen3-4B as AIME'24 (the same
 assumption gives the solve rate 0.59); no published per-data-set Qwen3-4B
 length or solve-rate statistic was found, so the three data sets share them
-and differ only in prompt lengths (``april_bench.sim.workload.DATASETS``).
+and differ only in prompt lengths (``april_bench.sim.workload.DATASET_PROFILES``).
 """
 
 from __future__ import annotations

@@ -61,9 +61,9 @@ _TRACE_SUFFIXES = (".jsonl", ".json", ".csv")
 
 def profile_names() -> list[str]:
     """The data-set profiles a ``--length-oracle`` can name."""
-    from april_bench.sim.workload import DATASETS
+    from april_bench.sim.workload import DATASET_PROFILES
 
-    return list(DATASETS.names())
+    return list(DATASET_PROFILES.names())
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from april_bench.sim.lengths import LengthDraw, LengthModel, LognormalLengths, T
 from april_bench.types import Prompt, Sample, SampleStatus
 from april_bench.workload import EpochOrder, PromptStream
 
-__all__ = ["DATASETS", "DatasetProfile", "SimWorkload"]
+__all__ = ["DATASET_PROFILES", "DatasetProfile", "SimWorkload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +43,8 @@ class DatasetProfile:
     source: str
 
 
-DATASETS: Registry[DatasetProfile] = Registry("dataset")
-DATASETS.register(
+DATASET_PROFILES: Registry[DatasetProfile] = Registry("dataset")
+DATASET_PROFILES.register(
     "dapo-math-17k",
     DatasetProfile(
         name="dapo-math-17k",
@@ -60,7 +60,7 @@ DATASETS.register(
     ),
     "BytedTsinghua-SIA/DAPO-Math-17k (integer answers, 'Answer:' format)",
 )
-DATASETS.register(
+DATASET_PROFILES.register(
     "deepscaler",
     DatasetProfile(
         name="deepscaler",
@@ -76,7 +76,7 @@ DATASETS.register(
     ),
     "agentica-org/DeepScaleR-Preview-Dataset (AIME/AMC/Omni-Math, \\boxed answers)",
 )
-DATASETS.register(
+DATASET_PROFILES.register(
     "deepmath-103k",
     DatasetProfile(
         name="deepmath-103k",
@@ -93,7 +93,7 @@ DATASETS.register(
     "zwhe99/DeepMath-103K (hard problems, \\boxed answers)",
 )
 
-DATASETS.register(
+DATASET_PROFILES.register(
     "synthetic",
     DatasetProfile(
         name="synthetic",
@@ -167,8 +167,8 @@ class SimWorkload(Configurable):
         )
 
         def __post_init__(self) -> None:
-            if self.dataset not in DATASETS:
-                DATASETS.get(self.dataset)  # raises with did-you-mean
+            if self.dataset not in DATASET_PROFILES:
+                DATASET_PROFILES.get(self.dataset)  # raises with did-you-mean
             if self.solve_concentration is not None and self.solve_concentration <= 0:
                 raise ConfigError("solve_concentration must be > 0")
             if self.solve_rate is not None and not 0 < self.solve_rate < 1:
@@ -185,7 +185,7 @@ class SimWorkload(Configurable):
     def __init__(self, config: Config, *, n_samples_per_prompt: int, token_ids: bool = False) -> None:
         self.config = config
         self._vocab = MODELS.get(config.model).vocab if token_ids else None
-        self.profile = DATASETS.get(config.dataset)
+        self.profile = DATASET_PROFILES.get(config.dataset)
         self.name = f"sim:{config.dataset}"
         self._n = n_samples_per_prompt
         self.lengths: LengthModel = self._length_model()
@@ -201,13 +201,12 @@ class SimWorkload(Configurable):
             self._order = EpochOrder(len(self.prompt_lengths), config.seed)
 
     def _measured_prompt_lengths(self) -> tuple[list[int], str]:
-        from april_bench.data import DATASETS as DATA_SETS
-        from april_bench.data import load, prompt_lengths
+        from april_bench.data import DATASETS, load, prompt_lengths
 
         cfg = self.config
-        if cfg.dataset not in DATA_SETS:
+        if cfg.dataset not in DATASETS:
             raise ConfigError(
-                f"data_path needs a real data set ({', '.join(DATA_SETS)}), not the {cfg.dataset!r} profile"
+                f"data_path needs a real data set ({', '.join(DATASETS)}), not the {cfg.dataset!r} profile"
             )
         tokenizer = None
         if cfg.tokenizer is not None:

@@ -20,8 +20,7 @@ all-gathers and reduce-scatters over gloo; ``torch.distributed.checkpoint.state_
 
 from __future__ import annotations
 
-import os
-import traceback
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
@@ -32,7 +31,7 @@ import torch
 from april_bench.config import ConfigError, Configurable, param
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import serve, start_ranks
+from april_bench.trainers.ranks import Handler, run_rank, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -195,23 +194,10 @@ def _rank_main(
     model: PolicySpec,
     pipe: Connection,
 ) -> None:
-    """A rank's life: join the group, shard the policy, then serve the driver's commands."""
-    import torch.distributed as dist
-
-    try:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.world_size))
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=address, rank=rank, world_size=config.world_size)
-        trainer = _build_rank(rank, config, device, model)
-        pipe.send(("ok", None))
-    except BaseException:
-        pipe.send(("error", traceback.format_exc()))
-        return
-    try:
-        _serve(trainer, pipe, rank)
-    finally:
-        dist.destroy_process_group()
+    """A rank's life (:func:`~april_bench.trainers.ranks.run_rank`): join the group, shard the policy,
+    then serve the driver's commands."""
+    build = functools.partial(_build_rank, rank, config, device, model)
+    run_rank(rank, config.world_size, device, backend, address, pipe, lambda: _handler(build(), rank))
 
 
 def _build_rank(rank: int, config: FSDPTrainer.Config, device: str, model: PolicySpec) -> _RankTrainer:
@@ -228,7 +214,7 @@ def _build_rank(rank: int, config: FSDPTrainer.Config, device: str, model: Polic
     return _RankTrainer(torch_config, module=module, rank=rank, world=config.world_size)
 
 
-def _serve(trainer: _RankTrainer, pipe: Connection, rank: int) -> None:
+def _handler(trainer: _RankTrainer, rank: int) -> Handler:
     import asyncio
 
     from torch.distributed.checkpoint.state_dict import (
@@ -266,4 +252,4 @@ def _serve(trainer: _RankTrainer, pipe: Connection, rank: int) -> None:
             return None
         raise ValueError(f"unknown command {command!r}")
 
-    serve(pipe, handle)
+    return handle

@@ -77,10 +77,6 @@ class MegatronLayout:
         if shape.vocab % self.tp:
             raise ConfigError(f"tp={self.tp} must divide the vocabulary ({shape.vocab}); pad it first")
 
-    def stage_layers(self, shape: ModelShape, stage: int) -> range:
-        per = shape.layers // self.pp
-        return range(stage * per, (stage + 1) * per)
-
 
 _HF_LAYER = "model.layers.{i}."
 _MC_LAYER = "decoder.layers.{i}."

@@ -38,8 +38,6 @@ dropout 0 there is no random state to fork.
 from __future__ import annotations
 
 import contextlib
-import os
-import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from multiprocessing.connection import Connection
@@ -53,7 +51,7 @@ from april_bench.trainers.fsdp import PolicySpec
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.megatron import MegatronLayout, ModelShape, hf_to_mcore, mcore_to_hf, shard, unshard
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import serve, start_ranks
+from april_bench.trainers.ranks import Handler, run_rank, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -342,31 +340,30 @@ def _rank_main(
     model: PolicySpec,
     pipe: Connection,
 ) -> None:
-    """A rank's life: join the groups, build and load its shard, then serve the driver's commands."""
-    import torch.distributed as dist
+    """A rank's life (:func:`~april_bench.trainers.ranks.run_rank`): join the groups, build and load its
+    shard, then serve the driver's commands; megatron's own groups are destroyed before the process
+    group."""
 
-    try:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.world_size))
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=address, rank=rank, world_size=config.world_size)
-    except BaseException:
-        pipe.send(("error", traceback.format_exc()))
-        return
-    try:
-        with _megatron_device(device):
-            try:
-                trainer, where = _build_rank(config, device, model)
-                pipe.send(("ok", None))
-            except BaseException:
-                pipe.send(("error", traceback.format_exc()))
-                return
-            _serve(trainer, where, rank, pipe)
-    finally:
-        from megatron.core import parallel_state
+    def build() -> Handler:
+        return _handler(*_build_rank(config, device, model), rank)
 
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
+    run_rank(
+        rank,
+        config.world_size,
+        device,
+        backend,
+        address,
+        pipe,
+        build,
+        scope=lambda: _megatron_device(device),
+        leave=_destroy_model_parallel,
+    )
+
+
+def _destroy_model_parallel() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
 
 
 def _build_rank(
@@ -403,7 +400,7 @@ def _load_shard(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None
         raise RuntimeError(f"megatron shard does not fit: missing {missing}, unexpected {unexpected}")
 
 
-def _serve(trainer: _McoreRank, where: tuple[int, int], rank: int, pipe: Connection) -> None:
+def _handler(trainer: _McoreRank, where: tuple[int, int], rank: int) -> Handler:
     import asyncio
 
     def handle(command: str, args: list[Any]) -> Any:
@@ -422,4 +419,4 @@ def _serve(trainer: _McoreRank, where: tuple[int, int], rank: int, pipe: Connect
             return None
         raise ValueError(f"unknown command {command!r}")
 
-    serve(pipe, handle)
+    return handle

@@ -3,19 +3,25 @@
 The driver (the process running the rollout) spawns one process per rank, waits for each to report
 ready, then sends every rank the same command and collects one reply per rank, in rank order.  A
 rank answers ``("ok", value)`` or ``("error", traceback)``; an error or a dead rank is raised here.
+A rank's own life (threads, device, process group, build, serve, leave) is :func:`run_rank`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["RankGroup", "free_address", "place_ranks", "serve", "start_ranks"]
+__all__ = ["RankGroup", "free_address", "place_ranks", "run_rank", "serve", "start_ranks"]
+
+#: A rank's command handler: ``handle(command, args)`` is the reply to the driver.
+Handler = Callable[[str, list[Any]], Any]
 
 
 class RankGroup:
@@ -126,7 +132,49 @@ def free_address() -> str:
         return f"tcp://127.0.0.1:{port}"
 
 
-def serve(pipe: Connection, handle: Callable[[str, list[Any]], Any]) -> None:
+def run_rank(
+    rank: int,
+    world: int,
+    device: str,
+    backend: str,
+    address: str,
+    pipe: Connection,
+    build: Callable[[], Handler],
+    *,
+    scope: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    leave: Callable[[], None] | None = None,
+) -> None:
+    """A rank's life, in its spawned process: share the CPU's threads, take its GPU, join the process
+    group at ``address``, then (inside ``scope()``) ``build()`` its model, report ready (or the
+    traceback) to the driver and :func:`serve` the handler ``build`` returned; at the end ``leave()``
+    (a library's own groups) and leave the process group."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
+    except BaseException:
+        pipe.send(("error", traceback.format_exc()))
+        return
+    try:
+        with scope():
+            try:
+                handle = build()
+            except BaseException:
+                pipe.send(("error", traceback.format_exc()))
+                return
+            pipe.send(("ok", None))
+            serve(pipe, handle)
+    finally:
+        if leave is not None:
+            leave()
+        dist.destroy_process_group()
+
+
+def serve(pipe: Connection, handle: Handler) -> None:
     """A rank's command loop: ``handle(command, args)``'s value is the reply, until ``stop``."""
     while True:
         command, *args = pipe.recv()
