@@ -214,7 +214,6 @@ def test_cli_flags_stay_few() -> None:
             "--n-samples-per-prompt",
             "--over-sampling-batch-size",
             "--max-response-len",
-            "--length-oracle",
             "--dynamic-sampling",
             "--no-dynamic-sampling",
             "--refill",
