@@ -4,10 +4,12 @@
 #
 #   1. facts     nvidia-smi, torch, transformers (facts.txt)
 #   2. mbu       the hf engine's decode step vs the bandwidth limit at the 1.5B shape
-#                (benchmarks/hf_bench.py --mbu; batches 1/8/64/256, both decode paths)
+#                (benchmarks/hf_bench.py --mbu --profile; batches 1/8/64/256, the eager, static and fused
+#                decode paths against the issue-33 targets, kernel time by category)
 #   3. memory    the torch trainer's memory estimate vs the measured CUDA peak
 #                (benchmarks/trainer_memory_cuda.py)
-#   4. tests     pytest -m gpu (CUDA graphs, weight updates, NVML, megatron on cuda)
+#   4. tests     pytest -m "gpu or triton" (CUDA graphs, the fused path and its Triton kernels, weight
+#                updates, NVML, megatron on cuda)
 #   5. run       a short sync-vs-APRIL run of the synthetic task at the 1.5B shape, hf engine and
 #                torch trainer on the GPU, NVML telemetry on (`run ... --telemetry auto`)
 #   6. simcheck  the simulator's prediction against the same engine at forced paper-shaped lengths
@@ -48,7 +50,7 @@ else
   LIMIT_SCALE=${LIMIT_SCALE:-1}
   RUN_SIZES="--steps 4 --eval-every 4 --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 32 --max-response-len 192"
   SIM_SIZES="--steps 4 --repeats 1 --block-steps 2 --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 32 --max-response-len 192"
-  MBU_SIZES="--batches 1,8,64,256"
+  MBU_SIZES="--batches 1,8,64,256 --profile"
   MEM_SIZES="--model $MODEL"
   WARM="--warmstart-arg lr=3e-4"
 fi
@@ -88,7 +90,7 @@ stage mbu 110 $PY benchmarks/hf_bench.py --mbu --device "$DEVICE" --model "$MODE
 stage memory 80 $PY benchmarks/trainer_memory_cuda.py $MEM_SIZES --timeout 60 --out "$WORK/benchmarks"
 # without TF32: the megatron-vs-torch test compares AdamW updates at a 1e-3 relative tolerance that
 # TF32's 10-bit mantissa exceeds (0.8% on the first H100 run, results/gpu/h100-2026-11-26)
-stage tests 100 env -u TORCH_ALLOW_TF32_CUBLAS_OVERRIDE $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_hf_static.py tests/test_telemetry_real.py tests/test_megatron_trainer.py
+stage tests 100 env -u TORCH_ALLOW_TF32_CUBLAS_OVERRIDE $PY -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/test_hf_static.py tests/test_hf_fused.py tests/test_hf_triton.py tests/test_decode_benchmarks.py tests/test_telemetry_real.py tests/test_megatron_trainer.py
 # shellcheck disable=SC2086
 stage run 150 $PY -m april_bench run $COMMON --strategies sync,april $RUN_SIZES --telemetry auto --out "$WORK/run-synthetic-$MODEL"
 # shellcheck disable=SC2086

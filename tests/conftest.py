@@ -24,6 +24,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "megatron": None
         if importlib.util.find_spec("megatron")
         else "needs megatron-core (pip install 'april-bench[megatron]')",
+        "triton": None
+        if importlib.util.find_spec("triton") and (has_gpu or os.environ.get("TRITON_INTERPRET") == "1")
+        else "needs the triton package and a GPU, or TRITON_INTERPRET=1 (tox -e triton)",
     }
     for item in items:
         for marker, reason in reasons.items():

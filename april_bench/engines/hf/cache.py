@@ -18,17 +18,35 @@ bucket size, so the same binding serves every replay of a captured CUDA graph.
 Attention sees the returned view plus a 4D mask built by the engine, which
 marks each row's valid positions; transformers uses a 4D mask as given.  Any
 decoder whose attention calls ``past_key_values.update`` works (Llama, Qwen2,
-Qwen3, Mistral ...).
+Qwen3, Mistral ...).  The fused decode forward (``fused.py``) reads and writes
+the same per-layer tensors directly.
+
+All layers' keys and values live in one tensor ``storage`` [layers, 2, slots,
+KV heads, max_len, head dim] (``keys[i]`` and ``values[i]`` are views of it), so
+moving finished sequences' slots is one gather and one scatter for every layer
+and every moved slot at once (:meth:`SlotKVCache.move_many`), not two copies per
+layer per slot.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["SlotKVCache"]
+__all__ = ["SlotKVCache", "device_ints"]
+
+
+def device_ints(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``.  On CUDA the copy goes through pinned memory without
+    blocking the host: a plain ``.to("cuda")`` of pageable memory waits for every queued kernel (here: the
+    decode step launched ahead), which would stall the pipeline of :meth:`StaticDecoder.launch`."""
+    host = torch.tensor(list(values), dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -84,9 +102,10 @@ class SlotKVCache(Cache):
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (slots, num_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shape = (num_layers, 2, slots, num_kv_heads, max_len, head_dim)
+        self.storage = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = [self.storage[i, 0] for i in range(num_layers)]
+        self.values = [self.storage[i, 1] for i in range(num_layers)]
         self.slots = slots
         self.max_len = max_len
         self.row_index = torch.arange(slots, device=device)
@@ -135,6 +154,14 @@ class SlotKVCache(Cache):
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (all layers)."""
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys[dst, :, :length] = keys[src, :, :length]
-            values[dst, :, :length] = values[src, :, :length]
+        self.move_many([src], [dst], length)
+
+    def move_many(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
+        """Copy the first ``length`` positions of slots ``src[i]`` into slots ``dst[i]``, every layer, as
+        one gather and one scatter.  No slot may be both a source and a destination."""
+        if not src or length <= 0:
+            return
+        index = device_ints([*src, *dst], self.storage.device)  # one host-to-device copy
+        source, target = index[: len(src)], index[len(src) :]
+        window = self.storage[:, :, :, :, :length]
+        window[:, :, target] = window[:, :, source]

@@ -17,13 +17,19 @@ loop between forwards so the rollout loop can react):
    each request's first token;
 3. otherwise one decode step for every running request.
 
-Two decode paths (``decode_path``): ``eager`` builds each step's inputs from
+Three decode paths (``decode_path``): ``eager`` builds each step's inputs from
 Python lists and appends every token on the host (the CPU default);
 ``static`` keeps per-slot state, sampling and stop tests on the device and runs
 one fixed step per (batch, KV length) bucket, captured in CUDA graphs on a GPU
-(``april_bench/engines/hf/static.py``; the CUDA default).  Both give the same
-tokens and log-probs for the same seeds.  A long extend is split into chunks
-of ``prefill_chunk_tokens`` padded tokens (same results, bounded activations).
+(``april_bench/engines/hf/static.py``), with the same tokens and log-probs as
+``eager`` for the same seeds; ``fused`` is ``static`` with the fused Qwen2/Qwen3
+forward (``fused.py``: merged products, Triton kernels on a GPU, attention over
+each row's own keys), prefill through the same forward, the sort-free sampler,
+every graph captured at start and each step's ``done`` flags read one step late
+on CUDA (the CUDA default where the model is a Qwen2/Qwen3; ``static`` for other
+models).  ``fused`` agrees with ``eager`` within float tolerance and in
+distribution, not bit for bit.  A long extend is split into chunks of
+``prefill_chunk_tokens`` padded tokens (same results, bounded activations).
 
 Active sequences occupy slots ``0 .. B-1`` of a :class:`SlotKVCache`; when one
 finishes, the last active sequence moves into its slot.  EOS stops a request
@@ -42,13 +48,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.hf.cache import SlotKVCache
-from april_bench.engines.hf.sampling import position_uniform, sample
+from april_bench.engines.hf.sampling import position_uniform, sample, sample_sort_free
 from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
     ACCOUNTING,
@@ -71,10 +77,24 @@ from april_bench.seeding import sample_seed
 from april_bench.threads import choose_threads, torch_threads
 from april_bench.types import FinishReason
 
+if TYPE_CHECKING:
+    from april_bench.engines.hf.fused import FusedQwen
+
 __all__ = ["HFEngine", "from_settings"]
 
 #: Scheduler rounds :meth:`HFEngine.iteration_log` keeps (about 50 MB at the limit).
 _ITERATION_LOG_MAX = 1_000_000
+
+
+@dataclass(slots=True, eq=False)
+class _Launch:
+    """A decode step launched on the static path whose done flags the host has not read yet."""
+
+    index: int  # the engine's launched-step count after it
+    seqs: list[_Seq]  # the active sequences by row when it was launched
+    tick: float
+    captured: bool
+    idle: int = 0  # rows that had finished in the step before (padding in this one)
 
 
 @dataclass(slots=True, eq=False)
@@ -116,7 +136,17 @@ class HFEngine(Configurable):
             help="torch intra-op threads (default: 1 on a CPU, for a shared machine; torch's choice on cuda)",
         )
         decode_path: str = param(
-            "auto", help="eager, static (device-side state, CUDA graphs), or auto (static on cuda)"
+            "auto",
+            help="eager; static (device-side state, CUDA graphs, the transformers forward: eager's exact "
+            "tokens); fused (static with the fused Qwen2/Qwen3 forward and the sort-free sampler: within "
+            "float tolerance of eager); or auto (fused on cuda for Qwen2/Qwen3, else static; eager on cpu)",
+        )
+        fused_kernels: str = param(
+            "auto", help="the fused forward's kernels: triton, torch, or auto (triton on cuda)"
+        )
+        read_done_late: bool | None = param(
+            None,
+            help="launch decode step t+1 before reading step t's done flags (default: on cuda, fused path)",
         )
         cuda_graphs: bool = param(True, help="capture the static decode step in CUDA graphs (cuda only)")
         cuda_graph_max_batch: int = param(256, help="largest batch captured in a CUDA graph")
@@ -132,8 +162,12 @@ class HFEngine(Configurable):
                 raise ConfigError(
                     "max_running_requests, max_context_len and max_prefill_tokens must be positive"
                 )
-            if self.decode_path not in ("auto", "eager", "static"):
-                raise ConfigError(f"decode_path must be eager, static or auto; got {self.decode_path!r}")
+            if self.decode_path not in ("auto", "eager", "static", "fused"):
+                raise ConfigError(
+                    f"decode_path must be eager, static, fused or auto; got {self.decode_path!r}"
+                )
+            if self.fused_kernels not in ("auto", "torch", "triton"):
+                raise ConfigError(f"fused_kernels must be triton, torch or auto; got {self.fused_kernels!r}")
             if self.cuda_graph_max_batch < 1 or (
                 self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1
             ):
@@ -175,6 +209,13 @@ class HFEngine(Configurable):
         self._active: list[_Seq] = []
         self._cache: SlotKVCache | None = None
         self._static: StaticDecoder | None = None
+        self._fused: FusedQwen | None = None
+        self._path = self._decode_path()
+        self._lag = 0  # decode steps launched ahead of the host's read of their done flags
+        self._pending: deque[_Launch] = deque()
+        self._launched = 0  # decode steps launched (the static paths advance positions on the device)
+        self._last_read: float | None = None
+        self.capture_seconds = 0.0
         self._kv_bound = 0  # at least the largest kv of an active sequence (static path)
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -213,6 +254,25 @@ class HFEngine(Configurable):
     def info(self) -> EngineInfo:
         return self._info
 
+    def _decode_path(self) -> str:
+        """The decode path the config asks for, resolved for this device and model."""
+        from april_bench.engines.hf.fused import unsupported
+
+        path = self.config.decode_path
+        reason = unsupported(self.model)
+        if path == "auto":
+            if self.device.type != "cuda":
+                return "eager"
+            return "fused" if reason is None else "static"
+        if path == "fused" and reason is not None:
+            raise ConfigError(f"decode_path=fused: {reason}; use --engine-arg decode_path=static")
+        return path
+
+    @property
+    def decode_path(self) -> str:
+        """The decode path in use: ``eager``, ``static`` or ``fused``."""
+        return self._path
+
     async def start(self) -> None:
         self._cache = SlotKVCache.for_model(
             self.model.config,
@@ -221,15 +281,30 @@ class HFEngine(Configurable):
             dtype=self.dtype,
             device=self.device,
         )
-        path = self.config.decode_path
-        if path == "static" or (path == "auto" and self.device.type == "cuda"):
+        if self._path in ("static", "fused"):
+            if self._path == "fused":
+                from april_bench.engines.hf.fused import FusedQwen
+
+                try:
+                    self._fused = FusedQwen(self.model, self._cache, kernels=self.config.fused_kernels)
+                except ValueError as exc:
+                    raise EngineError(f"hf engine: {exc}") from None
             self._static = StaticDecoder(
                 self.model,
                 self._cache,
                 eos=self._eos,
                 cuda_graphs=self.config.cuda_graphs,
                 max_graph_batch=self.config.cuda_graph_max_batch,
+                fused=self._fused,
             )
+            late = self.config.read_done_late
+            self._lag = int(
+                late if late is not None else (self._fused is not None and self.device.type == "cuda")
+            )
+            tick = time.perf_counter()
+            with torch_threads(self.threads):
+                self._static.capture_all()  # every graph before the first request (fused forward on cuda)
+            self.capture_seconds = time.perf_counter() - tick
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -238,6 +313,9 @@ class HFEngine(Configurable):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        while self._pending and self._static is not None:  # nothing is left in flight on the device
+            self._pending.popleft()
+            self._static.finished()
 
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
         if self._task is None or self._wake is None:
@@ -293,6 +371,7 @@ class HFEngine(Configurable):
     async def update_weights(self, update: WeightUpdate) -> None:
         """Installed between two forward passes (the scheduler yields to the loop after each one, and
         nothing here awaits): in-flight sequences keep their KV and decode on with the new weights."""
+        self._settle()
         if self._active or self._waiting:
             self._pull(list(self._active))  # the static path keeps recent tokens on the device
             for seq in [*self._waiting, *self._active]:
@@ -305,6 +384,12 @@ class HFEngine(Configurable):
             from april_bench.models.checkpoint import load_state_dict
 
             self._load_checkpoint_weights(load_state_dict(update.path))
+        if self._fused is not None and not self._fused.weights_shared():
+            raise EngineError(
+                "hf engine: the model's q/k/v or gate/up parameters were replaced, not copied into; the "
+                "fused "
+                "decode path reads them through merged tensors (use decode_path=static)"
+            )
         if self.device.type == "cuda":  # load_state_dict only queues the copies: time them here
             torch.cuda.synchronize(self.device)
         self.version = update.version
@@ -331,9 +416,21 @@ class HFEngine(Configurable):
         """Recent decode-step seconds by batch size (the last 64 of each), measured by the scheduler."""
         return {batch: list(times) for batch, times in self._step_times.items()}
 
-    def _log(self, kind: str, batch: int, tokens: int, context: int, cpu_s: float) -> None:
-        if len(self._iteration_log) < _ITERATION_LOG_MAX:
-            self._iteration_log.append((kind, batch, tokens, context, cpu_s))
+    def _round_counts(self) -> tuple[int, int, int]:
+        c = self._counters
+        return c["prompt_tokens"], c["decode_steps"], c["decode_tokens"]
+
+    def _log_round(self, before: tuple[int, int, int], context: int, cpu_s: float) -> None:
+        """Log one scheduler round from the work it counted (a prefill, or decode steps read)."""
+        prompt, steps, tokens = (now - then for now, then in zip(self._round_counts(), before, strict=True))
+        if steps:
+            self._decode_batches[tokens // steps] = self._decode_batches.get(tokens // steps, 0) + steps
+        if len(self._iteration_log) >= _ITERATION_LOG_MAX:
+            return
+        if prompt:
+            self._iteration_log.append(("prefill", len(self._active), prompt, prompt, cpu_s))
+        elif steps:
+            self._iteration_log.append(("decode", tokens // steps, tokens, context, cpu_s))
 
     def decode_histogram(self) -> dict[int, int]:
         """Decode steps by batch size since the engine started."""
@@ -342,9 +439,10 @@ class HFEngine(Configurable):
     def iteration_log(self) -> list[tuple[str, int, int, int, float]]:
         """One ``(kind, batch, tokens, context, cpu_s)`` per scheduler round since the engine started:
         ``prefill`` (its forwards; ``batch`` the running requests after it, ``tokens`` and ``context``
-        the tokens prefilled) or ``decode`` (one step over ``batch`` requests holding ``context``
-        tokens of KV); ``cpu_s`` is the scheduler thread's CPU time for the round, which a loaded
-        machine barely moves (all of the engine's compute with one intra-op thread, the CPU default)."""
+        the tokens prefilled) or ``decode`` (a step over ``batch`` requests holding ``context`` tokens
+        of KV); ``cpu_s`` is the scheduler thread's CPU time for the round, which a loaded machine
+        barely moves (all of the engine's compute with one intra-op thread, the CPU default; on a GPU
+        it is the host's launch time only).  On the static path a round counts the steps it read."""
         return list(self._iteration_log)
 
     def reset_step_times(self) -> None:
@@ -393,23 +491,23 @@ class HFEngine(Configurable):
         loop = asyncio.get_running_loop()
         try:
             while True:
-                self._return_aborted(loop.time())
-                tick, tokens = time.thread_time(), self._counters["prompt_tokens"]
+                self._return_aborted(loop)
+                before, tick, context = self._round_counts(), time.thread_time(), 0
                 if self._waiting and len(self._active) < self.config.max_running_requests:
                     with torch_threads(self.threads):
+                        self._settle(loop)
                         self._prefill(loop)
-                    prefilled = self._counters["prompt_tokens"] - tokens
-                    self._log("prefill", len(self._active), prefilled, prefilled, time.thread_time() - tick)
                 elif self._active:
-                    batch, context = len(self._active), sum(self._kv(s) for s in self._active)
+                    context = sum(self._kv(s) for s in self._active)
                     with torch_threads(self.threads):
                         self._decode(loop)
-                    self._decode_batches[batch] = self._decode_batches.get(batch, 0) + 1
-                    self._log("decode", batch, batch, context, time.thread_time() - tick)
+                elif self._pending:
+                    self._settle(loop)
                 else:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
+                self._log_round(before, context, time.thread_time() - tick)
                 await asyncio.sleep(0)  # let the rollout loop react between forwards
         except Exception as exc:
             error = EngineError(f"hf engine failed: {exc}")
@@ -417,7 +515,8 @@ class HFEngine(Configurable):
                 seq.stream.fail(error)
             raise
 
-    def _return_aborted(self, now: float) -> None:
+    def _return_aborted(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
         if any(s.aborted for s in self._waiting):
             keep: deque[_Seq] = deque()
             for seq in self._waiting:
@@ -426,10 +525,13 @@ class HFEngine(Configurable):
                 else:
                     keep.append(seq)
             self._waiting = keep
+        if not any(s.aborted for s in self._active):
+            return
+        self._settle(loop)  # the steps in flight first: a sequence they finished is not an abort
         aborted = [s for s in self._active if s.aborted]
         self._pull(aborted)
+        self._release_many(aborted)
         for seq in aborted:
-            self._release(seq)
             self._deliver(seq, FinishReason.ABORT, now)
 
     def _prefill(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -464,16 +566,18 @@ class HFEngine(Configurable):
             for lo in range(0, width, chunk):
                 hi = min(width, lo + chunk)
                 mask = (causal[None, lo:hi, :hi] & valid[:, None, :hi])[:, None]
-                self._cache.bind_prefill(start, len(batch), hi - lo, offset=lo)
                 self._counters["engine_iterations"] += 1
-                out = self._backbone(
-                    input_ids=ids[:, lo:hi].to(self.device),
-                    position_ids=positions[lo:hi].expand(len(batch), hi - lo).to(self.device),
-                    attention_mask=mask.to(self.device),
-                    past_key_values=self._cache,
-                    use_cache=True,
-                )
-                hidden = out.last_hidden_state
+                if self._fused is not None:  # causal attention by construction: no mask
+                    hidden = self._fused.prefill(ids[:, lo:hi].to(self.device), start, lo)
+                else:
+                    self._cache.bind_prefill(start, len(batch), hi - lo, offset=lo)
+                    hidden = self._backbone(
+                        input_ids=ids[:, lo:hi].to(self.device),
+                        position_ids=positions[lo:hi].expand(len(batch), hi - lo).to(self.device),
+                        attention_mask=mask.to(self.device),
+                        past_key_values=self._cache,
+                        use_cache=True,
+                    ).last_hidden_state
                 if last is None:
                     last = hidden.new_empty(len(batch), hidden.shape[-1])
                 ends = ((lengths - 1 >= lo) & (lengths - 1 < hi)).nonzero().flatten()
@@ -482,7 +586,7 @@ class HFEngine(Configurable):
             logits = self._head(last)
         for seq in batch:
             seq.kv = seq.context
-            seq.step0 = self._counters["decode_steps"]
+            seq.step0 = self._launched
         self._counters["prefill_batches"] += 1
         self._counters["prompt_tokens"] += int(lengths.sum())
         self._counters["reprefill_tokens"] += sum(s.context for s in batch if s.request.prefix_len > 0)
@@ -512,44 +616,70 @@ class HFEngine(Configurable):
         )
         self._kv_bound = max((self._kv(s) for s in self._active), default=0)
 
-    def _kv(self, seq: _Seq) -> int:
-        """Tokens of ``seq`` in the KV cache (the static path advances them on the device only)."""
+    def _kv(self, seq: _Seq, upto: int | None = None) -> int:
+        """Tokens of ``seq`` in the KV cache after decode step ``upto`` (default: every step launched;
+        the static paths advance them on the device only)."""
         if self._static is None:
             return seq.kv
-        return seq.kv + self._counters["decode_steps"] - seq.step0
+        return seq.kv + (self._launched if upto is None else upto) - seq.step0
 
-    def _pull(self, seqs: list[_Seq]) -> None:
-        """Copy the static path's tokens and log-probs of ``seqs`` back into them."""
+    def _pull(self, seqs: list[_Seq], upto: int | None = None) -> None:
+        """Copy the static path's tokens and log-probs of ``seqs`` back into them: those of the steps
+        up to ``upto`` (sequences that finished in the step just read), or of every step launched."""
         if self._static is None or not seqs:
             return
-        counts = [len(s.tokens) + self._kv(s) - s.kv for s in seqs]
-        for seq, (tokens, logprobs) in zip(
-            seqs, self._static.pull([s.slot for s in seqs], counts), strict=True
-        ):
+        counts = [len(s.tokens) + self._kv(s, upto) - s.kv for s in seqs]
+        pulled = self._static.pull([s.slot for s in seqs], counts, behind_read=upto is not None)
+        for seq, (tokens, logprobs) in zip(seqs, pulled, strict=True):
             seq.tokens, seq.logprobs = tokens, logprobs
-            seq.kv, seq.step0 = self._kv(seq), self._counters["decode_steps"]
+            seq.kv, seq.step0 = self._kv(seq, upto), self._launched if upto is None else upto
 
     def _decode_static(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Launch one step over the active sequences; read the flags of the step ``lag`` launches back."""
         assert self._static is not None
         active = self._active
         tick = loop.time()
-        finished, captured = self._static.step(len(active), self._kv_bound + 1)
+        nucleus = any(s.request.sampling.top_p < 1 for s in active)
+        captured = self._static.launch(len(active), self._kv_bound + 1, nucleus=nucleus)
+        self._launched += 1
         self._kv_bound += 1
-        self._counters["decode_steps"] += 1
-        self._counters["engine_iterations"] += 1
-        self._counters["decode_tokens"] += len(active)
-        self._counters["generation_tokens"] += len(active)
-        now = loop.time()
-        if not captured:  # a step that captured a graph measures the capture, not decoding
-            self._record_step(len(active), now - tick)
-        if finished:
-            seqs = [active[i] for i in finished]
-            self._pull(seqs)
-            for seq in seqs:
-                self._release(seq)
-                reason = self._finish_reason(seq, seq.tokens[-1])
-                self._deliver(seq, reason or FinishReason.STOP, now)
-            self._kv_bound = max((self._kv(s) for s in self._active), default=0)
+        self._pending.append(_Launch(self._launched, list(active), tick, captured))
+        while len(self._pending) > self._lag:
+            self._read_step(loop)
+
+    def _settle(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Read every launched step's flags (before the host changes slots: prefill, abort, weights)."""
+        while self._pending:
+            self._read_step(loop)
+
+    def _read_step(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The oldest launched step's done flags: count its work, deliver the sequences it finished."""
+        assert self._static is not None
+        launch = self._pending.popleft()
+        finished = self._static.finished()
+        now = (loop or asyncio.get_running_loop()).time()
+        tokens = len(launch.seqs) - launch.idle
+        if tokens:  # a step launched after its every row had finished produced nothing: not an iteration
+            self._counters["decode_steps"] += 1
+            self._counters["engine_iterations"] += 1
+            self._counters["decode_tokens"] += tokens
+            self._counters["generation_tokens"] += tokens
+        # the step time: from its launch, or from the previous step's read when it was launched before it
+        begin = launch.tick if self._last_read is None else max(launch.tick, self._last_read)
+        if not launch.captured and tokens:  # a step that captured a graph measures the capture
+            self._record_step(len(launch.seqs), now - begin)
+        self._last_read = now if self._pending else None
+        if not finished:
+            return
+        seqs = [launch.seqs[i] for i in finished]
+        if self._pending:
+            self._pending[0].idle += len(seqs)  # they rode along as padding in the step launched after
+        self._pull(seqs, upto=launch.index)
+        self._release_many(seqs)
+        for seq in seqs:
+            reason = self._finish_reason(seq, seq.tokens[-1])
+            self._deliver(seq, reason or FinishReason.STOP, now)
+        self._kv_bound = max((self._kv(s) for s in self._active), default=0)
 
     def _record_step(self, batch: int, seconds: float) -> None:
         times = self._step_times.setdefault(batch, [])
@@ -598,13 +728,23 @@ class HFEngine(Configurable):
             for i, flag in enumerate(replaying):
                 if flag:
                     banned[i, eos] = True
-        tokens, logprobs = sample(
-            logits,
-            torch.tensor([p.temperature for p in sp], device=logits.device),
-            torch.tensor([p.top_p for p in sp], device=logits.device),
-            torch.tensor([position_uniform(s.seed, s.context) for s in seqs], device=logits.device),
-            banned,
-        )
+        temperature = torch.tensor([p.temperature for p in sp], device=logits.device)
+        top_p = torch.tensor([p.top_p for p in sp], device=logits.device)
+        uniforms = torch.tensor([position_uniform(s.seed, s.context) for s in seqs], device=logits.device)
+        if self._fused is not None:  # the decode steps' sampler, so a resumed sequence draws as it would have
+            assert self._static is not None
+            tokens, logprobs = sample_sort_free(
+                logits,
+                temperature,
+                top_p,
+                uniforms,
+                torch.tensor(replaying, device=logits.device) & self._static.has_eos,
+                self._static.ban_tokens,
+                nucleus=any(p.top_p < 1 for p in sp),
+                threshold=self._fused.ops.top_p_threshold,
+            )
+        else:
+            tokens, logprobs = sample(logits, temperature, top_p, uniforms, banned)
         self._counters["generation_tokens"] += len(seqs)
         for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
             seq.tokens.append(token)
@@ -628,17 +768,32 @@ class HFEngine(Configurable):
 
     def _release(self, seq: _Seq) -> None:
         """Free ``seq``'s slot, moving the last active sequence into it."""
+        self._release_many([seq])
+
+    def _release_many(self, seqs: Sequence[_Seq]) -> None:
+        """Free the slots of ``seqs`` as if one after the other (each filled by the last active sequence),
+        then move the surviving sequences' KV and state in one batch: a gather and a scatter per tensor,
+        not two copies per layer and twelve per sequence."""
         assert self._cache is not None
-        last = self._active.pop()
-        if last is not seq:
-            self._cache.move(last.slot, seq.slot, self._kv(last))
+        if not seqs:
+            return
+        before = len(self._active)
+        origin: dict[int, tuple[_Seq, int]] = {}
+        for seq in seqs:
+            last = self._active.pop()
+            if last is not seq:
+                origin.setdefault(id(last), (last, last.slot))
+                last.slot = seq.slot
+                self._active[seq.slot] = last
+            seq.slot = -1
+        moved = [(seq, slot) for seq, slot in origin.values() if seq.slot >= 0 and seq.slot != slot]
+        if moved:
+            src, dst = [slot for _, slot in moved], [seq.slot for seq, _ in moved]
+            self._cache.move_many(src, dst, max(self._kv(seq) for seq, _ in moved))
             if self._static is not None:
-                self._static.move(last.slot, seq.slot)
-            last.slot = seq.slot
-            self._active[seq.slot] = last
+                self._static.move_many(src, dst)
         if self._static is not None:
-            self._static.clear(len(self._active))
-        seq.slot = -1
+            self._static.clear_many(range(len(self._active), before))
 
     def _deliver(self, seq: _Seq, reason: FinishReason, now: float) -> None:
         runs = None

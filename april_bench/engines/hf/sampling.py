@@ -14,13 +14,34 @@ greedy requests (temperature 0) report ``log_softmax(logits)``.
 :func:`position_uniforms` and :func:`sample_banning` are the same draws as
 tensor operations (no host values), for the static decode step that runs
 inside a CUDA graph; they give bit-identical tokens and log-probs.
+
+:func:`sample_sort_free` is the fused decode path's sampler: the same
+distribution (same temperature, top-p, banning and log-prob convention) and the
+same position-keyed uniform, without sorting the vocabulary.  At top_p = 1 it
+inverts the CDF in vocabulary order (one cumulative sum and a binary search);
+with top-p it first finds the nucleus' probability threshold by bisection
+(:func:`~april_bench.engines.hf.kernels.top_p_threshold`), which keeps exactly
+the tokens a descending sort keeps.  The sorted sampler walks the CDF in
+descending order, this one in vocabulary order, so one uniform picks a
+different token: the two agree in distribution, not draw by draw
+(``tests/test_hf_fused.py`` tests that).  Its cost at top_p = 1 is about six
+passes over the ``[B, V]`` float32 logits instead of a 151,936-wide sort per row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["position_uniform", "position_uniforms", "sample", "sample_banning", "seed_bits"]
+__all__ = [
+    "position_uniform",
+    "position_uniforms",
+    "sample",
+    "sample_banning",
+    "sample_sort_free",
+    "seed_bits",
+]
 
 _MASK64 = (1 << 64) - 1
 
@@ -128,3 +149,46 @@ def _draw(
     sampled = order.gather(-1, index).squeeze(-1)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def sample_sort_free(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    uniforms: torch.Tensor,
+    ban_rows: torch.Tensor,
+    ban_tokens: torch.Tensor,
+    *,
+    nucleus: bool,
+    threshold: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_banning`'s distribution without a sort (see the module notes).
+
+    ``nucleus=False`` ignores ``top_p`` (the caller knows every row has top_p = 1); ``nucleus=True``
+    applies it through ``threshold`` (default :func:`~april_bench.engines.hf.kernels.top_p_threshold`).
+    Log-probs are ``log_softmax(logits / T)`` of the token, before banning and top-p, as elsewhere.
+    """
+    x = logits.float()
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+    x = x / scale[:, None]
+    masked = x.masked_fill(ban_rows[:, None] & ban_tokens[None, :], float("-inf"))
+    top = masked.max(dim=-1, keepdim=True).values
+    weights = (masked - top).exp()  # the sampling distribution, unnormalised: banned tokens weigh 0
+    if nucleus:
+        if threshold is None:
+            from april_bench.engines.hf.kernels import top_p_threshold
+
+            threshold = top_p_threshold
+        need = top_p * weights.sum(dim=-1)
+        cut = torch.where(top_p >= 1, torch.zeros_like(need), threshold(weights, need))
+        weights = torch.where(weights >= cut[:, None], weights, 0.0)
+    cdf = weights.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    # the first token whose cumulative weight exceeds u * total: never one of weight 0 (right=True), and
+    # u * total rounded up to total still lands on the last token that has weight
+    target = torch.minimum(uniforms[:, None].float() * total, torch.nextafter(total, torch.zeros_like(total)))
+    sampled = torch.searchsorted(cdf, target, right=True).clamp(max=x.shape[-1] - 1).squeeze(-1)
+    tokens = torch.where(greedy, masked.argmax(dim=-1), sampled)
+    logprobs = x.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1)
+    return tokens, logprobs
