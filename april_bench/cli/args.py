@@ -94,9 +94,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     what.add_argument(
         "--hw",
-        default="cpu",
+        default=None,
         choices=hardware_names(),
-        help=exp["hardware"] + "; cpu runs the embedded default",
+        help=exp["hardware"] + "; default cpu (the embedded default), or mi300x with --recipe (the paper's "
+        "runs); a --config file's own hardware otherwise",
     )
     what.add_argument(
         "--config",
@@ -108,7 +109,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--recipe",
         choices=list(PAPER_RECIPES),
-        help="start from a calibrated row of APRIL's paper table (simulated; docs/calibration.md)",
+        help="start from a row of APRIL's paper table, simulated on --hw (default mi300x; "
+        "docs/calibration.md)",
     )
     what.add_argument("--algo", choices=ALGORITHMS.names(), help=exp["algorithm"])
     what.add_argument(
@@ -329,20 +331,30 @@ def _split_arms(text: str) -> list[str]:
     return parts
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """The hardware's recipe, with every flag the user set applied on top."""
+def run_hardware(args: argparse.Namespace) -> str:
+    """``--hw`` as given, else the default: the paper's MI300X node for a ``--recipe`` (a row of APRIL's
+    table), the CPU's embedded default otherwise."""
+    if args.hw is not None:
+        return str(args.hw)
+    return "mi300x" if getattr(args, "recipe", None) else "cpu"
+
+
+def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
+    """The hardware's recipe, with every flag the user set applied on top (on top of ``base`` instead,
+    when given: a resumed run's stored configuration)."""
     from april_bench.recipes import recipe_for
 
     strategies = None if args.strategies is None else _split(args.strategies)
     devices = None if args.telemetry_devices is None else _devices(args.telemetry_devices)
     eval_datasets = None if args.eval_datasets is None else _split(args.eval_datasets)
-    if getattr(args, "config", None) is not None:
+    if base is not None:
+        pass
+    elif getattr(args, "config", None) is not None:
         from april_bench.config_files import config_from_file
 
-        hardware = None if args.hw == "cpu" else args.hw  # --hw's default must not override the file's
-        base = config_from_file(args.config, hardware=hardware, recipe=getattr(args, "recipe", None))
+        base = config_from_file(args.config, hardware=args.hw, recipe=getattr(args, "recipe", None))
     else:
-        base = recipe_for(args.hw, getattr(args, "recipe", None))
+        base = recipe_for(run_hardware(args), getattr(args, "recipe", None))
     if args.engine not in (None, "auto"):
         from april_bench.engines import ENGINES
 
@@ -395,13 +407,34 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return base.replace(**changes)
 
 
-def check_resume_flags(args: argparse.Namespace) -> None:
-    """``--resume`` continues a run with its own configuration: any other run flag is refused."""
+#: Flags ``--resume`` takes whatever their value: they say how to run, not what.
+_RESUME_FREE = ("--resume", "--no-progress", "--allow-dirty")
+#: Flags that name where a configuration comes from or where a new run goes: a resume has its own.
+_RESUME_NEVER = ("--recipe", "--config", "--out", "--overwrite", "--metadata")
+
+
+def check_resume_flags(args: argparse.Namespace, stored: Any) -> None:
+    """``--resume`` continues a run with its own configuration (``stored``).  The original command with
+    ``--resume`` added is accepted: a flag is refused only when it would change the stored configuration
+    (named with both values), or when it names a new run's source or place (--config, --out, ...)."""
     from april_bench.config import ConfigError
 
-    extra = [f for f in flags_set(args) if f not in ("--resume", "--no-progress", "--allow-dirty")]
-    if extra:
-        raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(extra)}")
+    extra = [f for f in flags_set(args) if f not in _RESUME_FREE]
+    if not extra:
+        return
+    never = [f for f in extra if f in _RESUME_NEVER or f.startswith("--logger")]
+    if never:
+        raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(never)}")
+    changed: list[str] = []
+    if args.hw is not None and args.hw != stored.hardware:
+        changed.append(f"hardware ({stored.hardware} -> {args.hw})")
+    old, new = stored.to_dict(), config_from_args(args, base=stored).to_dict()
+    changed += [f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in new if new.get(k) != old.get(k)]
+    if changed:
+        raise ConfigError(
+            "--resume continues a run with its own configuration, and these flags would change it: "
+            f"{'; '.join(changed)}; drop them (or start a new run with --out)"
+        )
 
 
 def flags_set(args: argparse.Namespace) -> list[str]:

@@ -27,8 +27,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from april_bench.results.store import run_report
 
     if args.resume is not None:
-        check_resume_flags(args)  # a resume runs with the run's own configuration
         out = Path(args.resume).expanduser()
+        check_resume_flags(args, runner.stored_config(out))  # a resume runs with its own configuration
         outcome = runner.resume(
             out,
             progress=not args.no_progress,
@@ -155,8 +155,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             for key in registry:
                 print(f"  {key:22s} {registry.describe(key)}")
                 if name == "engines":
-                    missing = registry.get(key).missing()
-                    print(f"      {'not installed here: ' + missing if missing else 'installed here'}")
+                    print(f"      {_engine_here(registry.get(key))}")
                 if name == "strategies" and args.what == name:
                     for option, text in strategy_options(key).items():
                         print(f"      {option}: {text}")
@@ -165,6 +164,18 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.what in ("all", "hardware"):
         _ls_hardware(verbose=args.what == "hardware")
     return 0
+
+
+def _engine_here(spec: Any) -> str:
+    """Whether an engine runs here: its packages, and for an adapter that launches its own server, the
+    server's package (an installed adapter alone cannot launch SGLang)."""
+    missing = spec.missing()
+    if missing:
+        return "not installed here: " + missing
+    launch = spec.launch_missing()
+    if launch:
+        return "adapter installed here; " + launch
+    return "installed here"
 
 
 def _ls_datasets() -> None:

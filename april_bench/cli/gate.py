@@ -22,7 +22,7 @@ def add_parsers(sub: Any) -> None:
         "runs (deterministic); for measured ones iterations:0 (the gains in tokens per engine iteration, "
         "which "
         "april-bench's engines make schedule-deterministic: exact at any load) and median:ci (NEW's paired "
-        "median below BASE's 95%% interval, or NEW's interval below BASE's median). A CI on a shared "
+        "median below BASE's 95% interval, or NEW's interval below BASE's median). A CI on a shared "
         "machine gates on iterations:0 alone.",
     )
     p.add_argument("base", type=Path, help="the reference run directory")

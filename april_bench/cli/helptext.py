@@ -46,8 +46,8 @@ _READ: Mapping[str, Callable[[Any], Any]] = {
 _RULES = {
     "recipe": "none (the --hw recipe)",
     "engine_url": "launch the engine",
-    "max_version_span": "the april strategy's (`ls strategies`)",
-    "max_aborts_per_sample": "the april strategy's (`ls strategies`)",
+    "max_version_span": "unlimited (a resumed sample's tokens may span any number of versions)",
+    "max_aborts_per_sample": "unlimited (a sample is resumed however often it was aborted)",
     "resume": "a new run",
     "config": "none",
 }

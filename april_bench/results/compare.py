@@ -206,13 +206,11 @@ def _compare(arm: str, gain: str, rule: Rule, base: Mapping[str, Any], new: Mapp
         if abs(n - b) <= 1e-9 * max(1.0, abs(b)):
             return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "identical")
         way = "rose" if n > b else "dropped"
-        why = f"{way} {abs(n - b) * 100:.2f} pts (exact: any change, up or down, fails)"
+        why = f"{way} {points(abs(n - b))} pts (exact: any change, up or down, fails)"
         return Comparison(arm, gain, rule, b, n, b_ci, n_ci, True, why)
     if rule.tolerance is not None:
         regressed = n < b - rule.tolerance - 1e-12
-        why = (
-            f"dropped {(b - n) * 100:.2f} pts > {rule.tolerance * 100:g}" if regressed else "within tolerance"
-        )
+        why = f"dropped {points(b - n)} pts > {rule.tolerance * 100:g}" if regressed else "within tolerance"
         return Comparison(arm, gain, rule, b, n, b_ci, n_ci, regressed, why)
     if not b_ci or not n_ci:
         return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "no interval to compare (one pair)")
@@ -221,6 +219,16 @@ def _compare(arm: str, gain: str, rule: Rule, base: Mapping[str, Any], new: Mapp
     if n_ci[1] < b:
         return Comparison(arm, gain, rule, b, n, b_ci, n_ci, True, "NEW's interval lies below BASE's median")
     return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "each median within the other's reach")
+
+
+def points(change: float, *, sign: bool = False) -> str:
+    """A gain's change in percentage points: two decimals, or as many as show a change that two
+    decimals would round to zero (a verdict of 0.003 pts must not print beside "0.00")."""
+    value = change * 100
+    text = f"{value:+.2f}" if sign else f"{value:.2f}"
+    if value != 0 and abs(value) < 0.005:
+        text = f"{value:+.1e}" if sign else f"{value:.1e}"
+    return text
 
 
 def render_comparison(rows: Sequence[Comparison]) -> str:
@@ -239,7 +247,7 @@ def render_comparison(rows: Sequence[Comparison]) -> str:
             str(r.rule),
             pct(r.base) + ci(r.base_ci),
             pct(r.new) + ci(r.new_ci),
-            "n/a" if r.delta is None else f"{r.delta * 100:+.2f} pts",
+            "n/a" if r.delta is None else f"{points(r.delta, sign=True)} pts",
             (("CHANGED: " if r.rule.exact else "REGRESSED: ") if r.regressed else "ok: ") + r.why,
         ]
         for r in rows

