@@ -243,6 +243,7 @@ def test_cli_flags_stay_few() -> None:
             "--resume",
             "--allow-dirty",
             "--no-progress",
+            "--log-level",
             "--recipe",
             "--config",  # the field's conventions (docs/conventions.md): config files, trackers, labels
             "--logger",

@@ -88,8 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     whatif.add_parsers(sub)
     simcheck.add_parsers(sub)
     from april_bench.cli.helptext import name_defaults
+    from april_bench.cli.output import LEVELS
 
     for name, command in sub.choices.items():
+        command.add_argument(
+            "--log-level",
+            choices=LEVELS,
+            default=None,
+            help="how much to say along the way on stderr (default info, or APRIL_BENCH_LOG_LEVEL); "
+            "tables and results always go to stdout",
+        )
         if name not in ("run", "validate"):  # those two name the recipes' defaults already
             name_defaults(command, recipe={})
     return parser
@@ -102,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a flag argparse rejected (its one line is printed)
         return int(exc.code or 0)
     try:
+        from april_bench.cli.output import setup
+
+        setup(args)
         return int(args.handler(args))
     except (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)

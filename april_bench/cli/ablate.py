@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from april_bench.cli.output import echo
 from april_bench.config import ConfigError
 from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
 from april_bench.results.table import render_markdown
@@ -207,7 +207,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _echo(line: str) -> None:
-    print(line, file=sys.stderr)
+    echo(line)
 
 
 def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> dict[str, Any]:

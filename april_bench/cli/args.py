@@ -408,7 +408,7 @@ def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
 
 
 #: Flags ``--resume`` takes whatever their value: they say how to run, not what.
-_RESUME_FREE = ("--resume", "--no-progress", "--allow-dirty")
+_RESUME_FREE = ("--resume", "--no-progress", "--allow-dirty", "--log-level")
 #: Flags that name where a configuration comes from or where a new run goes: a resume has its own.
 _RESUME_NEVER = ("--recipe", "--config", "--out", "--overwrite", "--metadata")
 

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from april_bench.cli.output import echo
+
 if TYPE_CHECKING:
     from april_bench.runner import RunOutcome
 
@@ -16,7 +18,7 @@ LS_SECTIONS = ("strategies", "engines", "trainers", "algorithms", "models", "dat
 
 
 def _echo(line: str) -> None:
-    print(line, file=sys.stderr)
+    echo(line)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

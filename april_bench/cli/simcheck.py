@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
+
+from april_bench.cli.output import echo
 
 __all__ = ["add_parsers", "cmd_simcheck", "default_validation_log"]
 
@@ -74,7 +75,7 @@ def cmd_simcheck(args: argparse.Namespace) -> int:
         trace_steps=args.trace_steps,
         trace_seed=args.trace_seed,
         progress=not args.no_progress,
-        echo=lambda line: print(line, file=sys.stderr),
+        echo=echo,
         allow_dirty=args.allow_dirty,
         tolerance=args.tolerance,
         validation_log=args.validation_log or default_validation_log(),

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from april_bench.cli.output import echo
+
 __all__ = ["add_parsers", "cmd_trace", "cmd_whatif"]
 
 EXAMPLE = "example"
@@ -160,7 +162,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             allow_dirty=args.allow_dirty,
             progress=not args.no_progress,
-            echo=lambda line: print(line, file=sys.stderr),
+            echo=echo,
         )
     except KeyboardInterrupt as exc:
         print(f"interrupted: {exc}", file=sys.stderr)

@@ -289,7 +289,14 @@ def check_backend(
 ) -> str:
     """Open and release ``config``'s backend now, for an early, one-line failure (``validate``, CLI
     start-up): raises :class:`ConfigError` where :meth:`TelemetrySampler.start` would; else returns
-    the line saying what will be sampled (or why nothing will)."""
+    the line saying what will be sampled (or why nothing will).  ``auto`` on a machine without a GPU
+    device node says nothing (an empty line): the hint to install a GPU library is for a machine that
+    has a GPU and lacks the library, not for every CPU run."""
+    if config.backend == "auto" and env is None and loader is None:
+        from april_bench.machine import detect_accelerators
+
+        if not detect_accelerators().any:
+            return ""
     reader, reason = open_reader(
         config.backend, devices=config.devices, env=os.environ if env is None else env, loader=loader
     )
