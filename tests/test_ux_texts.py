@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +80,50 @@ def test_log_level_quiets_what_is_said_along_the_way(tmp_path, capsys, monkeypat
     assert main(["ls", "engines"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: APRIL_BENCH_LOG_LEVEL='loud'") and "Traceback" not in err
+
+
+_CITED = re.compile(r"(?<![\w/.-])((?:docs|results|benchmarks|tests|april_bench)/[\w./<>{}*-]*\w|[\w-]+\.md)")
+
+
+def _help_texts() -> str:
+    """Every command's --help and every `ls` listing: what a user reads before anything runs."""
+    import contextlib
+    import io
+
+    from april_bench.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    texts = [parser.format_help()]
+    for command in commands.values():
+        texts.append(command.format_help())
+        for action in command._actions:
+            if getattr(action, "choices", None) and isinstance(action.choices, dict):  # nested actions
+                texts += [sub.format_help() for sub in action.choices.values()]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["ls", "all"]) == 0
+    texts.append(out.getvalue())
+    return "\n".join(texts)
+
+
+def test_every_file_a_help_text_or_listing_cites_is_in_the_repository() -> None:
+    """A user is never pointed to a file the repository does not hold (shared/docs/landscape.md was)."""
+    from april_bench.results.rundir import _KNOWN_FILES
+
+    root = Path(__file__).resolve().parents[1]
+    text = " ".join(_help_texts().split())
+    cited = sorted(set(_CITED.findall(text)))
+    assert cited, "the help texts cite no file at all: the pattern is broken"
+    missing = []
+    for path in cited:
+        if any(c in path for c in "<>{}*"):  # a pattern (runs/<run-id>, results/gpu/<gpu>-<date>/)
+            path = re.split(r"[<>{}*]", path)[0].rsplit("/", 1)[0]
+        if "/" not in path:  # a bare NAME.md: the README, a page of docs/, or a file a run writes
+            found = (root / path).exists() or (root / "docs" / path).exists() or path in _KNOWN_FILES
+        else:
+            found = (root / path).exists()
+        if not found:
+            missing.append(path)
+    assert not missing, f"cited but not in the repository: {missing}"
+    assert "landscape.md" not in text

@@ -71,7 +71,7 @@ class HardwareProfile:
 # Shared sources -------------------------------------------------------------
 _VIDUR = (
     "microsoft/vidur data/profiling/compute/h100 Llama-2-7B mlp.csv: 5.6 ms/iter at batch 1 vs 3.87 ms "
-    "ideal (69% of peak BW) and 64% MFU at 4k tokens (landscape.md §4b)"
+    "ideal (69% of peak BW) and 64% MFU at 4k tokens"
 )
 _SGL_GRAPH = (
     "sglang==0.5.2 cuda_graph_runner.get_batch_sizes_to_capture: "
@@ -86,7 +86,7 @@ _NCCL_1259 = "NVIDIA/nccl#1259: 2xH100 NVLink small all-reduce ~6 us"
 _AITER_801 = "ROCm/aiter PR #801: MI300X TP2 custom all-reduce 7.07 us @4 KB, 28.15 us @1 MB"
 _OVERHEAD = (
     "sgl-project/sglang PR #5608: overlap scheduling took Llama-3.1-8B TP4 decode from 5.24 to 4.63 ms/step "
-    "(0.6 ms exposed CPU); landscape.md §4b: 0.5-3 ms; assumption: 1 ms of non-roofline work per iteration"
+    "(0.6 ms exposed CPU); assumption: 1 ms of non-roofline work per iteration"
 )
 _STREAM = "Azure/AI-benchmarking-guide@8fd0c6e Azure_Results: STREAM triad H100 2.97, H200 4.15 TB/s"
 _STREAM_AMD = (
@@ -119,8 +119,10 @@ HARDWARE.register(
         train_mfu=0.41,
         sources={
             "memory_bytes": "NVIDIA H100 SXM5 spec: 80 GB HBM3 (nvidia-smi reports 81,559 MiB)",
-            "memory_bw": "NVIDIA H100 SXM5 spec: 3.35 TB/s (landscape.md §4b)",
-            "bf16_flops": "NVIDIA H100 SXM5 spec: 989.4 TFLOPS dense BF16 (landscape.md §4b)",
+            "memory_bw": "NVIDIA H100 SXM5 spec: 3.35 TB/s HBM3 (NVIDIA H100 Tensor Core GPU datasheet)",
+            "bf16_flops": (
+                "NVIDIA H100 SXM5 spec: 989.4 TFLOPS dense BF16, 1,979 with sparsity (NVIDIA H100 datasheet)"
+            ),
             "eta_bw": _VIDUR
             + "; vLLM perf build 9555 Llama-3.1-8B TP1 b8: 7.8 ms/step implies 0.66 with 1 ms overhead",
             "eta_flops": _VIDUR,
@@ -155,7 +157,7 @@ HARDWARE.register(
         train_mfu=0.41,
         sources={
             "memory_bytes": "NVIDIA H200 SXM spec: 141 GB HBM3e",
-            "memory_bw": "NVIDIA H200 SXM spec: 4.8 TB/s (landscape.md §4b)",
+            "memory_bw": "NVIDIA H200 SXM spec: 4.8 TB/s HBM3e (NVIDIA H200 Tensor Core GPU datasheet)",
             "bf16_flops": "NVIDIA H200: same GH100 compute as H100, 989.4 TFLOPS dense BF16",
             "eta_bw": (
                 "buildkite vllm/performance-benchmark build 9513: Llama-3.1-8B TP1 batch 8 834 ms for 128 "
@@ -193,7 +195,7 @@ HARDWARE.register(
         train_mfu=0.26,
         sources={
             "memory_bytes": "AMD Instinct MI300X spec: 192 GB HBM3",
-            "memory_bw": "AMD Instinct MI300X spec: 5.3 TB/s (landscape.md §4b)",
+            "memory_bw": "AMD Instinct MI300X spec: 5.3 TB/s HBM3 (AMD Instinct MI300X data sheet)",
             "bf16_flops": "AMD Instinct MI300X spec: 1,307.4 TFLOPS dense BF16 (2,615 is with sparsity)",
             "eta_bw": (
                 "derived: H100 decode efficiency 0.69 x (MI300X STREAM 77% / H100 STREAM 89% of spec) "

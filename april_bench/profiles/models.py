@@ -1,11 +1,11 @@
 """Model profiles: the architecture numbers a roofline cost model needs.
 
 Architectures are from the models' Hugging Face ``config.json`` as mirrored in
-the APRIL repository (``RLsys-Foundation/APRIL@a72b585 scripts/models/*.sh``)
-and summarised in ``shared/docs/landscape.md`` §4b; the derived quantities
-(parameters, bytes per decode step, KV bytes per token) are computed here and
-checked by a test against the figures published there (Qwen3-4B: 3.63 B
-non-embedding parameters, 8.04 GB read per decode step, 144 KiB of KV per token).
+the APRIL repository (``RLsys-Foundation/APRIL@a72b585 scripts/models/*.sh``);
+the derived quantities (parameters, bytes per decode step, KV bytes per token)
+are computed here from those numbers and checked by a test against figures
+computed by hand (Qwen3-4B: 3.63 B non-embedding parameters, 8.04 GB read per
+decode step, 144 KiB of KV per token).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class ModelProfile:
 
 MODELS: Registry[ModelProfile] = Registry("model")
 
-_QWEN3_SRC = "Hugging Face config.json; APRIL@a72b585 scripts/models/{}.sh; landscape.md §4b"
+_QWEN3_SRC = "Hugging Face config.json; APRIL@a72b585 scripts/models/{}.sh"
 
 MODELS.register(
     "qwen3-4b",

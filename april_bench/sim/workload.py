@@ -135,7 +135,8 @@ class SimWorkload(Configurable):
             None, help="override: mean per-prompt solve rate at the start of RL (drives DAPO rejections)"
         )
         prompt_sigma: float | None = param(
-            None, help="override: log-sd of response length between prompts (default 0.8; landscape §5b)"
+            None,
+            help="override: log-sd of response length between prompts (default 0.8; docs/calibration.md)",
         )
         within_sigma: float | None = param(
             None, help="override: log-sd of response length inside a group (default 0.6; Seer: < between)"

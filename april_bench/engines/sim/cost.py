@@ -1,7 +1,7 @@
 """Roofline cost model of one inference replica (one engine with ``tp`` GPUs).
 
 One decode iteration with ``B`` running requests whose contexts sum to ``S``
-tokens takes (landscape.md §4b)::
+tokens takes::
 
     t(B, S) = c + max( (W + S*kv) / (tp*BW*eta_bw),  (F*B + A*S) / (tp*FLOPS*eta_f) ) + AR(B)
 
