@@ -127,3 +127,43 @@ def test_every_file_a_help_text_or_listing_cites_is_in_the_repository() -> None:
             missing.append(path)
     assert not missing, f"cited but not in the repository: {missing}"
     assert "landscape.md" not in text
+
+
+def _arm(**fields: object) -> dict[str, object]:
+    return {"baseline": "sync", **fields}
+
+
+def test_an_arm_that_gains_generated_tokens_but_loses_useful_ones_is_flagged() -> None:
+    from april_bench.results.legend import table_legend
+    from april_bench.results.table import paper_table
+
+    summary = {
+        "sync": _arm(throughput_gain=0.0, useful_gain=0.0),
+        "april": _arm(throughput_gain=0.49, useful_gain=0.22),
+        "oversample-discard": _arm(throughput_gain=0.52, useful_gain=-0.25),
+    }
+    config = {"dataset": "d", "model": "m", "algorithm": "grpo", "hardware": "h100"}
+    cells = {row[4]: row[5] for row in paper_table(config, summary, simulated=True)}
+    assert cells == {"sync": "baseline", "april": "+49.0%", "oversample-discard": "+52.0% (!)"}
+    legend = table_legend(summary, simulated=True)
+    assert "partial_rollout/tokens_throughput" in legend  # the headline names the paper's metric
+    assert "- (!): oversample-discard generated more tokens" in legend
+
+
+@pytest.mark.parametrize(
+    ("pairs", "ci", "verdict"),
+    [
+        (1, None, "no verdict: 1 pair"),
+        (2, [0.1, 0.5], "no verdict: 2 pairs"),  # two pairs excluding 0 are still no verdict
+        (3, [-0.1, 0.5], "not distinguishable"),
+        (3, [0.1, 0.5], "faster than sync"),
+        (12, [-0.5, -0.1], "slower than sync"),
+    ],
+)
+def test_a_verdict_needs_three_pairs_and_an_interval_that_excludes_zero(pairs, ci, verdict) -> None:
+    from april_bench.results.headline import headline_table
+
+    stats = {"median": 0.3 if verdict != "slower than sync" else -0.3, "ci": ci, "pairs": pairs}
+    summary = {"sync": _arm(), "april": _arm(paired_gains={"throughput": stats})}
+    (row,) = headline_table(summary)
+    assert row[2].startswith(verdict)

@@ -11,9 +11,10 @@ Two views of a gain are compared:
     the median of the paired block gains (:mod:`april_bench.results.stats`).
 
 ``iterations``
-    the hardware-neutral gains: ``iteration_throughput`` (generated tokens per
-    engine iteration) and ``iteration_useful`` (trained tokens per engine
-    iteration), against the baseline.  For april-bench's own engines they are
+    the gains per engine iteration (time only where an iteration's cost is
+    flat): ``iteration_throughput`` (generated tokens per engine iteration) and
+    ``iteration_useful`` (trained tokens per engine iteration), against the
+    baseline.  For april-bench's own engines they are
     schedule-deterministic: the same code and seed give the same values on a
     busy machine or an idle one, so they can be gated exactly.
 

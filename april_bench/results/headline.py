@@ -18,11 +18,13 @@ from typing import Any
 
 __all__ = [
     "HEADLINE_COLUMNS",
+    "MIN_PAIRS_FOR_VERDICT",
     "WORK_COLUMNS",
     "distinguishable",
     "has_work",
     "headline_table",
     "paired_cell",
+    "wasteful",
     "work_table",
 ]
 
@@ -50,12 +52,24 @@ WORK_COLUMNS = (
 )
 
 
+#: Fewer pairs than this give no verdict: a bootstrap over two pairs is their range, not an interval.
+MIN_PAIRS_FOR_VERDICT = 3
+
+
 def distinguishable(stats: Mapping[str, Any]) -> bool | None:
-    """Whether a paired interval excludes 0 (``None``: no interval, fewer than two pairs)."""
+    """Whether a paired interval excludes 0 (``None``: no interval, or fewer than
+    :data:`MIN_PAIRS_FOR_VERDICT` pairs, too few to say)."""
     ci = stats.get("ci")
-    if ci is None or stats.get("pairs", 0) < 2:
+    if ci is None or stats.get("pairs", 0) < MIN_PAIRS_FOR_VERDICT:
         return None
     return not ci[0] <= 0.0 <= ci[1]
+
+
+def wasteful(m: Mapping[str, Any]) -> bool:
+    """An arm that generates more tokens per rollout second than the baseline but trains fewer: its
+    throughput gain (the paper's metric, which counts discarded tokens) is waste, flagged ``(!)``."""
+    generated, useful = m.get("throughput_gain"), m.get("useful_gain")
+    return generated is not None and useful is not None and generated > 0 > useful
 
 
 def paired_cell(stats: Mapping[str, Any]) -> str:
@@ -71,7 +85,11 @@ def paired_cell(stats: Mapping[str, Any]) -> str:
 def _verdict(stats: Mapping[str, Any], baseline: str) -> str:
     apart = distinguishable(stats)
     if apart is None:
-        return "no interval (rerun with --repeats 2 or more)"
+        pairs = stats.get("pairs", 0)
+        return (
+            f"no verdict: {pairs} pair{'s' if pairs != 1 else ''} (a verdict needs {MIN_PAIRS_FOR_VERDICT}; "
+            "rerun with more --repeats or steps)"
+        )
     if not apart:
         return f"not distinguishable from {baseline} (the interval contains 0)"
     return f"{'faster' if stats['median'] > 0 else 'slower'} than {baseline} (the interval excludes 0)"
@@ -92,7 +110,7 @@ def headline_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
         rows.append(
             [
                 arm,
-                paired_cell(paired.get("throughput", {})),
+                paired_cell(paired.get("throughput", {})) + (" (!)" if wasteful(m) else ""),
                 _verdict(paired.get("throughput", {}), str(baseline)),
                 paired_cell(paired.get("useful", {})),
                 paired_cell(paired.get("end_to_end", {})),

@@ -13,7 +13,9 @@ __all__ = ["COLUMN_MEANINGS", "table_legend"]
 
 #: Column -> one line.  Kept beside the tables so a renamed column fails the legend's test.
 COLUMN_MEANINGS: Mapping[str, str] = {
-    "Throughput gain": "generated tokens per rollout second against the baseline arm (ratio of totals)",
+    "Throughput gain": "the paper's metric: generated tokens per rollout second, as APRIL's "
+    "`partial_rollout/tokens_throughput` (aborted and filtered-out tokens count), against the baseline "
+    "arm (ratio of totals); it rewards waste, so read it beside the useful-token gain",
     "Paired median [95% CI]": "the same gain as the median of interleaved step-block pairs, with a "
     "bootstrap interval",
     "Useful-token gain": "trained response tokens per rollout second against the baseline (what a "
@@ -36,6 +38,14 @@ def table_legend(summary: Mapping[str, Mapping[str, Any]], simulated: bool) -> s
     """Lines for under the tables: the columns, and why the baseline's two accuracies can differ."""
     lines = ["Columns (every field: docs/results-schema.md):"]
     lines += [f"- {column}: {meaning}" for column, meaning in COLUMN_MEANINGS.items()]
+    from april_bench.results.headline import wasteful
+
+    flagged = [arm for arm, m in summary.items() if wasteful(m)]
+    if flagged:
+        lines.append(
+            f"- (!): {', '.join(flagged)} generated more tokens per rollout second than the baseline but "
+            "trained fewer: its throughput gain is tokens thrown away"
+        )
     if simulated:
         return "\n".join(lines)
     first = next(iter(summary.values()), {})

@@ -451,8 +451,9 @@ def render_tables(
     if has_work(summary):
         work = render_markdown(WORK_COLUMNS, work_table(summary))
         text += (
-            f"\n\n### Engine work: forward passes and tokens per iteration ({label}; counted, "
-            f"hardware-neutral; docs/measured.md)\n\n{work}"
+            f"\n\n### Engine work: forward passes and tokens per iteration ({label}; counted; the gains per "
+            f"iteration assume every iteration costs the same, as on a memory-bound GPU, not on a CPU: "
+            f"docs/measured.md)\n\n{work}"
         )
     if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
         engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))

@@ -24,9 +24,10 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
 ``mean_decode_batch``
     decode tokens / decode iterations: the batch occupancy of the average decode step.
 ``generated_tokens_per_iteration``, ``useful_tokens_per_iteration``
-    generated (trained) tokens per engine iteration: the hardware-neutral rates.  On a
-    memory-bound accelerator a decode step costs about the same at any batch size, so these are
-    the part of a strategy's throughput that its schedule buys (docs/measured.md: their limits).
+    generated (trained) tokens per engine iteration: rates that become time only where every
+    iteration costs the same.  On a memory-bound accelerator a decode step costs about the same
+    at any batch size, so these are the part of a strategy's throughput that its schedule buys
+    (docs/measured.md: their limits).
 ``iteration_throughput_gain``, ``iteration_useful_gain``
     the same ratio against the baseline arm, in those units: exact for deterministic engines.
 ``rollout_efficiency``

@@ -56,7 +56,7 @@ def paper_table(
                 config["algorithm"].upper(),
                 config["hardware"].upper() if config["hardware"] != "cpu" else "CPU",
                 arm,
-                _pct(m.get("throughput_gain"), baseline=is_base),
+                _pct(m.get("throughput_gain"), baseline=is_base) + (" (!)" if _wasteful(m) else ""),
                 "" if is_base else _paired(m.get("paired_gains", {}).get("throughput", {})),
                 _pct(m.get("useful_gain"), baseline=is_base),
                 *accuracy,
@@ -105,6 +105,12 @@ def results_table(
         "results/benchmarks/paper_table.md."
     )
     return columns, rows, note
+
+
+def _wasteful(m: Mapping[str, Any]) -> bool:
+    from april_bench.results.headline import wasteful
+
+    return wasteful(m)
 
 
 def _paired(stats: Mapping[str, Any]) -> str:
