@@ -167,3 +167,11 @@ def test_a_verdict_needs_three_pairs_and_an_interval_that_excludes_zero(pairs, c
     summary = {"sync": _arm(), "april": _arm(paired_gains={"throughput": stats})}
     (row,) = headline_table(summary)
     assert row[2].startswith(verdict)
+
+
+def test_run_names_the_command_that_draws_its_figures(tmp_path, capsys) -> None:
+    assert main(_sim_run(tmp_path)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    run = tmp_path / "run"
+    assert f"figures: python -m april_bench plot {run}  (writes {run / 'figures'})" in lines
+    assert lines[-1].startswith('{"result_kind"')  # the JSON line stays last, for scripts

@@ -1,11 +1,13 @@
 """The paper's tables from run directories, as Markdown, LaTeX and CSV; README sections between markers.
 
-Layout (APRIL's Table 1, plus the useful-token gain, which the paper does not report): data set,
-model, algorithm, hardware, strategy, throughput gain, useful-token gain, accuracy improvement.
-One table per result kind: measured and simulated rows never share a table, and each table says
-which it is.  Cells are :func:`april_bench.results.table.paper_table`'s (the same text ``run`` and
-``report`` print) and CSV values are :func:`april_bench.results.summary.summarize`'s: nothing is
-recomputed here.  No pandas: tables need only the standard library.
+Layout (APRIL's Table 1, plus the useful-token gain, which the paper does not report): the run and
+its steps, data set, model, algorithm, hardware, strategy, throughput gain, useful-token gain,
+accuracy improvement.  A measured table shows each gain's paired interval beside it; a simulated one
+the paper's figure and the difference for a paper row.  One table per result kind: measured and
+simulated rows never share a table, and each table says which it is.  Cells are
+:func:`april_bench.results.table.results_table`'s (the same text ``run`` and ``report``
+print) and CSV values are :func:`april_bench.results.summary.summarize`'s: nothing is recomputed
+here.  No pandas: tables need only the standard library.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from typing import Any
 from april_bench.config import ConfigError
 from april_bench.results.fitness import incomplete
 from april_bench.results.store import RunDirectory
-from april_bench.results.table import PAPER_COLUMNS, paper_table, render_markdown
+from april_bench.results.table import render_markdown, results_table
 
 __all__ = [
     "CSV_COLUMNS",
     "PAPER_LAYOUT",
     "PaperTable",
     "latex_escape",
+    "layout",
     "marked_sections",
     "paper_tables",
     "render_csv",
@@ -36,8 +39,11 @@ __all__ = [
     "replace_sections",
 ]
 
-#: Columns of the paper's layout, by their names in :data:`april_bench.results.table.PAPER_COLUMNS`.
+#: Columns of the paper's layout, by their names in the run's results table
+#: (:func:`april_bench.results.table.results_table`), plus the run and its steps.
 PAPER_LAYOUT = (
+    "Run",
+    "Steps",
     "Dataset",
     "Model",
     "Algorithm",
@@ -48,11 +54,25 @@ PAPER_LAYOUT = (
     "Accuracy improvement (equal steps)",
     "Accuracy improvement (equal time)",
 )
+#: What each kind adds after the throughput gain: a measured gain's paired interval; a simulated
+#: paper row's published figure and the difference (empty cells for a row that is not the paper's).
+_BESIDE_GAIN = {
+    "measured": ("Paired median [95% CI]",),
+    "simulated": ("Paper (APRIL README)", "Sim - paper"),
+}
+
+
+def layout(result_kind: str) -> tuple[str, ...]:
+    """The columns of a ``measured`` or ``simulated`` paper table."""
+    at = PAPER_LAYOUT.index("Throughput gain") + 1
+    return (*PAPER_LAYOUT[:at], *_BESIDE_GAIN[result_kind], *PAPER_LAYOUT[at:])
+
 
 #: CSV columns: run facts, then the summary's raw values (gains as fractions, ``1.0`` = +100%).
 CSV_COLUMNS = (
     "result_kind",
     "run",
+    "steps",
     "dataset",
     "model",
     "algorithm",
@@ -77,6 +97,7 @@ class PaperTable:
 
     #: ``measured`` or ``simulated``.
     result_kind: str
+    columns: tuple[str, ...]
     runs: tuple[str, ...]
     cells: tuple[tuple[str, ...], ...]
     values: tuple[dict[str, Any], ...]
@@ -88,33 +109,39 @@ class PaperTable:
 
 def paper_tables(runs: Sequence[RunDirectory]) -> list[PaperTable]:
     """One table per result kind (measured first), rows in the order of ``runs`` then arms."""
-    columns = [PAPER_COLUMNS.index(name) for name in PAPER_LAYOUT]
     grouped: dict[str, list[tuple[RunDirectory, dict[str, dict[str, Any]]]]] = {}
     for run in runs:
         grouped.setdefault("simulated" if run.simulated else "measured", []).append((run, run.summary()))
     tables = []
     for kind in sorted(grouped, key=("measured", "simulated").index):
+        columns = layout(kind)
         cells: list[tuple[str, ...]] = []
         values: list[dict[str, Any]] = []
         for run, summary in grouped[kind]:
             why = incomplete(run)  # only with --allow-incomplete: never an unmarked partial gain
-            for row in paper_table(run.config, summary, run.simulated):
-                cell = [row[i] for i in columns]
+            names, rows, _ = results_table(run.config, summary, run.simulated)
+            facts = {"Run": run.path.name, "Steps": str(run.config.get("steps", ""))}
+            for row in rows:
+                by_name = {**facts, **dict(zip(names, row, strict=True))}
+                cell = [by_name.get(name, "") for name in columns]
                 if why is not None:
-                    cell[PAPER_LAYOUT.index("Strategy")] += f" (INCOMPLETE: {why})"
+                    cell[columns.index("Strategy")] += f" (INCOMPLETE: {why})"
                 cells.append(tuple(cell))
             for arm, metrics in summary.items():
                 values.append(
                     {
                         "result_kind": kind,
                         "run": run.path.name,
-                        **{key: run.config.get(key) for key in ("dataset", "model", "algorithm", "hardware")},
+                        **{
+                            key: run.config.get(key)
+                            for key in ("steps", "dataset", "model", "algorithm", "hardware")
+                        },
                         "strategy": arm if why is None else f"{arm} (INCOMPLETE: {why})",
                         **{key: metrics.get(key) for key in _SUMMARY_VALUES},
                     }
                 )
-        names = tuple(run.path.name for run, _ in grouped[kind])
-        tables.append(PaperTable(kind, names, tuple(cells), tuple(values)))
+        run_names = tuple(run.path.name for run, _ in grouped[kind])
+        tables.append(PaperTable(kind, columns, run_names, tuple(cells), tuple(values)))
     return tables
 
 
@@ -127,7 +154,7 @@ def _caption(table: PaperTable) -> str:
 
 def render_paper_markdown(tables: Sequence[PaperTable]) -> str:
     """Each table under a bold MEASURED / SIMULATED caption."""
-    parts = [f"**{_caption(t)}**\n\n{render_markdown(PAPER_LAYOUT, t.cells)}" for t in tables]
+    parts = [f"**{_caption(t)}**\n\n{render_markdown(t.columns, t.cells)}" for t in tables]
     return "\n\n".join(parts)
 
 
@@ -152,9 +179,8 @@ def latex_escape(text: str) -> str:
 
 def render_latex(table: PaperTable) -> str:
     """A booktabs ``table`` environment (``\\usepackage{booktabs}``), labelled ``tab:april-<kind>``."""
-    spec = "l" * PAPER_LAYOUT.index("Throughput gain") + "r" * (
-        len(PAPER_LAYOUT) - PAPER_LAYOUT.index("Throughput gain")
-    )
+    first_number = table.columns.index("Throughput gain")
+    spec = "l" * first_number + "r" * (len(table.columns) - first_number)
 
     def line(cells: Sequence[str]) -> str:
         return " & ".join(latex_escape(c) for c in cells) + r" \\"
@@ -168,7 +194,7 @@ def render_latex(table: PaperTable) -> str:
             rf"\label{{tab:april-{table.result_kind}}}",
             rf"\begin{{tabular}}{{{spec}}}",
             r"\toprule",
-            line(PAPER_LAYOUT),
+            line(table.columns),
             r"\midrule",
             *(line(row) for row in table.cells),
             r"\bottomrule",

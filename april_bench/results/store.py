@@ -402,7 +402,8 @@ def run_report(stored: RunDirectory, out: Path) -> str:
         "throughput_gain": {arm: m["throughput_gain"] for arm, m in summary.items()},
     }
     tables = render_tables(stored.config, summary, stored.simulated)
-    return "\n".join((tables, f"\nrun directory: {out}", json.dumps(final)))
+    figures = f"figures: python -m april_bench plot {out}  (writes {out / 'figures'})"
+    return "\n".join((tables, f"\nrun directory: {out}", figures, json.dumps(final)))
 
 
 def render_tables(
