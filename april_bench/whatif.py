@@ -39,8 +39,8 @@ DEFAULT_RATIO = 2.0
 class WhatIf:
     """What to replay a trace on: the deployment and the arms."""
 
-    hardware: str | None = None  # None: h100, or the cost curve's
-    model: str | None = None  # None: qwen3-4b, or the cost curve's
+    hardware: str | None = None  # None: the trace's own (see _deployment), h100, or the cost curve's
+    model: str | None = None  # None: the trace's own, qwen3-4b, or the cost curve's
     num_gpus: int | None = None
     algorithm: str = "grpo"
     strategies: tuple[str, ...] | None = None  # None: ablate's zoo
@@ -62,11 +62,32 @@ class WhatIf:
 DEFAULT_HARDWARE, DEFAULT_MODEL = "h100", "qwen3-4b"
 
 
-def _deployment(setup: WhatIf) -> tuple[str, str, int | None, dict[str, Any]]:
+def source_deployment(trace: Trace) -> tuple[str, str] | None:
+    """The hardware and model profile of the run that made ``trace``, when its provenance names both
+    and the simulator has profiles for them (an april-bench run's trace does): a what-if then replays
+    the trace on the deployment whose lengths it holds unless told otherwise."""
+    from april_bench.profiles.hardware import hardware_names
+    from april_bench.profiles.models import MODELS
+
+    hardware, model = trace.header.provenance.get("hardware"), trace.header.provenance.get("model")
+    if (
+        isinstance(hardware, str)
+        and isinstance(model, str)
+        and hardware in hardware_names()
+        and model in MODELS
+    ):
+        return hardware, model
+    return None
+
+
+def _deployment(setup: WhatIf, trace: Trace) -> tuple[str, str, int | None, dict[str, Any]]:
     """Hardware, model, GPUs and simulator engine arguments: the roofline profile of ``--hw`` and
-    ``--model``, or one engine priced by the measured cost curve (on the curve's hardware and model)."""
+    ``--model`` (neither given: the trace's own deployment, else H100 and Qwen3-4B), or one engine
+    priced by the measured cost curve (on the curve's hardware and model)."""
     if setup.cost_curve is None:
-        return setup.hardware or DEFAULT_HARDWARE, setup.model or DEFAULT_MODEL, setup.num_gpus, {}
+        source = source_deployment(trace) if setup.hardware is None and setup.model is None else None
+        hardware, model = source or (setup.hardware or DEFAULT_HARDWARE, setup.model or DEFAULT_MODEL)
+        return hardware, model, setup.num_gpus, {}
     from april_bench.engines.sim import CostCurve
 
     curve = CostCurve.load_file(setup.cost_curve)  # a bad file is one ConfigError line
@@ -89,7 +110,7 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.rollout.loop import RolloutConfig
 
-    hardware, model, num_gpus, engine_args = _deployment(setup)
+    hardware, model, num_gpus, engine_args = _deployment(setup, trace)
     if setup.ratio < 1:
         raise ConfigError(f"--ratio must be >= 1 (N'/N), got {setup.ratio}")
     groups = trace.groups_per_step()
@@ -98,7 +119,12 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     strategies = setup.strategies if setup.strategies is not None else ZOO
-    drivers = setup.drivers if setup.drivers is not None else tuple(parse_drivers(DEFAULT_DRIVERS))
+    if setup.drivers is not None:
+        drivers = setup.drivers
+    elif _rollout_gpus(hardware, num_gpus, engine_args) < 2:  # an async arm rolls out and trains apart
+        drivers = ()
+    else:
+        drivers = tuple(parse_drivers(DEFAULT_DRIVERS))
     arms = grid_arms(
         strategies,
         target_groups=groups,
@@ -141,6 +167,41 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     return config, arms
 
 
+def _rollout_gpus(hardware: str, num_gpus: int | None, engine_args: dict[str, Any]) -> int:
+    from april_bench.profiles.hardware import hardware_profile
+
+    if engine_args.get("cost_curve"):
+        return 1  # a cost curve prices one engine
+    return num_gpus or hardware_profile(hardware).gpus_per_node
+
+
+#: A trace whose median response is shorter than this share of what the target model generates in RL
+#: (its published median, docs/calibration.md) describes another workload: the what-if says so.
+FIT_SHARE = 0.05
+
+
+def fit_warning(trace: Trace, model: str) -> str | None:
+    """One line when the trace's lengths do not fit the model it is replayed as: the gains are then the
+    trace's schedule priced at another model's cost per token, not a prediction for that model."""
+    from april_bench.sim.length_evidence import MODEL_LENGTHS
+
+    evidence = MODEL_LENGTHS.get(model)
+    median = trace.summary().get("response_median")
+    if evidence is None or not median or median >= FIT_SHARE * evidence.response_median:
+        return None
+    made = source_deployment(trace)
+    hint = (
+        f"replay it as the run that made it (--hw {made[0]} --model {made[1]})"
+        if made
+        else ("replay a trace of a model that generates like it")
+    )
+    return (
+        f"warning: the trace's median response ({median:,.0f} tokens) is under {FIT_SHARE:.0%} of what "
+        f"{model} generates in RL ({evidence.response_median:,.0f} tokens, docs/calibration.md): its gains "
+        f"are this trace's schedule priced as {model}, not a prediction for {model}; {hint}"
+    )
+
+
 def _failure_args(setup: WhatIf) -> dict[str, Any]:
     args: dict[str, Any] = {}
     if setup.failure_rate_per_hour:
@@ -174,6 +235,7 @@ def run_whatif(
 
     trace = read_trace(trace_path, arm=setup.arm)
     config, arms = whatif_config(trace, setup)
+    warning = fit_warning(trace, config.model)  # printed with the table, kept in whatif.json
     components = runner.prepare(config, progress=progress)  # validated before a directory is claimed
     name = f"whatif-{trace.path.stem if trace.arm is None else trace.path.parent.name}-{config.hardware}"
     runner.check_reference_run(out, allow_dirty=allow_dirty)
@@ -208,6 +270,7 @@ def run_whatif(
         },
         "trace": {**trace.header.to_json(), "summary": trace.summary(), "path": str(trace.path)},
         "out": str(out),
+        "warnings": [] if warning is None else [warning],
         "rows": [_row(arm, summary[arm.label], config.rollout.rollout_batch_size) for arm in arms],
     }
     from april_bench.results.store import write_text_atomic
@@ -290,6 +353,7 @@ def render_whatif(result: dict[str, Any]) -> str:
         f"(N' = {r['over_sampling_batch_size']}), response limit {r['max_response_len']}; the trace has "
         f"{s['groups']} groups in {s['steps']} steps, median response {s['response_median']:g} tokens, "
         f"p99 {s['response_p99']}, {s['truncated_share']:.0%} truncated",
+        *result.get("warnings", ()),
         "",
         "| Arm | Driver | N'/N | Generated-token gain | Useful-token gain | End-to-end gain "
         "| Off-policy share | Max staleness | Step s/step | Source |",

@@ -175,3 +175,38 @@ def test_run_names_the_command_that_draws_its_figures(tmp_path, capsys) -> None:
     run = tmp_path / "run"
     assert f"figures: python -m april_bench plot {run}  (writes {run / 'figures'})" in lines
     assert lines[-1].startswith('{"result_kind"')  # the JSON line stays last, for scripts
+
+
+def test_whatif_example_replays_on_the_deployment_that_made_it(tmp_path, capsys) -> None:
+    out = tmp_path / "wi"
+    argv = ["whatif", "example", "--strategies", "sync,april", "--out", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "SIMULATED (tiny on 1 x cpu" in text and "warning" not in text
+    shipped = (
+        Path(__file__).resolve().parents[1] / "april_bench/trace/examples/embedded-sync.jsonl"
+    ).read_text()
+    assert "/tmp" not in shipped  # no machine-local path in a shipped file
+
+
+def test_whatif_warns_in_one_line_when_the_trace_does_not_fit_the_model(tmp_path, capsys) -> None:
+    argv = ["whatif", "example", "--hw", "h100", "--model", "qwen3-4b", "--strategies", "sync,april"]
+    assert main([*argv, "--drivers", "none", "--out", str(tmp_path / "wi")]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1
+    assert "median response (13 tokens)" in warnings[0] and "--hw cpu --model tiny" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("files", "command"),
+    [(["0.jsonl", "1.jsonl"], "trace import-verl"), (["r0.pt"], "trace import-slime")],
+)
+def test_whatif_names_the_import_for_another_frameworks_dump(tmp_path, capsys, files, command) -> None:
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    for name in files:
+        (dump / name).write_text("{}\n")
+    assert main(["whatif", str(dump), "--out", str(tmp_path / "wi")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"`python -m april_bench {command} {dump}" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "wi").exists()

@@ -14,7 +14,7 @@ Examples::
     python -m april_bench data stats deepscaler --path data/deepscaler.json
     python -m april_bench plot runs/<run-id> --out figures/
     python -m april_bench paper --check                        # README tables and figures up to date?
-    python -m april_bench whatif example --hw h100 --model qwen3-4b   # replay a trace under the zoo
+    python -m april_bench whatif example                       # replay a trace under the zoo
     python -m april_bench simcheck --engine hf --steps 6       # simulator's prediction, then the measurement
 """
 

@@ -283,6 +283,13 @@ def _check_unique(rows: Iterable[tuple[int, TraceRow]], path: Path) -> list[Trac
 def read_trace(path: Path, *, arm: str | None = None) -> Trace:
     """A trace file, or a run directory's ``trace`` table (``arm``: which arm; default the baseline)."""
     path = Path(path).expanduser()
+    foreign = _importer_for(path)
+    if foreign is not None:
+        what, command = foreign
+        raise ConfigError(
+            f"{path} is {what}, not a trace: import it first with `python -m april_bench trace {command} "
+            "-o trace.jsonl` (docs/whatif.md), then give trace.jsonl"
+        )
     if path.is_dir():
         return trace_from_run(path, arm=arm)
     if not path.exists():
@@ -300,6 +307,28 @@ def read_trace(path: Path, *, arm: str | None = None) -> Trace:
     if not rows:
         raise ConfigError(f"{path}: the trace has a header but no rows")
     return Trace(header, rows, path)
+
+
+def _importer_for(path: Path) -> tuple[str, str] | None:
+    """What another framework's rollout dump at ``path`` is, and the ``trace`` command that imports it:
+    verl's ``rollout_data_dir`` (``{step}.jsonl`` files), slime's ``--save-debug-rollout-data`` ``.pt``
+    files, a CSV of per-step statistics.  ``None`` for a trace, a run directory or anything else.
+    The command is the import's arguments up to ``-o``."""
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return None  # an april-bench run directory
+        names = [p.name for p in path.iterdir() if p.is_file()]
+        if any(n.endswith(".jsonl") and n[: -len(".jsonl")].isdigit() for n in names):
+            return "verl's rollout_data_dir ({step}.jsonl files)", f"import-verl {path}"
+        if any(n.endswith(".pt") for n in names):
+            return "a folder of slime rollout dumps (.pt files)", f"import-slime {path}/*.pt"
+        return None
+    if path.suffix == ".pt":
+        return "a slime rollout dump (--save-debug-rollout-data)", f"import-slime {path}"
+    if path.suffix == ".csv":
+        stats = "--groups-per-step N --samples-per-prompt N --max-response-len L"
+        return "a CSV of per-step statistics", f"import-stats {path} {stats}"
+    return None
 
 
 def trace_from_run(run_dir: Path, *, arm: str | None = None) -> Trace:
