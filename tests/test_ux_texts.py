@@ -210,3 +210,36 @@ def test_whatif_names_the_import_for_another_frameworks_dump(tmp_path, capsys, f
     err = capsys.readouterr().err
     assert err.startswith("error: ") and f"`python -m april_bench {command} {dump}" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "wi").exists()
+
+
+def test_every_run_writes_one_flat_result_file(tmp_path) -> None:
+    import json
+
+    from april_bench.results.result_file import step_stats
+
+    assert main([*_sim_run(tmp_path), "--metadata", "cluster=a"]) == 0
+    run = tmp_path / "run"
+    result = json.loads((run / "result.json").read_text())
+    assert (result["format"], result["version"], result["result_kind"]) == (
+        "april-bench-result",
+        1,
+        "simulated",
+    )
+    assert result["metadata"] == {"cluster": "a"} and result["gpus"] == 8  # one simulated H100 node
+    summary = json.loads((run / "summary.json").read_text())["arms"]
+    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    for arm, numbers in result["arms"].items():
+        assert numbers["throughput_gain"] == summary[arm]["throughput_gain"]
+        assert numbers["generated_tokens_per_gpu_per_s"] == summary[arm]["generated_tokens_per_s"] / 8
+        rows = [r for r in steps if r["arm"] == arm and not r["warmup"]]
+        rates = [r["generated_tokens"] / r["rollout_time_s"] for r in rows]
+        assert numbers["per_step"]["generated_tokens_per_s"] == step_stats(rates)
+        assert numbers["per_step"]["generated_tokens_per_s"]["n"] == len(rows) > 0
+
+
+def test_step_stats_of_one_and_of_no_value() -> None:
+    from april_bench.results.result_file import step_stats
+
+    assert step_stats([2.0, 4.0]) == {"mean": 3.0, "std": 2**0.5, "min": 2.0, "max": 4.0, "n": 2}
+    assert step_stats([5.0])["std"] == 0.0
+    assert step_stats([])["mean"] is None

@@ -148,6 +148,7 @@ _KNOWN_FILES = frozenset(
         "provenance.json",
         "status.json",
         "summary.json",
+        "result.json",
         "table.md",
         "trace.jsonl",
         "trace.jsonl.gz",

@@ -8,6 +8,7 @@
                                (requests, samples, steps, evals, engine_metrics, ...)
     <out>/summary.json         per-arm metrics (recomputable from the rows)
     <out>/table.md             the paper-style and detail tables
+    <out>/result.json          one flat file of the headline numbers (results.result_file)
 
 Rows are streamed: :class:`RunWriter` appends each row as it is recorded and
 flushes at step boundaries, so an interrupted run keeps every completed step.
@@ -233,6 +234,15 @@ def write_summary(
         },
     )
     _write_text_atomic(run.path / "table.md", render_tables(run.config, summary, run.simulated) + "\n")
+    from april_bench.results.result_file import result_record
+
+    steps = run.rows("steps")
+    if not steps:  # a summary accumulated while the run ran: its rows stayed on disk
+        file = _rows_file(run.path, "steps")
+        steps = _read_jsonl(file, "steps") if file is not None else []
+    write_json_atomic(
+        run.path / "result.json", result_record(run.path.name, run.config, run.provenance, summary, steps)
+    )
     return summary
 
 
