@@ -6,6 +6,7 @@ when used.  The library entry point is :func:`april_bench.run`::
     from april_bench import ExperimentConfig, run
     result = run(ExperimentConfig(hardware="mi300x", algorithm="dapo", steps=10))
     result = run(ExperimentConfig(steps=2), out="runs/mine")  # the run directory `run --out` writes
+    result.out, result.gains(), result.summary()  # its directory, gains and per-arm metrics
 """
 
 from __future__ import annotations

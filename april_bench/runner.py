@@ -113,6 +113,7 @@ def run(
         raise KeyboardInterrupt(
             f"stopped by {outcome.interrupted_by}; resume with runner.resume({str(out)!r})"
         )
+    outcome.result.out = outcome.out
     return outcome.result
 
 

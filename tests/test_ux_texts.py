@@ -243,3 +243,25 @@ def test_step_stats_of_one_and_of_no_value() -> None:
     assert step_stats([2.0, 4.0]) == {"mean": 3.0, "std": 2**0.5, "min": 2.0, "max": 4.0, "n": 2}
     assert step_stats([5.0])["std"] == 0.0
     assert step_stats([])["mean"] is None
+
+
+def test_the_readmes_python_example_runs_and_returns_directory_summary_and_gains(
+    tmp_path, monkeypatch
+) -> None:
+    import contextlib
+    import io
+    import json
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) <= 6
+    monkeypatch.chdir(tmp_path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "README.md", "exec"), {})
+    out = tmp_path / "runs" / "from-python"
+    arms = json.loads((out / "summary.json").read_text())["arms"]
+    first, second = printed.getvalue().splitlines()[-2:]
+    assert first.startswith(str(Path("runs/from-python"))) or first.startswith(str(out))
+    assert str({arm: m["throughput_gain"] for arm, m in arms.items()}) in first
+    assert second == str(arms["april"]["useful_gain"])

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from april_bench.backends import Components, build_components
@@ -61,6 +62,22 @@ class RunResult:
     #: Where each session's engine replicas ran, ``{"arm#repeat": [{"replica", "node_id", ...}]}``
     #: (Ray pools; empty otherwise).
     placement: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The run directory, when the run was written into one (``april_bench.run(config, out=...)``).
+    out: Path | None = None
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per-arm metrics against the config's baseline: the run directory's ``summary.json`` (``arms``)
+        when there is one (a resumed run's covers every step), else the recorded rows'."""
+        if self.out is not None and (self.out / "summary.json").is_file():
+            import json
+
+            arms: dict[str, dict[str, Any]] = json.loads((self.out / "summary.json").read_text())["arms"]
+            return arms
+        return self.recorder.summary(baseline=self.config.baseline, block_steps=self.config.block_steps)
+
+    def gains(self) -> dict[str, float | None]:
+        """Each arm's throughput gain against the baseline (the paper's metric; 0 for the baseline)."""
+        return {arm: m.get("throughput_gain") for arm, m in self.summary().items()}
 
 
 def run(
