@@ -265,3 +265,11 @@ def test_the_readmes_python_example_runs_and_returns_directory_summary_and_gains
     assert first.startswith(str(Path("runs/from-python"))) or first.startswith(str(out))
     assert str({arm: m["throughput_gain"] for arm, m in arms.items()}) in first
     assert second == str(arms["april"]["useful_gain"])
+
+
+def test_a_simulated_table_shows_tokens_per_gpu_per_second(tmp_path, capsys) -> None:
+    assert main(_sim_run(tmp_path)) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| Strategy ") and "Rollout" in line)
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert cells[cells.index("Gen tok/s") + 1] == "Gen tok/s/GPU"

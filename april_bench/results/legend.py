@@ -24,6 +24,7 @@ COLUMN_MEANINGS: Mapping[str, str] = {
     "steps) ± standard error, and its difference to the baseline in points",
     "Accuracy improvement (equal time)": "held-out accuracy at the training time the fastest-finishing arm "
     "reached (each arm's last evaluation at or before it)",
+    "Gen tok/s/GPU": "generated tokens per second of rollout per GPU of the (simulated) node",
     "Efficiency": "generated tokens over what the engine could generate at each step's peak concurrency: "
     "100% means no tail",
     "Tail share": "share of rollout time after 90% of the step's requests finished (the long tail)",

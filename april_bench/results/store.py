@@ -38,8 +38,8 @@ from april_bench.results.headline import HEADLINE_COLUMNS, WORK_COLUMNS, has_wor
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
-    DETAIL_COLUMNS,
     GAIN_TOLERANCE,
+    detail_columns,
     detail_table,
     render_markdown,
     results_table,
@@ -428,7 +428,12 @@ def render_tables(
         )
     columns, rows, assumes = results_table(config, summary, simulated)
     paper = render_markdown(columns, rows) + (f"\n\n{assumes}" if assumes else "")
-    detail = render_markdown(DETAIL_COLUMNS, detail_table(summary))
+    gpus = None
+    if simulated:  # a simulated node's GPUs; a measured run's tables do not know its machine
+        from april_bench.results.result_file import gpus_of
+
+        gpus = gpus_of(config, {"result_kind": "simulated"})
+    detail = render_markdown(detail_columns(gpus), detail_table(summary, gpus))
     rollout = config.get("rollout", {})
     setup = (
         f"{config['steps']} steps, {rollout.get('rollout_batch_size')} groups x "

@@ -7,6 +7,7 @@ from typing import Any
 
 __all__ = [
     "GAIN_TOLERANCE",
+    "detail_columns",
     "detail_table",
     "paper_table",
     "render_markdown",
@@ -163,16 +164,28 @@ DETAIL_COLUMNS = (
 )
 
 
-def detail_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
-    """Where time and tokens go, per arm."""
+def detail_columns(gpus: int | None) -> tuple[str, ...]:
+    """:data:`DETAIL_COLUMNS`, with generated tokens per GPU per second after the rate when the run's
+    GPU count is known (a simulated node)."""
+    if gpus is None:
+        return DETAIL_COLUMNS
+    at = DETAIL_COLUMNS.index("Gen tok/s") + 1
+    return (*DETAIL_COLUMNS[:at], "Gen tok/s/GPU", *DETAIL_COLUMNS[at:])
+
+
+def detail_table(summary: Mapping[str, Mapping[str, Any]], gpus: int | None = None) -> list[list[str]]:
+    """Where time and tokens go, per arm (:func:`detail_columns` ``gpus`` names the columns)."""
     rows = []
     for arm, m in summary.items():
+        rate = m.get("generated_tokens_per_s")
+        per_gpu = [] if gpus is None else [_num(None if rate is None else rate / gpus, "{:,.0f}")]
         rows.append(
             [
                 arm,
                 _num(m.get("rollout_time_per_step_s"), "{:.1f}"),
                 _num(m.get("step_time_per_step_s"), "{:.1f}"),
-                _num(m.get("generated_tokens_per_s"), "{:,.0f}"),
+                _num(rate, "{:,.0f}"),
+                *per_gpu,
                 _num(m.get("useful_tokens_per_s"), "{:,.0f}"),
                 _pct(m.get("useful_gain"), baseline=arm == m.get("baseline")),
                 _num(m.get("rollout_efficiency"), "{:.0%}"),
