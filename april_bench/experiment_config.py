@@ -82,6 +82,13 @@ class ExperimentConfig(BaseConfig):
     telemetry: TelemetryConfig = param(
         help="GPU telemetry of measured runs (NVML or AMD SMI)", default_factory=TelemetryConfig
     )
+    checkpoint_every: int = param(
+        10,
+        help="write the trainer's state (weights and optimizer moments: 12 bytes a parameter) with the "
+        "checkpoint every this many steps, and when the run is interrupted; 0: only then.  Rows, the "
+        "partial buffer and the status are saved after every step; --resume continues from the last "
+        "checkpoint with the trainer's state, running the steps after it again (docs/run-directories.md)",
+    )
     length_oracle: str | None = param(
         None,
         help="force every response's length and reward from a length profile (DATASET[@MODEL][opts] or a "
@@ -132,6 +139,11 @@ class ExperimentConfig(BaseConfig):
             )
         if self.eval_every is not None and self.eval_every < 1:
             raise ConfigError(f"--eval-every must be >= 1, got {self.eval_every}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(
+                f"--checkpoint-every must be >= 0 (0: the trainer's state only at an interruption), got "
+                f"{self.checkpoint_every}"
+            )
         if self.num_gpus is not None and self.num_gpus < 1:
             raise ConfigError(f"--num-gpus must be >= 1 (or unset for one node), got {self.num_gpus}")
         if self.length_oracle is not None:

@@ -179,12 +179,19 @@ def resume(
         if status.state == "complete":
             raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
         config = stored_config(out)
+        rewound = status.rewind()  # back to each session's last checkpoint with the trainer's state
         check_resumable(out, status)
         remove_stale_scratch(out)  # a killed run's weights hand-over directory
         components = prepare(config, progress=progress)
         kept = read_rows_for_resume(out, status, config.steps)
         if echo is not None:
             echo(f"resuming {out}: {resume_line(status, config)}")
+            for key, (done, keep) in rewound.items():
+                echo(
+                    f"session {key} completed {done} step(s) but its trainer state was saved after {keep} "
+                    f"(--checkpoint-every {config.checkpoint_every}): its last {done - keep} step(s) run "
+                    "again"
+                )
         status.state, status.message = "running", ""  # the interrupt's message is history now
         status.save()
         return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)

@@ -241,6 +241,7 @@ def test_cli_flags_stay_few() -> None:
             "--out",
             "--overwrite",
             "--resume",
+            "--checkpoint-every",
             "--allow-dirty",
             "--no-progress",
             "--log-level",

@@ -472,11 +472,11 @@ def test_an_interrupt_between_a_checkpoint_and_its_status_loses_no_step(
     calls = {"n": 0}
     original = RunStatus.step_done
 
-    def step_done_then_interrupt(self: RunStatus, arm: str, repeat: int, done: int) -> None:
+    def step_done_then_interrupt(self: RunStatus, arm: str, repeat: int, done: int, **kw: Any) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt  # after the checkpoint file, before the status says so
-        original(self, arm, repeat, done)
+        original(self, arm, repeat, done, **kw)
 
     run = tmp_path / "run"
     monkeypatch.setattr(RunStatus, "step_done", step_done_then_interrupt)

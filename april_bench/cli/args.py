@@ -233,6 +233,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--resume", type=Path, metavar="DIR", help="continue the interrupted run in DIR (with its own config)"
     )
+    out.add_argument("--checkpoint-every", type=_int, metavar="N", help=exp["checkpoint_every"])
     out.add_argument(
         "--allow-dirty",
         action="store_true",
@@ -288,6 +289,7 @@ _TOP_LEVEL = {
     "block_steps": "block_steps",
     "warmup_steps": "warmup_steps",
     "length_oracle": "length_oracle",
+    "checkpoint_every": "checkpoint_every",
 }
 _ROLLOUT = (
     "rollout_batch_size",

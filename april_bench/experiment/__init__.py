@@ -22,8 +22,10 @@ session's time for every driver and throughput is computed the same way.  Its
 pipeline drains at the end of every block of steps and before every held-out
 evaluation (so evaluations never see rollout requests in flight).
 
-With a ``state_dir``, every session writes a checkpoint after each completed
-step and ``resume=True`` continues from them (:mod:`april_bench.results.resume`).
+With a run directory's ``status``, every session writes a checkpoint after each
+completed step (the trainer's state every ``checkpoint_every`` steps and when the
+run is interrupted) and a resume continues from them
+(:mod:`april_bench.results.resume`).
 An asynchronous arm has requests in flight and batches rolled out ahead at
 every step boundary but the last, which a checkpoint does not hold: it writes
 its checkpoint when it completes, and an interrupted one restarts from step 0.
@@ -169,6 +171,10 @@ async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bar
             await sessions[index].run_steps(steps, bars)
         for session in sessions:
             await session.finish()
+    except BaseException:
+        for session in opened:  # interrupted (or failed): each trainer's state, where it is whole
+            session.save_trainer_state()
+        raise
     finally:
         sampler.stop()
         drain()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import tempfile
 from collections.abc import Callable
@@ -24,10 +25,12 @@ from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutLoop
 from april_bench.strategies import ArmSpec, build_strategy
-from april_bench.trainers.protocol import ClosableTrainer, Trainer
+from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
 from april_bench.vtime import VirtualTimeLoop
 
 __all__ = ["ArmSession", "Bars"]
+
+log = logging.getLogger(__name__)
 
 
 class Bars:
@@ -112,6 +115,10 @@ class ArmSession:
         self._pipeline: Pipeline | None = None
         #: Session-clock end of the last completed step of a pipelined arm.
         self._last_end: float | None = None
+        #: The latest checkpoint written (``None``: none yet), and whether the trainer is still at its
+        #: step (not part-way into the next): then an interruption can add the trainer's state to it.
+        self._saved: dict[str, Any] | None = None
+        self._trainer_at_saved = False
 
     # ------------------------------------------------------------------ lifecycle
     async def run_alone(self, bars: Bars) -> None:
@@ -119,6 +126,9 @@ class ArmSession:
         try:
             await self.run_steps(range(self.config.steps), bars)
             await self.finish()
+        except BaseException:
+            self.save_trainer_state()
+            raise
         finally:
             await self.close()
 
@@ -127,7 +137,8 @@ class ArmSession:
         saved = self._load_checkpoint()
         if saved is not None and isinstance(loop, VirtualTimeLoop):
             loop.set_time(saved["clock_now"])  # a simulated run continues on the same virtual clock
-        if self.run_origin is None:  # alone on its own (virtual) clock
+        alone = self.run_origin is None  # alone on its own (virtual) clock
+        if alone:
             self.run_origin = loop.time() if saved is None else loop.time() - saved["run_elapsed"]
         driver = self.arm.driver
         make_engine, make_trainer = self.components.engine, self.components.trainer
@@ -162,6 +173,8 @@ class ArmSession:
             await self._evaluate(0)
         else:
             await self._restore(saved)
+            if alone:  # the restore's weight push is cut out of the run's clock as out of the session's
+                self.run_origin = loop.time() - saved["run_elapsed"]
         if driver.asynchronous:
             self._pipeline = self._build_pipeline()
         self._pause()  # other sessions may open or run before this one's first block
@@ -198,6 +211,7 @@ class ArmSession:
             if self.after_step is not None:
                 self.after_step()
             self._checkpoint()
+            self._trainer_at_saved = True
             bars.advance(self)
         self._pause()
 
@@ -240,6 +254,7 @@ class ArmSession:
         outcome = await self._rollout.run_step(step, version)
         t_train = loop.time()
         self._engine_metrics(step, "rollout_end", t_train - self._origin)
+        self._trainer_at_saved = False  # from here until the step's checkpoint the trainer is ahead of it
         result = await self._trainer.train(outcome.batch, step=step, policy_version=version)
         t_sync = loop.time()
         await self._sync.push(self._trainer, self._engine, version + 1)
@@ -416,7 +431,9 @@ class ArmSession:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
-        """After a completed step: rows to disk, then the session's state, then the status."""
+        """After a completed step: rows to disk, then the session's state, then the status.  The
+        trainer's state goes with it every ``checkpoint_every`` steps (and at an interruption:
+        :meth:`save_trainer_state`); after the last step nothing trains, so it needs none."""
         if self.status is None:
             return
         assert self._rollout is not None and self._engine is not None
@@ -424,7 +441,9 @@ class ArmSession:
         if self._pipeline is not None and self._done < self.config.steps:
             return  # requests in flight and batches rolled out ahead: not a state a checkpoint holds
         now = asyncio.get_running_loop().time()
-        checkpoint.save(
+        every = self.config.checkpoint_every
+        last = self._done == self.config.steps
+        self._saved = checkpoint.save(
             self.status,
             self.arm.label,
             self.repeat,
@@ -437,7 +456,34 @@ class ArmSession:
                 "session_elapsed": now - self._origin,
                 "run_elapsed": now - self._origin_of_run,
             },
+            full=not last and every > 0 and self._done % every == 0,
+            last=last,
         )
+
+    def save_trainer_state(self) -> None:
+        """When the run is interrupted: add the trainer's state to the latest checkpoint, unless it has
+        it already or the trainer has moved past it (interrupted while training or pushing weights),
+        so the resume continues from there instead of running steps again.  A failure here (a full
+        disk, a trainer process gone) is logged: the resume then runs from the last full checkpoint."""
+        saved, status, trainer = self._saved, self.status, self._trainer
+        if status is None or saved is None or not self._trainer_at_saved:
+            return
+        if not isinstance(trainer, TrainerState):
+            return
+        key = f"{self.arm.label}#{self.repeat}"
+        if saved["completed_steps"] != status.completed.get(key) or status.full_steps(key) >= self._done:
+            return
+        try:
+            checkpoint.add_trainer_state(status, self.arm.label, self.repeat, saved, trainer)
+        except Exception as exc:  # the interruption goes on; the resume replays from the last full one
+            log.warning(
+                "%s: the trainer state could not be saved at the interruption (%s: %s); the resume runs "
+                "again from step %d",
+                self.name,
+                type(exc).__name__,
+                exc,
+                status.full_steps(key),
+            )
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
         return checkpoint.load(self.status, self.arm.label, self.repeat, self.name)
@@ -454,4 +500,5 @@ class ArmSession:
             sync=self._sync,
             run_dir=self.status.path.parent,
         )
+        self._saved, self._trainer_at_saved = saved, True
         self._set_origin(asyncio.get_running_loop().time() - saved["session_elapsed"])

@@ -4,8 +4,12 @@ A run directory holds ``status.json`` (``running``, ``interrupted``, ``failed``
 or ``complete``, and for every arm session the steps it completed) and, under
 ``state/``, one checkpoint per session written after every completed step: the
 rollout loop's carry-over buffer (every partial token with its policy version),
-the prompt stream's position, the strategy's and the engine's state, the arm
-clock, and the trainer's state file.  Rows are streamed as they are recorded,
+the prompt stream's position, the strategy's and the engine's state and the arm
+clock.  The trainer's state (weights and optimizer moments: gigabytes on a GPU)
+is written with it only every ``--checkpoint-every`` steps and when the run is
+interrupted; ``full`` in the status names each session's last checkpoint that
+holds it, and ``--resume`` continues from that one (:meth:`RunStatus.rewind`),
+running the steps after it again.  Rows are streamed as they are recorded,
 so an interrupted step leaves rows behind; :func:`rows_to_keep` drops them and
 the resumed session records that step again.
 
@@ -60,6 +64,10 @@ class RunStatus:
     message: str = ""
     #: ``session_key`` -> table -> rows on disk that the session's checkpoint covers (fsynced).
     rows: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: ``session_key`` -> ``{"steps": k, "rows": {table: n}}``: the session's last *full* checkpoint (the
+    #: trainer's state included), where ``--resume`` continues from, and the rows it covers.  ``None``:
+    #: a status written before the checkpoint policy, where every checkpoint was full.
+    full: dict[str, dict[str, Any]] | None = field(default_factory=dict)
     #: Counts a session's rows when it checkpoints (the run's writer); ``None``: no counts kept.
     counter: RowCounts | None = field(default=None, repr=False, compare=False)
 
@@ -76,26 +84,57 @@ class RunStatus:
             finished=data["finished"],
             message=data["message"],
             rows=data["rows"],
+            full=data["full"],
         )
 
     def save(self) -> None:
-        write_json_atomic(
-            self.path,
-            {
-                "state": self.state,
-                "completed": self.completed,
-                "finished": self.finished,
-                "message": self.message,
-                "rows": self.rows,
-            },
-        )
+        data: dict[str, Any] = {
+            "state": self.state,
+            "completed": self.completed,
+            "finished": self.finished,
+            "message": self.message,
+            "rows": self.rows,
+        }
+        if self.full is not None:
+            data["full"] = self.full
+        write_json_atomic(self.path, data)
 
-    def step_done(self, arm: str, repeat: int, steps: int) -> None:
+    def step_done(self, arm: str, repeat: int, steps: int, *, full: bool = True) -> None:
+        """Record the session's checkpoint after ``steps`` steps; ``full``: it holds the trainer's state
+        (or the trainer has none), so a resume can continue from it."""
         key = session_key(arm, repeat)
         self.completed[key] = steps
         if self.counter is not None:
             self.rows[key] = self.counter(key, steps)
+        if full:
+            self.full = {} if self.full is None else self.full
+            self.full[key] = {"steps": steps, "rows": dict(self.rows.get(key, {}))}
         self.save()
+
+    def full_steps(self, key: str) -> int:
+        """The steps the session's last full checkpoint covers (a legacy status: every checkpoint)."""
+        if self.full is None:
+            return self.completed.get(key, 0)
+        return int(self.full.get(key, {}).get("steps", 0))
+
+    def rewind(self) -> dict[str, tuple[int, int]]:
+        """Move every unfinished session back to its last full checkpoint, whose trainer state a resume
+        loads: the steps after it run again, their rows are dropped (:func:`read_rows_for_resume`).
+        Returns ``session_key -> (steps completed, steps kept)`` of the sessions moved back."""
+        moved: dict[str, tuple[int, int]] = {}
+        for key, done in sorted(self.completed.items()):
+            keep = self.full_steps(key)
+            if key in self.finished or keep >= done:
+                continue
+            moved[key] = (done, keep)
+            if keep:
+                assert self.full is not None
+                self.completed[key] = keep
+                self.rows[key] = dict(self.full[key].get("rows", {}))
+            else:
+                del self.completed[key]
+                self.rows.pop(key, None)
+        return moved
 
     def session_finished(self, arm: str, repeat: int) -> None:
         key = session_key(arm, repeat)

@@ -104,12 +104,32 @@ def read_status(path: Path) -> dict[str, Any]:
     )
     if not valid_rows:
         raise ConfigError(f"{path}: field 'rows' must map sessions to row counts per table; {RESTART}")
+    full = data.get("full")  # absent in runs written before --checkpoint-every: every checkpoint was full
+    valid_full = full is None or (
+        isinstance(full, dict)
+        and all(
+            isinstance(k, str)
+            and isinstance(v, dict)
+            and _count(v.get("steps"))
+            and isinstance(v.get("rows", {}), dict)
+            and all(isinstance(t, str) and _count(n) for t, n in v.get("rows", {}).items())
+            for k, v in full.items()
+        )
+    )
+    if not valid_full:
+        raise ConfigError(
+            f"{path}: field 'full' must map sessions to their last full checkpoint "
+            f'({{"steps": N, "rows": {{...}}}}); {RESTART}'
+        )
     return {
         "state": state,
         "completed": dict(completed),
         "finished": list(finished),
         "message": message,
         "rows": {k: dict(v) for k, v in rows.items()},
+        "full": None
+        if full is None
+        else {k: {"steps": v["steps"], "rows": dict(v.get("rows", {}))} for k, v in full.items()},
     }
 
 
