@@ -80,14 +80,13 @@ def config_from_file(
     """The configuration in ``path`` over the recipe of its hardware (``hardware``: the --hw flag, used
     when the file names none; a different one is a conflict)."""
     from april_bench.experiment_config import ExperimentConfig
-    from april_bench.recipes import recipe_for
+    from april_bench.recipes import default_hardware, recipe_for
 
     data = read_config_file(path)
     named = data.get("hardware")
     if named is not None and hardware is not None and named != hardware:
         raise ConfigError(f"--hw {hardware} and --config {path} (hardware = {named!r}) disagree; drop one")
-    default = "mi300x" if recipe else "cpu"  # a paper row runs on the paper's hardware by default
-    base = recipe_for(str(named or hardware or default), recipe).to_dict()
+    base = recipe_for(str(named or hardware or default_hardware(recipe)), recipe).to_dict()
     merged = dict(base)
     for key, value in data.items():
         if key in _NESTED and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):

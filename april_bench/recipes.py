@@ -15,7 +15,17 @@ from april_bench.rollout.loop import RolloutConfig
 if TYPE_CHECKING:
     from april_bench.sim.paper_settings import PaperSetting
 
-__all__ = ["PAPER_RECIPES", "embedded", "paper", "paper_experiment", "paper_recipe", "recipe_for"]
+__all__ = [
+    "GPU_CHECK",
+    "PAPER_RECIPES",
+    "RECIPES",
+    "embedded",
+    "gpu_check",
+    "paper",
+    "paper_experiment",
+    "paper_recipe",
+    "recipe_for",
+]
 
 #: ``--recipe`` names: one per row of APRIL's published table (``april_bench/sim/paper_settings.py``).
 PAPER_RECIPES = {
@@ -23,6 +33,11 @@ PAPER_RECIPES = {
     "paper-deepscaler": "deepscaler",
     "paper-deepmath": "deepmath",
 }
+
+#: ``--recipe gpu-check``: one GPU lease's measured sync-vs-APRIL run (:func:`gpu_check`).
+GPU_CHECK = "gpu-check"
+#: Every ``--recipe`` name.
+RECIPES = (*PAPER_RECIPES, GPU_CHECK)
 
 
 def embedded(**overrides: Any) -> ExperimentConfig:
@@ -55,6 +70,49 @@ def embedded(**overrides: Any) -> ExperimentConfig:
             temperature=1.0,
         ),
         "trainer_args": {"lr": 3e-4},
+    }
+    settings.update(overrides)
+    return ExperimentConfig(**settings)
+
+
+def gpu_check(hardware: str = "h100", **overrides: Any) -> ExperimentConfig:
+    """One GPU lease's measured run (``--recipe gpu-check``, ``benchmarks/gpu_recipe.sh``'s run stage):
+    sync vs APRIL on one GPU, hf engine and torch trainer at the R1-Distill-Qwen-1.5B shape, sized to
+    finish in about two minutes on an H100 so that a 15-minute lease measures a gain.
+
+    - Forced paper-shaped lengths (``--length-oracle deepscaler``: DeepScaleR's profile scaled from its
+      16,384-token limit to 192): the schedule is a function of the seed, so the warm start can be
+      skipped (``steps=0``: random weights; what is measured is the rollout's schedule and cost, not
+      learning) and the simulator predicts the same lengths (``results/gpu/prediction-gpu-check``).
+    - 10 steps per arm in blocks of 2, ABBA (5 paired blocks; the first step of each arm is warm-up).
+    - The trainer's state only at an interruption (``checkpoint_every=0``): a checkpoint at this shape
+      is 15.7 GB (``benchmarks/checkpoint_cost.py``).
+    - GPU telemetry on where the machine has NVML or AMD SMI (``auto``).
+    """
+    settings: dict[str, Any] = {
+        "hardware": hardware,
+        "algorithm": "grpo",
+        "dataset": "synthetic",
+        "model": "r1-distill-qwen-1.5b",
+        "engine": "hf",
+        "trainer": "torch",
+        "num_gpus": 1,
+        "strategies": ("sync", "april"),
+        "steps": 10,
+        "block_steps": 2,
+        "warmup_steps": 1,
+        "length_oracle": "deepscaler",
+        "checkpoint_every": 0,
+        "rollout": RolloutConfig(
+            rollout_batch_size=16,
+            n_samples_per_prompt=8,
+            over_sampling_batch_size=32,
+            max_response_len=192,  # the first lease's run: its measured cost curve prices the prediction
+            temperature=1.0,
+        ),
+        "engine_args": {"device": "auto", "max_running_requests": 256, "prefill_chunk_tokens": 8192},
+        "trainer_args": {"device": "auto", "lr": 1e-5, "max_tokens_per_micro_batch": 8192},
+        "warmstart_args": {"steps": 0},
     }
     settings.update(overrides)
     return ExperimentConfig(**settings)
@@ -100,7 +158,17 @@ def paper_recipe(name: str, hardware: str, **overrides: Any) -> ExperimentConfig
     return paper_experiment(paper_setting(PAPER_RECIPES[name]), hardware, **overrides)
 
 
+def default_hardware(recipe: str | None) -> str:
+    """The hardware a recipe runs on when ``--hw`` is not given: the CPU's embedded default, the paper's
+    MI300X node for a paper row, one H100 for ``gpu-check``."""
+    if recipe is None:
+        return "cpu"
+    return "h100" if recipe == GPU_CHECK else "mi300x"
+
+
 def recipe_for(hardware: str, recipe: str | None = None, **overrides: Any) -> ExperimentConfig:
+    if recipe == GPU_CHECK:
+        return gpu_check(hardware, **overrides)
     if recipe is not None:
         return paper_recipe(recipe, hardware, **overrides)
     return embedded(**overrides) if hardware == "cpu" else paper(hardware, **overrides)

@@ -81,7 +81,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from april_bench.engines import ENGINES
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.profiles.hardware import hardware_names
-    from april_bench.recipes import PAPER_RECIPES
+    from april_bench.recipes import RECIPES
     from april_bench.rollout.loop import RolloutConfig
     from april_bench.rollout.strategy import RefillMode
     from april_bench.strategies import STRATEGIES
@@ -96,8 +96,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--hw",
         default=None,
         choices=hardware_names(),
-        help=exp["hardware"] + "; default cpu (the embedded default), or mi300x with --recipe (the paper's "
-        "runs); a --config file's own hardware otherwise",
+        help=exp["hardware"] + "; default cpu (the embedded default), mi300x with a paper-* --recipe, h100 "
+        "with --recipe gpu-check; a --config file's own hardware otherwise",
     )
     what.add_argument(
         "--config",
@@ -108,9 +108,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     what.add_argument(
         "--recipe",
-        choices=list(PAPER_RECIPES),
-        help="start from a row of APRIL's paper table, simulated on --hw (default mi300x; "
-        "docs/calibration.md)",
+        choices=list(RECIPES),
+        help="start from a row of APRIL's paper table (paper-*: simulated on --hw, default mi300x; "
+        "docs/calibration.md), or gpu-check: one GPU lease's measured sync-vs-APRIL run (docs/gpu.md)",
     )
     what.add_argument("--algo", choices=ALGORITHMS.names(), help=exp["algorithm"])
     what.add_argument(
@@ -334,11 +334,12 @@ def _split_arms(text: str) -> list[str]:
 
 
 def run_hardware(args: argparse.Namespace) -> str:
-    """``--hw`` as given, else the default: the paper's MI300X node for a ``--recipe`` (a row of APRIL's
-    table), the CPU's embedded default otherwise."""
+    """``--hw`` as given, else the recipe's default (:func:`april_bench.recipes.default_hardware`)."""
+    from april_bench.recipes import default_hardware
+
     if args.hw is not None:
         return str(args.hw)
-    return "mi300x" if getattr(args, "recipe", None) else "cpu"
+    return default_hardware(getattr(args, "recipe", None))
 
 
 def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
