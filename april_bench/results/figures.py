@@ -89,13 +89,17 @@ def _paper_style(build: Callable[[Tables], Figure | None]) -> Callable[[Tables],
     return styled
 
 
-def _new_figure(rows: int, cols: int, *, height: float = 2.6, width: float = WIDTH_IN) -> tuple[Figure, Any]:
+def _new_figure(
+    rows: int, cols: int, *, height: float = 2.6, width: float = WIDTH_IN, sharex: bool = False
+) -> tuple[Figure, Any]:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display is opened
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(rows, cols, figsize=(width, height * rows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(width, height * rows), squeeze=False, layout="constrained", sharex=sharex
+    )
     return fig, axes
 
 
@@ -172,7 +176,9 @@ def figure_names(tables: Tables) -> list[str]:
 
 def occupancy_figure(tables: Tables, *, steps: int = OCCUPANCY_STEPS) -> Figure | None:
     """Requests in flight on each arm's engine over the first ``steps`` steps, with the moments the
-    abort began (N groups in); GPU utilisation on the run clock below when telemetry was recorded."""
+    abort began (N groups in); GPU utilisation below when telemetry was recorded.  Every panel is on
+    the run clock (the one telemetry samples and events are stamped with), so a request and the GPU
+    samples taken while it ran line up; a run without rollout events keeps each arm's own clock."""
     import numpy as np
 
     requests = _occupancy_requests(tables, steps)
@@ -180,28 +186,65 @@ def occupancy_figure(tables: Tables, *, steps: int = OCCUPANCY_STEPS) -> Figure 
         return None
     step_rows = _first_repeat(tables["steps"])
     telemetry = tables["telemetry"]
+    offsets = _run_clock_offsets(step_rows, tables["events"])
+    clock = "arm clock (s)" if offsets is None else "run clock (s)"
     arms = _arms(requests)
-    fig, axes = _new_figure(len(arms) + (0 if telemetry.empty else 1), 1, height=1.9)
+    fig, axes = _new_figure(
+        len(arms) + (0 if telemetry.empty else 1), 1, height=1.9, sharex=offsets is not None
+    )
     for ax, arm in zip(axes[:, 0], arms, strict=False):
         rows = requests[requests["arm"] == arm]
-        times = np.concatenate([rows["t_submit"].to_numpy(float), rows["t_done"].to_numpy(float)])
+        shift = _shift(rows, offsets)
+        times = np.concatenate(
+            [rows["t_submit"].to_numpy(float) + shift, rows["t_done"].to_numpy(float) + shift]
+        )
         change = np.concatenate([np.ones(len(rows)), -np.ones(len(rows))])
         order = np.lexsort((change, times))  # at equal times a request ends before the next starts
         ax.step(times[order], np.cumsum(change[order]), where="post", lw=0.8, label="in flight")
         arm_steps = step_rows[(step_rows["arm"] == arm) & (step_rows["step"] < steps)]
         aborts = arm_steps[arm_steps["aborted_requests"] > 0]
-        stop = aborts["t_start"] + aborts["rollout_time_s"] - aborts["drain_time_s"]
+        stop = aborts["t_start"] + aborts["rollout_time_s"] - aborts["drain_time_s"] + _shift(aborts, offsets)
         for i, t in enumerate(stop):
             ax.axvline(t, color="tab:red", ls="--", lw=0.8, label="abort (N groups in)" if i == 0 else None)
         ax.set_ylabel("requests")
         ax.set_title(arm, loc="left")
-    axes[len(arms) - 1, 0].set_xlabel("arm clock (s)")
+    axes[len(arms) - 1, 0].set_xlabel(clock)
     if not telemetry.empty:
         _gpu_panel(axes[-1, 0], tables)
     _legend_below(fig, axes)
     last = int(requests["step"].max())
     fig.suptitle(_title(tables, f"engine occupancy, steps 0-{last}"))
     return fig
+
+
+def _run_clock_offsets(steps: pd.DataFrame, events: pd.DataFrame) -> dict[tuple[str, int], float] | None:
+    """``(arm, step) -> run clock - arm clock`` during that step's rollout: its ``rollout_start`` event
+    (run clock, what telemetry samples are stamped with) less its step row's ``t_start`` (the arm's
+    clock, which evaluations and other arms' blocks are cut out of).  ``None``: no such events (a run
+    written before them), so requests stay on their arm's clock."""
+    if steps.empty or events.empty or "kind" not in events:
+        return None
+    starts = _first_repeat(events[events["kind"] == "rollout_start"])
+    if starts.empty:
+        return None
+    run_t = {(str(r.arm), int(r.step)): float(r.t) for r in starts.itertuples()}
+    offsets = {
+        (str(r.arm), int(r.step)): run_t[(str(r.arm), int(r.step))] - float(r.t_start)
+        for r in steps.itertuples()
+        if (str(r.arm), int(r.step)) in run_t
+    }
+    return offsets or None
+
+
+def _shift(rows: pd.DataFrame, offsets: dict[tuple[str, int], float] | None) -> Any:
+    """Per row, the seconds that move its arm-clock times onto the run clock (0 without offsets)."""
+    import numpy as np
+
+    if offsets is None:
+        return np.zeros(len(rows))
+    return np.array(
+        [offsets.get((str(a), int(s)), 0.0) for a, s in zip(rows["arm"], rows["step"], strict=True)]
+    )
 
 
 def _gpu_panel(ax: Any, tables: Tables) -> None:
