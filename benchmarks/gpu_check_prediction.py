@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "what": "SIMULATED prediction of `run --recipe gpu-check` (benchmarks/gpu_recipe.sh's run stage)",
         "command": "python benchmarks/gpu_check_prediction.py " + shlex.join(argv or sys.argv[1:]),
-        "git": git_info(),
+        "git": git_info(exclude=args.out.resolve()),  # its own output is not a change to the code
         "cost_curve": str(args.curve),
         "cost_curve_sha256": hashlib.sha256(curve_bytes).hexdigest(),
         "preset": preset.to_dict(),
