@@ -34,7 +34,7 @@ RUN = [
 
 
 def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gpu = fake_pynvml.FakeNvidiaGpu(util=(75, 20), power_mw=300_000)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make([gpu]))
@@ -52,6 +52,15 @@ def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
         assert gpu["gpus"] == 1 and gpu["rollout_coverage"] == 1.0
         assert gpu["rollout_busy_share"] == pytest.approx(0.75)  # a constant 75% utilisation
         assert gpu["rollout_energy_j"] == 0.0  # the fake's energy counter never moves
+    # the GPU table of table.md (and of the printed report: the same text), one row per arm and phase
+    table = (out / "table.md").read_text()
+    assert "### GPU: busy share, idle GPU-seconds and energy per arm and phase (simulated" in table
+    gpu_rows = [line for line in table.splitlines() if line.startswith(("| sync ", "| april "))]
+    rollout = [r.split("|")[3].strip() for r in gpu_rows if r.split("|")[2].strip() == "rollout"]
+    assert rollout == ["75%", "75%"]  # the fake GPU's constant utilisation, for both arms
+    steps = [r for r in gpu_rows if r.split("|")[2].strip() == "step"]
+    assert len(steps) == 2 and all(r.split("|")[6].strip() == "0.0000" for r in steps)  # no energy moved
+    assert "### GPU" in capsys.readouterr().out
     provenance = json.loads((out / "provenance.json").read_text())
     facts = provenance["machine"]["gpus"]  # read through the same (fake) NVML
     assert len(facts) == 1 and "H100" in str(facts[0].get("model", facts[0]))

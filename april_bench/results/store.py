@@ -39,8 +39,10 @@ from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
     GAIN_TOLERANCE,
+    GPU_COLUMNS,
     detail_columns,
     detail_table,
+    gpu_table,
     render_markdown,
     results_table,
     wide_intervals,
@@ -470,6 +472,13 @@ def render_tables(
             f"\n\n### Engine work: forward passes and tokens per iteration ({label}; counted; the gains per "
             f"iteration assume every iteration costs the same, as on a memory-bound GPU, not on a CPU: "
             f"docs/measured.md)\n\n{work}"
+        )
+    gpu = gpu_table(summary)
+    if gpu:
+        text += (
+            f"\n\n### GPU: busy share, idle GPU-seconds and energy per arm and phase ({label}; "
+            f"telemetry samples on the run clock; busy = a kernel ran, not occupancy; docs/gpu.md)\n\n"
+            + render_markdown(GPU_COLUMNS, gpu)
         )
     if not simulated:  # a real engine's cost of partial rollouts (april_bench.results.engine_report)
         engine = render_markdown(ENGINE_COLUMNS, engine_table(summary))

@@ -7,8 +7,10 @@ from typing import Any
 
 __all__ = [
     "GAIN_TOLERANCE",
+    "GPU_COLUMNS",
     "detail_columns",
     "detail_table",
+    "gpu_table",
     "paper_table",
     "render_markdown",
     "results_table",
@@ -196,6 +198,51 @@ def detail_table(summary: Mapping[str, Mapping[str, Any]], gpus: int | None = No
                 str(m.get("partial_samples", "")),
             ]
         )
+    return rows
+
+
+#: Columns of :func:`gpu_table`.
+GPU_COLUMNS = (
+    "Strategy",
+    "Phase",
+    "Busy share",
+    "Idle GPU-s",
+    "Energy (J)",
+    "J per trained token",
+    "SM clock (MHz)",
+    "Coverage",
+)
+#: Phases of the GPU table, in order (``april_bench.telemetry.metrics.PHASES`` less ``drain``, which
+#: the tail already shows): where GPU time goes within a step, then the whole step.
+GPU_PHASES = ("rollout", "tail", "train", "weight_sync", "step")
+
+
+def gpu_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """Where GPU time and energy go, per arm and phase, from the run's telemetry samples
+    (``summary[arm]["gpu"]``, :mod:`april_bench.telemetry.metrics`): busy share (NVML/AMD SMI
+    utilisation: a kernel ran, not how full the GPU was), idle GPU-seconds, energy, energy per trained
+    token (whole steps), SM clock and the share of the phase the samples cover.  Empty without
+    telemetry."""
+    rows = []
+    for arm, m in summary.items():
+        gpu = m.get("gpu")
+        if not gpu:
+            continue
+        for phase in GPU_PHASES:
+            if gpu.get(f"{phase}_coverage") is None:
+                continue
+            rows.append(
+                [
+                    arm,
+                    phase,
+                    _num(gpu.get(f"{phase}_busy_share"), "{:.0%}"),
+                    _num(gpu.get(f"{phase}_idle_gpu_s"), "{:,.1f}"),
+                    _num(gpu.get(f"{phase}_energy_j"), "{:,.0f}"),
+                    _num(gpu.get("energy_per_trained_token_j"), "{:.4f}") if phase == "step" else "",
+                    _num(gpu.get(f"{phase}_sm_clock_mhz"), "{:,.0f}"),
+                    _num(gpu.get(f"{phase}_coverage"), "{:.0%}"),
+                ]
+            )
     return rows
 
 
