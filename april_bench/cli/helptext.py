@@ -41,6 +41,7 @@ _READ: Mapping[str, Callable[[Any], Any]] = {
     "block_steps": lambda c: c.block_steps or "all steps in one block",
     "warmup_steps": lambda c: c.warmup_steps,
     "eval_datasets": lambda c: ",".join(c.eval_datasets) or "none",
+    "checkpoint_every": lambda c: c.checkpoint_every,
 }
 #: Flags whose unset value is a rule, not a recipe field.
 _RULES = {
