@@ -72,6 +72,7 @@ __all__ = [
     "CAPABILITIES",
     "FAULTS",
     "HEALTH",
+    "ITERATIONS",
     "KILL",
     "METRICS",
     "PLACEMENT",
@@ -93,6 +94,7 @@ __all__ = [
     "FaultReport",
     "GenerateRequest",
     "HealthCheck",
+    "IterationLog",
     "Killable",
     "Placed",
     "SamplingParams",
@@ -323,6 +325,24 @@ class EngineMetrics(Protocol):
         ...
 
 
+@runtime_checkable
+class IterationLog(Protocol):
+    """Optional: an engine that logs its scheduler rounds (the hf engine), bounded, since it started.
+
+    A round is ``(kind, batch, tokens, context, cpu_s, t, wall_s, steps)``: ``prefill`` (its forwards)
+    or ``decode`` (``steps`` steps over ``batch`` requests on average, holding ``context`` tokens of
+    KV), the scheduler thread's CPU seconds, the event loop's time at the round's start, the round's
+    wall seconds and the decode steps it read (1 for a prefill)."""
+
+    def iteration_count(self) -> int:
+        """Rounds logged so far (the index the next round gets)."""
+        ...
+
+    def iteration_log(self, start: int = 0) -> list[tuple[Any, ...]]:
+        """The rounds logged from index ``start`` on."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class EngineWork:
     """Monotonic counters of the work an engine did since it started (differences give a step's).
@@ -447,6 +467,7 @@ HEALTH: Capability[HealthCheck] = Capability("health", HealthCheck)
 FAULTS: Capability[FaultReport] = Capability("faults", FaultReport)
 PLACEMENT: Capability[Placed] = Capability("placement", Placed)
 KILL: Capability[Killable] = Capability("kill", Killable)
+ITERATIONS: Capability[IterationLog] = Capability("iterations", IterationLog)
 #: Every optional protocol an engine may declare.
 CAPABILITIES: tuple[Capability[Any], ...] = (
     SATURATION,
@@ -457,4 +478,5 @@ CAPABILITIES: tuple[Capability[Any], ...] = (
     FAULTS,
     PLACEMENT,
     KILL,
+    ITERATIONS,
 )

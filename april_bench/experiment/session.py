@@ -15,11 +15,11 @@ from tqdm import tqdm
 import april_bench.experiment.checkpoint as checkpoint
 from april_bench.backends import Components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
-from april_bench.engines.protocol import FAULTS, METRICS, PLACEMENT, Engine, FaultEvent
+from april_bench.engines.protocol import FAULTS, ITERATIONS, METRICS, PLACEMENT, Engine, FaultEvent
 from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.recorder import RunRecorder
-from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate
+from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, IterationRecord
 from april_bench.results.resume import RunStatus
 from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
@@ -31,6 +31,10 @@ from april_bench.vtime import VirtualTimeLoop
 __all__ = ["ArmSession", "Bars"]
 
 log = logging.getLogger(__name__)
+
+#: Rows of the ``iterations`` table per step and arm at most: a step with more engine rounds keeps
+#: every k-th (``sampled_every``), so a long GPU run's table stays small.
+ITERATION_ROWS_PER_STEP = 256
 
 
 class Bars:
@@ -251,9 +255,11 @@ class ArmSession:
         loop = asyncio.get_running_loop()
         version = step  # one policy update per step
         t_rollout = loop.time()
+        first_round = rounds.iteration_count() if (rounds := ITERATIONS.of(self._engine)) else 0
         outcome = await self._rollout.run_step(step, version)
         t_train = loop.time()
         self._engine_metrics(step, "rollout_end", t_train - self._origin)
+        self._iterations(step, first_round)
         self._trainer_at_saved = False  # from here until the step's checkpoint the trainer is ahead of it
         result = await self._trainer.train(outcome.batch, step=step, policy_version=version)
         t_sync = loop.time()
@@ -410,6 +416,31 @@ class ArmSession:
                     phase=phase,
                     t=t,
                     metrics=engine.metrics(),
+                    repeat=self.repeat,
+                )
+            )
+
+    def _iterations(self, step: int, first: int) -> None:
+        """The engine's scheduler rounds of this step's rollout (from round ``first``), at most
+        :data:`ITERATION_ROWS_PER_STEP` rows: every k-th round of a longer rollout."""
+        if self._engine is None or (engine := ITERATIONS.of(self._engine)) is None:
+            return
+        rounds = engine.iteration_log(first)
+        every = max(1, -(-len(rounds) // ITERATION_ROWS_PER_STEP))
+        for kind, batch, tokens, context, cpu_s, t, wall_s, steps in rounds[::every]:
+            self.recorder.add(
+                IterationRecord(
+                    arm=self.arm.label,
+                    step=step,
+                    t=t - self._origin,
+                    kind=kind,
+                    batch=batch,
+                    tokens=tokens,
+                    context=context,
+                    steps=steps,
+                    step_ms=1000.0 * wall_s / max(steps, 1),
+                    cpu_s=cpu_s,
+                    sampled_every=every,
                     repeat=self.repeat,
                 )
             )

@@ -97,6 +97,42 @@ class LatencyValues:
         return None  # unreachable: the counts sum to _count
 
 
+class RoundCounts:
+    """An arm's engine rounds (the ``iterations`` table, sampled rows weighted by ``sampled_every``):
+    decode steps and their wall milliseconds by batch size."""
+
+    def __init__(self) -> None:
+        self.decode_ms: dict[int, float] = defaultdict(float)
+        self.decode_steps: dict[int, int] = defaultdict(int)
+        self.prefill_ms = 0.0
+
+    def add(self, row: Row) -> None:
+        weight = int(row.get("sampled_every", 1))
+        steps = int(row.get("steps", 1))
+        ms = float(row["step_ms"]) * steps * weight
+        if row["kind"] == "decode":
+            self.decode_ms[int(row["batch"])] += ms
+            self.decode_steps[int(row["batch"])] += steps * weight
+        else:
+            self.prefill_ms += ms
+
+    def as_dict(self) -> dict[str, Any]:
+        """``decode_steps``, ``decode_step_ms`` (mean), ``max_decode_batch``, ``low_batch_decode_share``
+        (decode time at batches of at most a quarter of the largest: the tail's share) and
+        ``prefill_s``."""
+        total_ms = sum(self.decode_ms.values())
+        steps = sum(self.decode_steps.values())
+        largest = max(self.decode_ms, default=0)
+        low = sum(ms for batch, ms in self.decode_ms.items() if 4 * batch <= largest)
+        return {
+            "decode_steps": steps,
+            "decode_step_ms": total_ms / steps if steps else None,
+            "max_decode_batch": largest,
+            "low_batch_decode_share": low / total_ms if total_ms else None,
+            "prefill_s": self.prefill_ms / 1000.0,
+        }
+
+
 @dataclass(slots=True)
 class _Arm:
     """What one arm's summary needs, accumulated."""
@@ -145,6 +181,7 @@ class _Arm:
     episodes: EpisodeTotals | None = None
     # events: replica failures (None: none recorded)
     faults: FaultCounts | None = None
+    rounds: RoundCounts | None = None
 
 
 class SummaryAccumulator:
@@ -178,6 +215,10 @@ class SummaryAccumulator:
             self.evals.append(row)
         elif table == "engine_metrics":
             self.engine_metrics.append(row)
+        elif table == "iterations":
+            arm = self._arm(row["arm"])
+            arm.rounds = arm.rounds or RoundCounts()
+            arm.rounds.add(row)
         elif table == "events" and row.get("kind") in FAULT_KINDS:
             arm = self._arm(row["arm"])
             arm.faults = arm.faults or FaultCounts()
@@ -359,6 +400,8 @@ class SummaryAccumulator:
             "bookkeeping_s_per_step": a.bookkeeping / n if n else None,
             "bookkeeping_share_of_engine_time": a.bookkeeping / a.rollout if a.rollout else None,
             "failures": None if a.faults is None else a.faults.as_dict(),
+            # only with rows of the iterations table: runs without them keep their summary's fields
+            **({"iterations": a.rounds.as_dict()} if a.rounds is not None else {}),
         }
 
     def engine(self, name: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ __all__ = [
     "EvalRecord",
     "EventRecord",
     "Fate",
+    "IterationRecord",
     "RequestRecord",
     "SampleRecord",
     "StepRecord",
@@ -200,6 +201,31 @@ class EngineMetricRecord:
 
 
 @dataclass(slots=True)
+class IterationRecord:
+    """One engine scheduler round during a step's rollout (engines with the ``iterations``
+    capability: hf), a bounded sample of them: when a step has more than
+    ``ITERATION_ROWS_PER_STEP`` rounds, every ``sampled_every``-th is kept (each row stands for that
+    many).  ``t`` on the arm's clock (the requests' clock); ``kind``: ``prefill`` or ``decode``;
+    ``batch``: requests in the forward (a prefill: running after it); ``tokens``: tokens it computed;
+    ``context``: KV tokens the batch held (a decode); ``steps``: decode steps the round read (the
+    static path pipelines them), ``step_ms``: its wall time per step (per round for a prefill);
+    ``cpu_s``: the scheduler thread's CPU time."""
+
+    arm: str
+    step: int
+    t: float
+    kind: str
+    batch: int
+    tokens: int
+    context: int
+    steps: int
+    step_ms: float
+    cpu_s: float
+    sampled_every: int = 1
+    repeat: int = 0
+
+
+@dataclass(slots=True)
 class EventRecord:
     """A moment in an arm's life on the run's wall clock (``t``: seconds since the run started,
     ``time.monotonic`` based; virtual seconds for a simulated run), the clock telemetry samples use.
@@ -253,6 +279,7 @@ TABLES: Mapping[str, type] = {
     "events": EventRecord,
     "telemetry": TelemetryRecord,
     "trace": TraceRecord,
+    "iterations": IterationRecord,
 }
 
 

@@ -40,9 +40,11 @@ from april_bench.results.summary import summarize
 from april_bench.results.table import (
     GAIN_TOLERANCE,
     GPU_COLUMNS,
+    ITERATION_COLUMNS,
     detail_columns,
     detail_table,
     gpu_table,
+    iteration_table,
     render_markdown,
     results_table,
     wide_intervals,
@@ -472,6 +474,12 @@ def render_tables(
             f"\n\n### Engine work: forward passes and tokens per iteration ({label}; counted; the gains per "
             f"iteration assume every iteration costs the same, as on a memory-bound GPU, not on a CPU: "
             f"docs/measured.md)\n\n{work}"
+        )
+    rounds = iteration_table(summary)
+    if rounds:
+        text += (
+            f"\n\n### Engine rounds: decode steps and the tail at low batch ({label}; the iterations "
+            "table has them against time)\n\n" + render_markdown(ITERATION_COLUMNS, rounds)
         )
     gpu = gpu_table(summary)
     if gpu:

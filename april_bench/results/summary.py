@@ -101,7 +101,7 @@ def summarize(
     table, so ``tables`` may stream them (a run directory's files are read row by row).
     """
     accumulator = SummaryAccumulator()
-    for name in ("requests", "samples", "steps", "evals", "engine_metrics", "events"):
+    for name in ("requests", "samples", "steps", "evals", "engine_metrics", "events", "iterations"):
         for row in tables.get(name, ()):
             accumulator.add(name, row)
     telemetry = list(tables.get("telemetry", ()))

@@ -8,9 +8,11 @@ from typing import Any
 __all__ = [
     "GAIN_TOLERANCE",
     "GPU_COLUMNS",
+    "ITERATION_COLUMNS",
     "detail_columns",
     "detail_table",
     "gpu_table",
+    "iteration_table",
     "paper_table",
     "render_markdown",
     "results_table",
@@ -243,6 +245,40 @@ def gpu_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
                     _num(gpu.get(f"{phase}_coverage"), "{:.0%}"),
                 ]
             )
+    return rows
+
+
+#: Columns of :func:`iteration_table`.
+ITERATION_COLUMNS = (
+    "Strategy",
+    "Decode steps",
+    "Mean step ms",
+    "Largest batch",
+    "Decode time at <= 1/4 of it",
+    "Prefill s",
+)
+
+
+def iteration_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """The engine's rounds per arm (``summary[arm]["iterations"]``, from the ``iterations`` table):
+    decode steps, their mean wall time, the largest batch, and the share of decode time spent at a
+    quarter of it or less - the tail at low batch, which a busy-share reading cannot see.  Empty for
+    engines that keep no round log."""
+    rows = []
+    for arm, m in summary.items():
+        r = m.get("iterations")
+        if not r:
+            continue
+        rows.append(
+            [
+                arm,
+                f"{r['decode_steps']:,}",
+                _num(r.get("decode_step_ms"), "{:.2f}"),
+                str(r.get("max_decode_batch", "")),
+                _num(r.get("low_batch_decode_share"), "{:.0%}"),
+                _num(r.get("prefill_s"), "{:.2f}"),
+            ]
+        )
     return rows
 
 

@@ -59,6 +59,7 @@ from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
     ACCOUNTING,
     HEALTH,
+    ITERATIONS,
     METRICS,
     SATURATION,
     STATE,
@@ -224,7 +225,7 @@ class HFEngine(Configurable):
         #: round (a prefill's forwards or one decode step; ``cpu_s`` the scheduler thread's CPU time):
         #: what ``simcheck`` compares with the simulator and fits its time model to.
         self._decode_batches: dict[int, int] = {}
-        self._iteration_log: list[tuple[str, int, int, int, float]] = []
+        self._iteration_log: list[tuple[str, int, int, int, float, float, float, int]] = []
         # engine_iterations: forward passes (decode steps + prefill forwards, chunks counted apiece);
         # decode_tokens: tokens sampled by decode steps; reprefill_tokens: prompt_tokens of resumes
         self._counters = {
@@ -245,7 +246,7 @@ class HFEngine(Configurable):
             hardware=self.device.type,
             model=config.model,
             weight_formats=("state_dict", "path", "none"),
-            capabilities=frozenset({ACCOUNTING, HEALTH, METRICS, SATURATION, STATE}),
+            capabilities=frozenset({ACCOUNTING, HEALTH, ITERATIONS, METRICS, SATURATION, STATE}),
             dtype=str(self.dtype).removeprefix("torch."),
         )
 
@@ -420,30 +421,39 @@ class HFEngine(Configurable):
         c = self._counters
         return c["prompt_tokens"], c["decode_steps"], c["decode_tokens"]
 
-    def _log_round(self, before: tuple[int, int, int], context: int, cpu_s: float) -> None:
-        """Log one scheduler round from the work it counted (a prefill, or decode steps read)."""
+    def _log_round(
+        self, before: tuple[int, int, int], context: int, cpu_s: float, t: float, wall_s: float
+    ) -> None:
+        """Log one scheduler round from the work it counted (a prefill, or decode steps read), with
+        the loop time it started at and its wall seconds."""
         prompt, steps, tokens = (now - then for now, then in zip(self._round_counts(), before, strict=True))
         if steps:
             self._decode_batches[tokens // steps] = self._decode_batches.get(tokens // steps, 0) + steps
         if len(self._iteration_log) >= _ITERATION_LOG_MAX:
             return
         if prompt:
-            self._iteration_log.append(("prefill", len(self._active), prompt, prompt, cpu_s))
+            self._iteration_log.append(("prefill", len(self._active), prompt, prompt, cpu_s, t, wall_s, 1))
         elif steps:
-            self._iteration_log.append(("decode", tokens // steps, tokens, context, cpu_s))
+            self._iteration_log.append(("decode", tokens // steps, tokens, context, cpu_s, t, wall_s, steps))
 
     def decode_histogram(self) -> dict[int, int]:
         """Decode steps by batch size since the engine started."""
         return dict(self._decode_batches)
 
-    def iteration_log(self) -> list[tuple[str, int, int, int, float]]:
-        """One ``(kind, batch, tokens, context, cpu_s)`` per scheduler round since the engine started:
+    def iteration_count(self) -> int:
+        return len(self._iteration_log)
+
+    def iteration_log(self, start: int = 0) -> list[tuple[str, int, int, int, float, float, float, int]]:
+        """One ``(kind, batch, tokens, context, cpu_s, t, wall_s, steps)`` per scheduler round since the
+        engine started (from index ``start``; at most the first million rounds):
         ``prefill`` (its forwards; ``batch`` the running requests after it, ``tokens`` and ``context``
         the tokens prefilled) or ``decode`` (a step over ``batch`` requests holding ``context`` tokens
         of KV); ``cpu_s`` is the scheduler thread's CPU time for the round, which a loaded machine
         barely moves (all of the engine's compute with one intra-op thread, the CPU default; on a GPU
-        it is the host's launch time only).  On the static path a round counts the steps it read."""
-        return list(self._iteration_log)
+        it is the host's launch time only); ``t`` the event loop's time at the round's start and
+        ``wall_s`` the round's wall seconds; ``steps`` the decode steps it read (the static path
+        pipelines them; 1 for a prefill)."""
+        return self._iteration_log[start:]
 
     def reset_step_times(self) -> None:
         self._step_times.clear()
@@ -493,6 +503,7 @@ class HFEngine(Configurable):
             while True:
                 self._return_aborted(loop)
                 before, tick, context = self._round_counts(), time.thread_time(), 0
+                started = loop.time()
                 if self._waiting and len(self._active) < self.config.max_running_requests:
                     with torch_threads(self.threads):
                         self._settle(loop)
@@ -507,7 +518,7 @@ class HFEngine(Configurable):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                self._log_round(before, context, time.thread_time() - tick)
+                self._log_round(before, context, time.thread_time() - tick, started, loop.time() - started)
                 await asyncio.sleep(0)  # let the rollout loop react between forwards
         except Exception as exc:
             error = EngineError(f"hf engine failed: {exc}")
