@@ -75,7 +75,9 @@ stage() {  # stage NAME SECONDS COMMAND...: run it, log it, note its exit status
   rc=$?
   echo "   $name rc=$rc in $(( $(date +%s) - start ))s" | tee -a "$WORK/stages.txt"
   tail -n 5 "$WORK/$name.log"
-  tar -czf "$PACK.part" -C "$(dirname "$WORK")" "$(basename "$WORK")" && mv "$PACK.part" "$PACK"
+  # state/ is left out: checkpoints are a resume's input, and a run stopped by its limit may leave a
+  # trainer state (15.7 GB at the 1.5B shape) or its temporary file there
+  tar -czf "$PACK.part" --exclude=state -C "$(dirname "$WORK")" "$(basename "$WORK")" && mv "$PACK.part" "$PACK"
 }
 
 facts() {

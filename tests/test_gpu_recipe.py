@@ -62,6 +62,7 @@ def test_the_cpu_dry_run_runs_every_stage_and_packs_its_outputs(tmp_path: Path) 
         "gpu-recipe/simcheck-hf-cpu/simcheck.json",
         "gpu-recipe/simcheck-log.jsonl",
     ]
+    assert not [name for name in names if "/state" in name]  # checkpoints stay out of the pack
     missing = [name for name in expected if name not in names]
     assert not missing, sorted(names)
     assert any(name.startswith("gpu-recipe/benchmarks/hf_mbu") for name in names), sorted(names)
