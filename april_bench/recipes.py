@@ -111,7 +111,9 @@ def gpu_check(hardware: str = "h100", **overrides: Any) -> ExperimentConfig:
             temperature=1.0,
         ),
         "engine_args": {"device": "auto", "max_running_requests": 256, "prefill_chunk_tokens": 8192},
-        "trainer_args": {"device": "auto", "lr": 1e-5, "max_tokens_per_micro_batch": 8192},
+        # 4096 tokens a micro-batch: both arms' trainers and engines ran 10 steps with it on one 80 GB
+        # H100 on the first lease (results/gpu/h100-2026-11-26/second-call-run.log)
+        "trainer_args": {"device": "auto", "lr": 1e-5, "max_tokens_per_micro_batch": 4096},
         "warmstart_args": {"steps": 0},
     }
     settings.update(overrides)
