@@ -92,8 +92,9 @@ def run(
     status: RunStatus | None = None,
 ) -> RunResult:
     """Run every session of ``config`` and return the tidy records (also streamed to ``recorder``'s
-    sink).  With ``status`` (a run directory's), sessions checkpoint after every step and continue
-    from the steps ``status`` says they completed.  ``components`` given are already validated
+    sink).  With ``status`` (a run directory's), sessions checkpoint after every step (the trainer's
+    state every ``checkpoint_every`` steps and at an interruption) and continue from the steps
+    ``status`` says they completed.  ``components`` given are already validated
     (:func:`april_bench.backends.build_components` validates what it builds)."""
     if components is None:
         components = build_components(config, progress=progress)

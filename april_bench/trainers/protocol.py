@@ -13,8 +13,8 @@ __all__ = ["CheckpointWriter", "ClosableTrainer", "TrainResult", "Trainer", "Tra
 
 class TrainerLost(RuntimeError):
     """The trainer's process is gone (a Ray trainer actor died): the run cannot go on, but every
-    completed step is saved (the trainer state with it), so it ends as interrupted and ``run --resume``
-    continues it with a new trainer."""
+    completed step is saved, so it ends as interrupted and ``run --resume`` continues it with a new
+    trainer from the last checkpoint holding the trainer's state (``--checkpoint-every``)."""
 
 
 @dataclass(slots=True)
