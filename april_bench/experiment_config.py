@@ -37,8 +37,9 @@ class ExperimentConfig(BaseConfig):
     strategies: tuple[str, ...] = param(
         ("sync", "oversample-discard", "april"),
         help="arms to compare: NAME or NAME[key=value,...], e.g. april[max_version_span=2]; any arm "
-        "takes driver=sync|one-step-off|stale (with max_staleness=ETA, weight_update=inflight|drain, "
-        "train_gpus=G on the simulator), e.g. april[driver=stale,max_staleness=2]",
+        "takes driver=sync|one-step-off|stale|lookahead (with max_staleness=ETA or steps_ahead=K, "
+        "weight_update=inflight|drain, train_gpus=G on the simulator), "
+        "e.g. april[driver=stale,max_staleness=2]",
     )
     baseline: str | None = param(
         None, help="arm every gain is measured against (default: sync, else the first)"

@@ -288,3 +288,59 @@ def test_sim_update_with_requests_in_flight_continues_them() -> None:
         runs = c.runs()
         assert [v for v, _ in runs] == [0, 1] and sum(n for _, n in runs) == c.num_tokens == 3000
         assert c.finish_reason == "stop" and c.policy_version == 1
+
+
+# ----------------------------------------------------------------------------- lookahead
+
+
+def test_lookahead_gates_like_stale_when_nothing_is_buffered() -> None:
+    # sync-style rollout buffers nothing: steps_ahead=k opens the same gate as max_staleness=k
+    stale = run_pipeline("sync[driver=stale,max_staleness=2]", lambda uid, i: 2, steps=4, train_s=5)
+    ahead = run_pipeline("sync[driver=lookahead,steps_ahead=2]", lambda uid, i: 2, steps=4, train_s=5)
+    assert (
+        _phases(ahead)
+        == _phases(stale)
+        == [
+            (0, 2, 2, 7, 7, 8),
+            (2, 4, 8, 13, 13, 14),
+            (4, 6, 14, 19, 19, 20),
+            (8, 10, 20, 25, 25, 26),
+        ]
+    )
+
+
+def test_lookahead_never_restarts_a_partial_however_old() -> None:
+    # The stale test's workload (N = 2 of N' = 3; group 2 wants 30 tokens and is aborted at every
+    # stop, gaining 5 tokens at step 0 and 4 a step after): eta = 1 restarts it at every step from
+    # step 2 on, so it is never trained; lookahead keeps every token and trains it at step 7, with
+    # tokens from versions 0 to 7 (staleness 7: the bound is on how far the sampler runs ahead).
+    def length(uid: int, i: int) -> int:
+        return 30 if uid == 2 else 3
+
+    def go(arm: str) -> Run:
+        return run_pipeline(arm, length, steps=10, train_s=1, over_sampling_batch_size=3)
+
+    stale, ahead = go("april[driver=stale,max_staleness=1]"), go("april[driver=lookahead,steps_ahead=1]")
+    # the same gate (the rollout of step s waits for version s - 1): the same phases until step 7,
+    # where the schedules part (lookahead trains group 2 there; stale restarts it at every step)
+    assert _phases(ahead)[:7] == _phases(stale)[:7]
+    assert _phases(ahead)[7] != _phases(stale)[7]
+    assert [d.outcome.record.restarted_samples for d in stale.done] == [0, 0] + [2] * 8
+    assert 2 not in [g.uid for d in stale.done for g in d.outcome.batch]
+    assert sum(d.outcome.record.restarted_samples for d in ahead.done) == 0
+    step7 = ahead.done[7]
+    assert [g.uid for g in step7.outcome.batch] == [2, 16]
+    group2 = step7.outcome.batch[0]
+    runs = [(0, 5), (1, 4), (2, 4), (3, 4), (4, 4), (5, 4), (6, 4), (7, 1)]
+    assert [s.version_runs() for s in group2.samples] == [runs, runs]
+    assert step7.train_version - min(_token_versions(step7)) == 7
+    # every generated token is trained or still buffered: nothing discarded
+    groups = [g for d in ahead.done for g in d.outcome.batch] + ahead.buffered
+    assert sum(s.response_len for g in groups for s in g.samples) == sum(r.output_len for r in ahead.requests)
+
+
+def test_lookahead_options_are_checked_where_the_arm_is_read() -> None:
+    with pytest.raises(ConfigError, match="steps_ahead must be >= 1"):
+        ArmSpec.parse("april[driver=lookahead,steps_ahead=0]")
+    spec = ArmSpec.parse("april[driver=lookahead,steps_ahead=3,weight_update=drain]")
+    assert spec.driver.lookahead == 3 and spec.driver.oldest_allowed(5) is None

@@ -20,7 +20,11 @@ vary the driver alone:
   behind.  When the trainer finishes, its weights are pushed at once: with
   ``weight_update=inflight`` the engine pauses, installs and continues the
   requests in flight (their later tokens carry the new version); with
-  ``drain`` the push waits until the rollout step in flight has returned.
+  ``drain`` the push waits until the rollout step in flight has returned;
+* ``lookahead`` with ``steps_ahead=k`` (Tinker's ``sampling_steps_ahead``, prime-rl's
+  ``max_async_level``): the same generator and gate, at most k steps ahead of training, but
+  nothing is restarted for its age: a buffered partial keeps every token, however old (a
+  strategy's own ``max_version_span`` still applies).
 
 "With or without partial rollout" is the strategy: a ``sync``-style strategy
 runs every request to completion (its default update is ``drain``: a request
@@ -93,7 +97,9 @@ class Pipeline(Configurable):
         version: int = 0,
     ) -> None:
         if not config.asynchronous:
-            raise ConfigError("the pipeline runs the one-step-off and stale drivers; sync runs step by step")
+            raise ConfigError(
+                "the pipeline runs the one-step-off, stale and lookahead drivers; sync runs step by step"
+            )
         self.config = config
         self.rollout = rollout
         self.trainer = trainer
@@ -121,7 +127,7 @@ class Pipeline(Configurable):
             return False
         if self.config.driver is DriverMode.ONE_STEP_OFF:
             return self._train_started >= step
-        return self.version >= step - self.config.max_staleness
+        return self.version >= step - self.config.lookahead
 
     async def run(self, steps: range, on_step: Callable[[StepDone], Awaitable[None]]) -> None:
         """Train ``steps`` (rolling out ahead as the driver allows, never past ``total_steps``), calling

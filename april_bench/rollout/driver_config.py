@@ -14,6 +14,7 @@ class DriverMode(enum.StrEnum):
     SYNC = "sync"
     ONE_STEP_OFF = "one-step-off"
     STALE = "stale"
+    LOOKAHEAD = "lookahead"
 
 
 class WeightUpdateMode(enum.StrEnum):
@@ -24,12 +25,20 @@ class WeightUpdateMode(enum.StrEnum):
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DriverConfig(BaseConfig):
     driver: DriverMode = param(
-        DriverMode.SYNC, help="sync, one-step-off (verl) or stale (AReaL, bounded by max_staleness)"
+        DriverMode.SYNC,
+        help="sync, one-step-off (verl), stale (AReaL, bounded by max_staleness) or lookahead (Tinker, "
+        "prime-rl: at most steps_ahead steps ahead, nothing restarted)",
     )
     max_staleness: int = param(1, help="stale: most policy versions a trained token may lag (AReaL's eta)")
+    steps_ahead: int = param(
+        1,
+        help="lookahead: rollout steps the sampler may run ahead of training (Tinker's sampling_steps_ahead, "
+        "prime-rl's max_async_level); no sample is restarted for its age",
+    )
     weight_update: WeightUpdateMode | None = param(
         None,
-        help="stale: inflight (pause, install, continue) or drain (wait for the rollout step in flight); "
+        help="stale, lookahead: inflight (pause, install, continue) or drain (wait for the rollout step in "
+        "flight); "
         "default: inflight for strategies that resume partials, drain otherwise",
     )
     train_gpus: int | None = param(
@@ -52,19 +61,27 @@ class DriverConfig(BaseConfig):
                 ) from None
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.steps_ahead < 1:
+            raise ConfigError(f"steps_ahead must be >= 1, got {self.steps_ahead}")
         if self.train_gpus is not None and self.train_gpus < 1:
             raise ConfigError(f"train_gpus must be >= 1, got {self.train_gpus}")
-        if self.driver is not DriverMode.STALE and self.weight_update is not None:
+        if not self.free_running and self.weight_update is not None:
             raise ConfigError(
-                "weight_update applies to driver=stale only (one-step-off never updates in flight)"
+                "weight_update applies to driver=stale or lookahead only (one-step-off never updates in "
+                "flight)"
             )
 
     @property
     def asynchronous(self) -> bool:
         return self.driver is not DriverMode.SYNC
 
+    @property
+    def free_running(self) -> bool:
+        """A generator running rollout steps back to back under a bound (``stale``, ``lookahead``)."""
+        return self.driver in (DriverMode.STALE, DriverMode.LOOKAHEAD)
+
     def update_mode(self, partial_rollout: bool) -> WeightUpdateMode:
-        if self.driver is not DriverMode.STALE:
+        if not self.free_running:
             return WeightUpdateMode.DRAIN
         if self.weight_update is not None:
             return self.weight_update
@@ -73,13 +90,16 @@ class DriverConfig(BaseConfig):
     def oldest_allowed(self, step: int) -> int | None:
         """The oldest policy version a token launched for ``step`` may carry (``None``: unbounded).
         ``stale`` bounds it by eta; ``one-step-off`` bounds only its own lag (one version), and a
-        strategy's resumed partials keep their age unless the strategy caps it (max_version_span)."""
+        strategy's resumed partials keep their age unless the strategy caps it (max_version_span);
+        ``lookahead`` bounds how far the sampler runs ahead, never a token's age."""
         return step - self.max_staleness if self.driver is DriverMode.STALE else None
 
     @property
     def lookahead(self) -> int:
         """Rollout steps that may run ahead of training."""
-        return 1 if self.driver is DriverMode.ONE_STEP_OFF else self.max_staleness
+        if self.driver is DriverMode.ONE_STEP_OFF:
+            return 1
+        return self.steps_ahead if self.driver is DriverMode.LOOKAHEAD else self.max_staleness
 
 
 #: Arm options that configure the driver, not the strategy.
