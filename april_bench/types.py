@@ -212,16 +212,21 @@ class Sample:
 
 @dataclass(slots=True)
 class Group:
-    """The ``n`` samples of one prompt.  A group is done only when all of them are."""
+    """The ``n`` samples of one prompt.  A group is done only when all of them are (or, with
+    ``keep``, when that many are: the rest are surplus, aborted and dropped)."""
 
     prompt: Prompt
     samples: list[Sample]
     #: Step in which the group was first launched (``None`` before that).
     first_step: int | None = None
+    #: Finished samples that complete the group (``None``: all of them): a group launched with more
+    #: responses than it keeps (RollPacker's response over-sampling).
+    keep: int | None = None
 
     @classmethod
-    def fresh(cls, prompt: Prompt, n: int) -> Group:
-        return cls(prompt=prompt, samples=[Sample(prompt=prompt, index=i) for i in range(n)])
+    def fresh(cls, prompt: Prompt, n: int, keep: int | None = None) -> Group:
+        samples = [Sample(prompt=prompt, index=i) for i in range(n)]
+        return cls(prompt=prompt, samples=samples, keep=keep if keep is not None and keep < n else None)
 
     @property
     def uid(self) -> int:
@@ -229,6 +234,8 @@ class Group:
 
     @property
     def is_finished(self) -> bool:
+        if self.keep is not None:
+            return sum(1 for s in self.samples if s.status.is_finished) >= self.keep
         return all(s.status.is_finished for s in self.samples)
 
     @property

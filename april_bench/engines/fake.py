@@ -24,6 +24,10 @@ the tokens a running request completed before the update carry the old
 version, the one it was decoding is recomputed after the pause with the new
 weights, and so are the rest; requests that land during the pause wait for it,
 and an abort issued during it takes effect when it ends.
+
+It holds old weight versions (:class:`~april_bench.engines.protocol.WeightVersions`): a request
+naming one (``policy_version``) carries that version on every token, an update leaves it alone,
+and a resumed partial on its own version prefills only its last input token (its KV is kept).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from april_bench.engines.protocol import (
     ACCOUNTING,
     SATURATION,
     STATE,
+    VERSIONS,
     Completion,
     EngineError,
     EngineInfo,
@@ -111,8 +116,11 @@ class FakeEngine(Configurable):
             simulated=True,
             produces_tokens=True,
             virtual_time=True,
-            capabilities=frozenset({ACCOUNTING, STATE, SATURATION}),
+            capabilities=frozenset({ACCOUNTING, STATE, SATURATION, VERSIONS}),
         )
+        #: Old weight versions held, and those the loop asked to keep for requests still to come.
+        self._held: set[int] = set()
+        self._retained: set[int] = set()
         #: Set while no update is in progress; requests landing and aborts wait for it.
         self._unpaused = asyncio.Event()
         self._unpaused.set()
@@ -137,6 +145,12 @@ class FakeEngine(Configurable):
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
         stream = CompletionStream(len(requests))
         loop = asyncio.get_running_loop()
+        for req in requests:
+            if req.policy_version is not None and req.policy_version not in (self.version, *self._held):
+                raise EngineError(
+                    f"{req.request_id}: weight version {req.policy_version} is not held (current "
+                    f"{self.version}, old {sorted(self._held)}); retain_versions it before the update"
+                )
         for req in requests:
             target, reason = req.max_new_tokens, FinishReason.LENGTH
             wanted = req.replay_len if req.replay_len is not None else self.config.default_len
@@ -164,9 +178,12 @@ class FakeEngine(Configurable):
     def _start(self, entry: _Request) -> None:
         loop = asyncio.get_running_loop()
         entry.start = loop.time()
-        self._work["prefill_tokens"] += entry.request.input_len
-        if entry.request.prefix_len > 0:
-            self._work["reprefill_tokens"] += entry.request.input_len
+        req = entry.request
+        # a partial resumed on its own version keeps its KV: only the last input token is computed
+        prefill = 1 if req.prefix_len > 0 and req.policy_version is not None else req.input_len
+        self._work["prefill_tokens"] += prefill
+        if req.prefix_len > 0:
+            self._work["reprefill_tokens"] += prefill
         self._running[entry.request.request_id] = entry
         entry.handle = loop.call_at(
             entry.start + entry.target * self.config.token_time_s, self._finish, entry
@@ -195,7 +212,7 @@ class FakeEngine(Configurable):
                 request_id=req.request_id,
                 num_tokens=n,
                 finish_reason=reason,
-                policy_version=self.version,
+                policy_version=self.version if req.policy_version is None else req.policy_version,
                 version_runs=runs,
                 t_done=loop.time(),
                 t_first_token=entry.first if entry.first is not None else entry.start + dt if n else None,
@@ -277,7 +294,7 @@ class FakeEngine(Configurable):
             entry.handle.cancel()
             done[rid] = min(math.floor((now - entry.start) / dt + 1e-9), entry.target)
             before = sum(k for _, k in entry.runs)
-            if done[rid] > before:
+            if done[rid] > before and entry.request.policy_version is None:  # a pinned one keeps its own
                 entry.runs.append((self.version, done[rid] - before))
             if done[rid] and entry.first is None:
                 entry.first = entry.start + dt
@@ -285,7 +302,9 @@ class FakeEngine(Configurable):
         try:
             if self.config.weight_sync_s:
                 await asyncio.sleep(self.config.weight_sync_s)
+            self._held.add(self.version)
             self.version = update.version
+            self._prune()
         finally:
             self._unpaused.set()
         resumed = loop.time()
@@ -295,6 +314,18 @@ class FakeEngine(Configurable):
         landing, self._landing = self._landing, []
         for entry in landing:
             self._land(entry)
+
+    def retain_versions(self, versions: Collection[int]) -> None:
+        self._retained = set(versions)
+        self._prune()
+
+    def held_versions(self) -> tuple[int, ...]:
+        return tuple(sorted(self._held))
+
+    def _prune(self) -> None:
+        """Free every old version no request in flight names and the loop did not ask to keep."""
+        live = {e.request.policy_version for e in [*self._running.values(), *self._queued, *self._landing]}
+        self._held = {v for v in self._held if v != self.version and (v in self._retained or v in live)}
 
     def saturated_tokens_per_s(self, concurrency: int, mean_context: float) -> float | None:
         if self.config.max_running is not None:

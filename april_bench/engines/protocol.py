@@ -49,7 +49,11 @@ checks that every engine declares exactly what it implements.
 * :class:`FaultReport` - ``watch_faults(callback)``: replica failures (a pool's, the simulator's)
   reported as :class:`FaultEvent` as they happen (the arm session writes them to the events table);
 * :class:`Placed` - ``placement``: where a pool's replicas run (the Ray pools), for provenance;
-* :class:`Killable` - ``kill()`` / ``hang()``: a replica fault injection can stop.
+* :class:`Killable` - ``kill()`` / ``hang()``: a replica fault injection can stop;
+* :class:`WeightVersions` - ``retain_versions(versions)``: an engine that holds more than one
+  weight version, so a request may name the version it generates with
+  (:attr:`GenerateRequest.policy_version`: consistent rollout finishes a partial on the version
+  that began it).
 
 Weights reach an engine as a :class:`WeightUpdate`: an in-process state dict
 (``weights``), or a checkpoint directory (``path``) for an engine in another
@@ -78,6 +82,7 @@ __all__ = [
     "PLACEMENT",
     "SATURATION",
     "STATE",
+    "VERSIONS",
     "Capability",
     "Completion",
     "Engine",
@@ -100,6 +105,7 @@ __all__ = [
     "SamplingParams",
     "SaturationModel",
     "WeightUpdate",
+    "WeightVersions",
 ]
 
 P = TypeVar("P")
@@ -152,6 +158,10 @@ class GenerateRequest:
     #: Tokens at the end of ``input_ids`` that are a partial response resumed (0: a fresh start).
     #: Only for accounting: an engine counts the prefill of a resumed request as re-prefill.
     prefix_len: int = 0
+    #: Generate with the weights of this policy version (``None``: the current ones).  Only an engine
+    #: declaring :data:`VERSIONS` takes an older one; such an engine keeps that version's KV for a
+    #: resumed partial (it was computed by these weights), so nothing is prefilled again.
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -446,6 +456,22 @@ class Killable(Protocol):
     async def hang(self) -> None: ...
 
 
+@runtime_checkable
+class WeightVersions(Protocol):
+    """Optional: an engine that holds several weight versions at once (consistent rollout).
+
+    ``update_weights`` installs a new current version; the one it replaces is kept while a request
+    in flight names it or it is among the versions last passed here, and freed otherwise."""
+
+    def retain_versions(self, versions: Collection[int]) -> None:
+        """Keep these old versions' weights for requests still to come (buffered partials); free any
+        other old version no request in flight uses."""
+
+    def held_versions(self) -> tuple[int, ...]:
+        """The old versions whose weights it holds now, besides the current one."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capability(Generic[P]):
     """One optional protocol, as an engine declares it in :attr:`EngineInfo.capabilities`."""
@@ -468,6 +494,7 @@ FAULTS: Capability[FaultReport] = Capability("faults", FaultReport)
 PLACEMENT: Capability[Placed] = Capability("placement", Placed)
 KILL: Capability[Killable] = Capability("kill", Killable)
 ITERATIONS: Capability[IterationLog] = Capability("iterations", IterationLog)
+VERSIONS: Capability[WeightVersions] = Capability("versions", WeightVersions)
 #: Every optional protocol an engine may declare.
 CAPABILITIES: tuple[Capability[Any], ...] = (
     SATURATION,
@@ -479,4 +506,5 @@ CAPABILITIES: tuple[Capability[Any], ...] = (
     PLACEMENT,
     KILL,
     ITERATIONS,
+    VERSIONS,
 )

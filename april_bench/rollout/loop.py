@@ -35,6 +35,7 @@ from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     ACCOUNTING,
     SATURATION,
+    VERSIONS,
     Completion,
     Engine,
     EngineError,
@@ -224,6 +225,8 @@ class RolloutLoop(Configurable):
         work = None if work_before is None or work_after is None else work_after.minus(work_before)
         with Meter(st):
             carried = self._carry_over(st)
+            if self.strategy.pins_versions:
+                self._retain_versions()
         record = step_record(
             st,
             arm=self.arm,
@@ -313,8 +316,14 @@ class RolloutLoop(Configurable):
         taken = {g.uid: g for g in self.buffer.remove({c.uid for c in chosen if not c.fresh})}
         self.prompts.give_back(p for uid, p in fresh.items() if uid not in set(uids))
         groups = []
+        launched, kept = self.strategy.group_shape(n, view) if any(c.fresh for c in chosen) else (n, n)
+        if not 1 <= kept <= launched:
+            raise EngineError(
+                f"strategy {self.strategy.name!r} asked for groups of {launched} keeping {kept}: "
+                "need 1 <= kept <= launched"
+            )
         for c in chosen:
-            group = Group.fresh(fresh[c.uid], n) if c.fresh else taken[c.uid]
+            group = Group.fresh(fresh[c.uid], launched, kept) if c.fresh else taken[c.uid]
             groups.append((group, c.progress))
         return groups
 
@@ -329,6 +338,8 @@ class RolloutLoop(Configurable):
             else:
                 st.resumed += 1
             flight = InFlight(group=group, order=self._next_order, outstanding=0, t_launch=now)
+            if group.keep is not None:
+                flight.finished = [s for s in group.samples if s.status.is_finished]
             self._next_order += 1
             st.in_flight[group.uid] = flight
             st.launched += 1
@@ -407,7 +418,15 @@ class RolloutLoop(Configurable):
             routing_key=str(prompt.uid),
             priority=priority,
             prefix_len=sample.response_len,
+            policy_version=self._pinned_version(sample, st) if self.strategy.pins_versions else None,
         )
+
+    @staticmethod
+    def _pinned_version(sample: Sample, st: StepState) -> int:
+        """The version a consistent rollout's request generates with: its sample's (one version
+        throughout), or the step's for a sample with no tokens yet."""
+        oldest = sample.oldest_version()
+        return st.version if oldest is None else oldest
 
     def _sampling_for(self, sample: Sample) -> SamplingParams:
         if not self._seeded:
@@ -474,6 +493,13 @@ class RolloutLoop(Configurable):
             sample.append(segment)
         if c.finish_reason is FinishReason.LENGTH and sample.response_len < self.config.max_response_len:
             sample.status = SampleStatus.PARTIAL  # a segment budget, not the response limit, stopped it
+        keep = pending.flight.group.keep
+        if keep is not None and sample.status.is_finished:
+            pending.flight.finished.append(sample)
+            if len(pending.flight.finished) == keep:  # the group is complete: its surplus stops now
+                ids = self._request_ids(st, [pending.flight.group.uid])
+                if ids:
+                    st.aborts.append(asyncio.ensure_future(self.engine.abort(ids)))
         st.generated += c.num_tokens
         st.context_token_sum += c.num_tokens * (pending.request.input_len + (c.num_tokens - 1) / 2)
         if c.finish_reason == "abort":
@@ -517,6 +543,8 @@ class RolloutLoop(Configurable):
     def _on_group_returned(self, st: StepState, flight: InFlight) -> None:
         group = flight.group
         del st.in_flight[group.uid]
+        if group.keep is not None and group.is_finished:
+            self._drop_surplus(st, flight)
         if st.stopping:
             st.leftovers.append(flight)  # surplus or unfinished: the strategy decides
             return
@@ -549,6 +577,25 @@ class RolloutLoop(Configurable):
                 return
         self._maybe_launch(st)
         self._abort_selected(st)
+
+    def _drop_surplus(self, st: StepState, flight: InFlight) -> None:
+        """A group complete with ``keep`` finished samples keeps the first that finished; the rest
+        (aborted or finished later) are dropped, their tokens counted as wasted."""
+        group = flight.group
+        assert group.keep is not None
+        kept = {id(s) for s in flight.finished[: group.keep]}
+        surplus = [s for s in group.samples if id(s) not in kept]
+        group.samples = [s for s in group.samples if id(s) in kept]
+        group.keep = None
+        if surplus:
+            self.recorder.sample_fates(
+                self.arm,
+                [Group(prompt=group.prompt, samples=surplus)],
+                step=st.step,
+                fate=Fate.DROPPED,
+                reason="response_surplus",
+                repeat=self.repeat,
+            )
 
     def _score(self, group: Group) -> None:
         """Reward every finished sample once (finished members of a buffered group keep theirs)."""
@@ -628,6 +675,18 @@ class RolloutLoop(Configurable):
                     self.arm, [group], step=st.step, fate=Fate.DROPPED, reason=reason, repeat=self.repeat
                 )
         return out
+
+    def _retain_versions(self) -> None:
+        """Consistent rollout: the engine keeps the weights of every version a buffered partial
+        started on (it finishes on them), and frees the others."""
+        versions = {v for g in self.buffer for s in g.samples if (v := s.oldest_version()) is not None}
+        engine = VERSIONS.of(self.engine)
+        if engine is None:
+            raise ConfigError(
+                f"strategy {self.strategy.name!r} finishes each partial on the weights that began it, "
+                f"but engine {self.engine.info.name!r} holds one weight version; use --engine sim or hf"
+            )
+        engine.retain_versions(versions)
 
     def _raise_if_failed(self, st: StepState) -> None:
         if st.error is not None:

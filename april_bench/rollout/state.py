@@ -21,13 +21,14 @@ def group_to_dict(group: Group) -> dict[str, Any]:
         "uid": group.uid,
         "first_step": group.first_step,
         "samples": [_sample_to_dict(s) for s in group.samples],
+        **({} if group.keep is None else {"keep": group.keep}),
     }
 
 
 def group_from_dict(data: dict[str, Any], make_prompt: Callable[[int], Prompt]) -> Group:
     prompt = make_prompt(int(data["uid"]))
     samples = [_sample_from_dict(s, prompt) for s in data["samples"]]
-    return Group(prompt=prompt, samples=samples, first_step=data["first_step"])
+    return Group(prompt=prompt, samples=samples, first_step=data["first_step"], keep=data.get("keep"))
 
 
 def _sample_to_dict(s: Sample) -> dict[str, Any]:

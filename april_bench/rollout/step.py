@@ -21,6 +21,9 @@ class InFlight:
     order: int
     outstanding: int
     t_launch: float = 0.0
+    #: A group that keeps fewer samples than it launched (``Group.keep``): its finished samples in
+    #: the order they finished (those finished before this launch first).
+    finished: list[Sample] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,12 @@ asks the strategy:
 * :meth:`RolloutStrategy.keep_partial` - a buffered sample is about to resume:
   keep its partial tokens, or restart it from the prompt?
 * :meth:`RolloutStrategy.on_step_end` - the step's outcome, for strategies that
-  adapt (over-provisioning from the observed completion distribution).
+  adapt (over-provisioning from the observed completion distribution);
+* :meth:`RolloutStrategy.group_shape` - how many samples a fresh group launches
+  and how many finished ones complete it (the rest are aborted and dropped);
+* :attr:`RolloutStrategy.pins_versions` - True: every request generates with
+  the weights its sample started on, so a resumed partial finishes on the
+  policy version that began it (an engine that holds several versions).
 
 :class:`BaseStrategy` answers every question the way the paper's strategies do
 (FIFO, full budget, no priority, abort everything at N), so each sibling
@@ -176,6 +181,9 @@ class RolloutStrategy(Protocol):
     #: True for strategies that abort and resume partial responses: an async driver then updates
     #: weights with requests in flight by default.
     partial_rollout: bool
+    #: True: every request names the policy version its sample started on (``GenerateRequest.
+    #: policy_version``), and the loop tells the engine which old versions buffered partials need.
+    pins_versions: bool
 
     def launch_count(self, view: RolloutView) -> int:
         """Groups to launch now (0 for none)."""
@@ -213,6 +221,12 @@ class RolloutStrategy(Protocol):
         """Called once per step, after the carry-over."""
         ...
 
+    def group_shape(self, n: int, view: RolloutView) -> tuple[int, int]:
+        """``(launched, kept)`` samples of a fresh group (``n``: the run's samples per prompt): the group
+        is complete once ``kept`` of its ``launched`` samples finished; the others are aborted and
+        dropped.  ``1 <= kept <= launched``."""
+        ...
+
     def state(self) -> dict[str, object]:
         """What the strategy learned so far, JSON-serialisable (a checkpoint holds it)."""
         ...
@@ -233,6 +247,8 @@ class BaseStrategy(abc.ABC):
     #: True for strategies that abort and resume partial responses (APRIL's family): an async
     #: driver then updates weights with requests in flight by default.
     partial_rollout = False
+    #: True: requests generate with the weights their sample started on (consistent rollout).
+    pins_versions = False
 
     @abc.abstractmethod
     def launch_count(self, view: RolloutView) -> int: ...
@@ -260,6 +276,9 @@ class BaseStrategy(abc.ABC):
 
     def on_step_end(self, summary: StepSummary) -> None:
         return None
+
+    def group_shape(self, n: int, view: RolloutView) -> tuple[int, int]:
+        return n, n
 
     def state(self) -> dict[str, object]:
         """What an adaptive strategy learned so far (a resumed run restores it); stateless: empty."""
