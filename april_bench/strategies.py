@@ -56,6 +56,21 @@ STRATEGIES.register(
     "april_impl.length_aware:LengthAwareStrategy",
     "APRIL launching the longest buffered groups first; optionally aborts only the longest at N",
 )
+STRATEGIES.register(
+    "consistent",
+    "april_impl.consistent:ConsistentStrategy",
+    "DORA: APRIL whose partials finish on the policy version that began them (engines hold old versions)",
+)
+STRATEGIES.register(
+    "sagc",
+    "april_impl.sagc:StragglerAwareGroupStrategy",
+    "SAGC: APRIL whose samples per prompt adapt each step to keep the straggler rate under a bound",
+)
+STRATEGIES.register(
+    "response-oversample",
+    "april_impl.response_oversample:ResponseOversampleStrategy",
+    "RollPacker: APRIL whose groups launch more than n responses and keep the first n that finish",
+)
 
 _ARM = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*(?:\[(.*)\])?\s*$")
 

@@ -56,6 +56,12 @@ class LengthModel(Protocol):
 
     def draw(self, uid: int, n: int) -> LengthDraw: ...
 
+    def extra(self, uid: int, n: int, index: int) -> tuple[float, bool]:
+        """Sample ``index >= n`` of prompt ``uid``'s group of ``n`` (a strategy that launches more
+        responses than the run's n): its log-length and correctness, from the same prompt, without
+        changing the first ``n`` draws."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class LognormalLengths:
@@ -68,7 +74,7 @@ class LognormalLengths:
     drift_per_step: float
     seed: int
     name: str = "lognormal"
-    _blocks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(
+    _blocks: dict[tuple[int, int], tuple[np.ndarray, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -85,17 +91,28 @@ class LognormalLengths:
         cached = self._blocks.get((block, n))
         if cached is None:
             cached = self._blocks[(block, n)] = self._block(block, n)
-        logs, correct = cached
+        logs, correct = cached[:2]
         return LengthDraw(tuple(logs[row].tolist()), tuple(correct[row].tolist()))
 
-    def _block(self, block: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def extra(self, uid: int, n: int, index: int) -> tuple[float, bool]:
+        """The prompt's own effect and solve rate, a fresh within-prompt draw (its own RNG stream)."""
+        block, row = divmod(uid, BLOCK)
+        self.draw(uid, n)  # the block, cached
+        u, solve = self._blocks[(block, n)][2:]
+        rng = np.random.default_rng([self.seed, block, n, row, index])
+        eps = self.within_sigma * float(rng.standard_normal())
+        correct = bool(rng.random() < solve[row, 0])
+        log_len = math.log(self.median) + float(u[row, 0]) + eps
+        return log_len + (0.0 if correct else math.log(self.incorrect_factor)), correct
+
+    def _block(self, block: int, n: int) -> tuple[np.ndarray, ...]:
         rng = np.random.default_rng([self.seed, block, n])
         u = self.prompt_sigma * rng.standard_normal((BLOCK, 1))
         solve = rng.beta(self.solve_a, self.solve_b, (BLOCK, 1))
         eps = self.within_sigma * rng.standard_normal((BLOCK, n))
         correct = rng.random((BLOCK, n)) < solve
         logs = math.log(self.median) + u + eps + np.where(correct, 0.0, math.log(self.incorrect_factor))
-        return logs, correct
+        return logs, correct, u, solve
 
 
 class TraceLengths:
@@ -139,6 +156,11 @@ class TraceLengths:
         logs = tuple(math.log(int(float(r["length"]))) for r in rows)
         correct = tuple(_truthy(r.get("reward", r.get("correct", 1))) for r in rows)
         return LengthDraw(logs, correct)
+
+    def extra(self, uid: int, n: int, index: int) -> tuple[float, bool]:
+        """The group's recorded rows, cycled on."""
+        wider = self.draw(uid, index + 1)
+        return wider.log_lengths[index], wider.correct[index]
 
 
 def _truthy(value: object) -> bool:

@@ -53,6 +53,11 @@ class TraceReplay:
             tuple((r.reward or 0.0) > 0 for r in rows),
         )
 
+    def extra(self, uid: int, n: int, index: int) -> tuple[float, bool]:
+        """The group's rows, cycled on (as :meth:`draw` cycles them)."""
+        row = self.row(uid, index)
+        return math.log(self.replay_len(row)), (row.reward or 0.0) > 0
+
     def reward(self, uid: int, index: int, *, truncated: bool) -> float:
         """The row's reward; 0 when the replay truncated a response the source finished (a lower limit)."""
         row = self.row(uid, index)

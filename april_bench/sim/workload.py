@@ -307,8 +307,15 @@ class SimWorkload(Configurable):
     def prompt_stream(self) -> PromptStream:
         return PromptStream(self._prompt)
 
+    def _sample(self, uid: int, index: int) -> tuple[float, bool]:
+        """Sample ``index``'s log-length and correctness (beyond the run's n: the model's extra draw)."""
+        draw = self._draw(uid)
+        if index < len(draw.log_lengths):
+            return draw.log_lengths[index], draw.correct[index]
+        return self.lengths.extra(uid, self._n, index)
+
     def replay_len(self, prompt: Prompt, sample_index: int, start_step: int) -> int:
-        log_len = self._draw(prompt.uid).log_lengths[sample_index]
+        log_len = self._sample(prompt.uid, sample_index)[0]
         return max(1, round(math.exp(log_len + self.lengths.drift_per_step * start_step)))
 
     def reward(self, sample: Sample) -> float:
@@ -317,5 +324,5 @@ class SimWorkload(Configurable):
         if self._replay is not None:
             truncated = sample.status is SampleStatus.TRUNCATED
             return float(self._replay.reward(sample.prompt.uid, sample.index, truncated=truncated))
-        right = self._draw(sample.prompt.uid).correct[sample.index]
+        right = self._sample(sample.prompt.uid, sample.index)[1]
         return 1.0 if right and sample.status is SampleStatus.COMPLETED else 0.0
