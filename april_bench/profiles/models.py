@@ -129,6 +129,23 @@ MODELS.register(
     "Qwen3-8B (36 layers, GQA 32/8); in APRIL's scripts",
 )
 MODELS.register(
+    "qwen3-0.6b",
+    ModelProfile(
+        name="qwen3-0.6b",
+        hf_id="Qwen/Qwen3-0.6B",
+        layers=28,
+        hidden=1024,
+        ffn=3072,
+        q_heads=16,
+        kv_heads=8,
+        head_dim=128,
+        vocab=151936,
+        tied_embeddings=True,
+        source="Hugging Face Qwen/Qwen3-0.6B config.json",
+    ),
+    "Qwen3-0.6B (28 layers, GQA 16/8, tied embeddings): the simulator's default speculative drafter",
+)
+MODELS.register(
     "tiny",
     ModelProfile(
         name="tiny",

@@ -27,6 +27,7 @@ from april_bench.engines.protocol import (
     FAULTS,
     SATURATION,
     STATE,
+    VERSIONS,
     Completion,
     EngineError,
     EngineInfo,
@@ -42,6 +43,7 @@ from april_bench.engines.sim.cost import CostModel
 from april_bench.engines.sim.cost_curve import CostCurve, MeasuredCost
 from april_bench.engines.sim.failures import FailurePlan, SimFailures, check_failure_options
 from april_bench.engines.sim.replica import ReplicaSettings, SimReplica
+from april_bench.engines.sim.speculative import SpeculativeCost
 from april_bench.engines.stream import CompletionStream
 from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
 from april_bench.profiles.models import MODELS, ModelProfile
@@ -89,6 +91,20 @@ class SimEngine(Configurable):
             "cache) or keep (its KV stays cached on its replica across updates, free between steps: an upper "
             "bound)",
         )
+        speculative: str | None = param(
+            None,
+            help="decode speculatively with this draft model profile (e.g. qwen3-0.6b) where it is cheaper "
+            "(april_bench/engines/sim/speculative.py); default: no speculation",
+        )
+        speculative_tokens: int = param(4, help="speculative: draft tokens proposed per step (gamma)")
+        speculative_acceptance: float = param(
+            0.6, help="speculative: per-token acceptance rate alpha (an assumption: sweep it)"
+        )
+        speculative_max_batch: int | None = param(
+            None,
+            help="speculative: never speculate above this many running requests "
+            "(vLLM's speculative_disable_by_batch_size)",
+        )
         failure_rate_per_hour: float = param(
             0.0,
             help="replica failures per replica-hour of virtual time (a seeded Poisson process; "
@@ -121,6 +137,18 @@ class SimEngine(Configurable):
                 raise ConfigError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}")
             if self.replan_iterations < 1:
                 raise ConfigError("replan_iterations must be >= 1")
+            if self.speculative is not None:
+                MODELS.get(self.speculative)  # raises with did-you-mean
+                if self.cost_curve is not None:
+                    raise ConfigError(
+                        "--engine-arg speculative prices the roofline profile; drop it or cost_curve"
+                    )
+            if self.speculative_tokens < 1 or not 0.0 <= self.speculative_acceptance <= 1.0:
+                raise ConfigError(
+                    "--engine-arg speculative_tokens must be >= 1 and speculative_acceptance in [0, 1]"
+                )
+            if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
+                raise ConfigError("--engine-arg speculative_max_batch must be >= 1 (or unset)")
             if self.resume_kv not in RESUME_KV:
                 raise ConfigError(f"--engine-arg resume_kv must be one of {', '.join(RESUME_KV)}")
             check_failure_options(self.failure_rate_per_hour, self.failure_at_s, self.restart_s)
@@ -152,7 +180,7 @@ class SimEngine(Configurable):
             )
         self.num_replicas = gpus // tp
         self.curve = CostCurve.load_file(config.cost_curve) if config.cost_curve is not None else None
-        self.cost: CostModel | MeasuredCost
+        self.cost: CostModel | MeasuredCost | SpeculativeCost
         if self.curve is not None:  # one measured engine, with its own limits
             self.num_replicas = 1
             self.cost = MeasuredCost(self.curve)
@@ -167,6 +195,19 @@ class SimEngine(Configurable):
             )
         else:
             self.cost = CostModel(self.hardware, self.model, tp=tp, graph_max_batch=config.cuda_graph_max_bs)
+            if config.speculative is not None:
+                self.cost = SpeculativeCost(
+                    target=self.cost,
+                    draft=CostModel(
+                        self.hardware,
+                        MODELS.get(config.speculative),
+                        tp=tp,
+                        graph_max_batch=config.cuda_graph_max_bs,
+                    ),
+                    draft_tokens=config.speculative_tokens,
+                    acceptance=config.speculative_acceptance,
+                    max_batch=config.speculative_max_batch,
+                )
             kv = self.cost.kv_capacity_tokens(config.mem_fraction_static)
             if kv < 2:
                 raise ConfigError(
@@ -204,8 +245,11 @@ class SimEngine(Configurable):
             hardware=self.hardware.name,
             model=self.model.name,
             weight_formats=("none", "state_dict", "path"),  # timed from the model size; contents ignored
-            capabilities=frozenset({FAULTS, STATE, SATURATION}),
+            capabilities=frozenset({FAULTS, STATE, SATURATION, VERSIONS}),
         )
+        #: Old weight versions held (consistent rollout), and those the loop asked to keep.
+        self._held: set[int] = set()
+        self._retained: set[int] = set()
 
     @property
     def info(self) -> EngineInfo:
@@ -258,6 +302,11 @@ class SimEngine(Configurable):
                 raise EngineError("a simulated replica crashed") from task.exception()
         for req in requests:  # validate the whole batch first: nothing is submitted if one is bad
             SimReplica.check(req, self.settings)
+            if req.policy_version is not None and req.policy_version not in (self._version[0], *self._held):
+                raise EngineError(
+                    f"{req.request_id}: weight version {req.policy_version} is not held (current "
+                    f"{self._version[0]}, old {sorted(self._held)}); retain_versions it before the update"
+                )
         stream = CompletionStream(len(requests))
         if self.failures is not None:
             self.failures.catch_up()
@@ -269,7 +318,10 @@ class SimEngine(Configurable):
         return stream
 
     def _cached(self, req: GenerateRequest) -> int:
-        """Input tokens of ``req`` whose KV is kept (``resume_kv=keep`` and a resumed partial)."""
+        """Input tokens of ``req`` whose KV is kept (``resume_kv=keep`` and a resumed partial, or a
+        partial resumed on the version that computed its KV)."""
+        if req.policy_version is not None and req.prefix_len > 0:
+            return req.input_len - 1  # its own weights' KV, kept with them: only the last token is computed
         if self.config.resume_kv != "keep" or req.routing_key is None:
             return 0
         prompt = self._prompt_len.setdefault(req.routing_key, req.input_len)
@@ -316,11 +368,41 @@ class SimEngine(Configurable):
             await asyncio.sleep(self.weight_sync_time())
             if self.config.resume_kv == "recompute":
                 self._router.forget_prefixes()  # the update flushes every prefix cache
+            self._held.add(self._version[0])
             self._version[0] = update.version
+            self._prune_versions()
         finally:
             for replica in paused:
                 replica.resume()
             self._updating = False
+
+    def retain_versions(self, versions: Collection[int]) -> None:
+        """Keep ``versions``' weights for buffered partials; each old version held takes one weight copy
+        out of every replica's KV pool (the weights are replicated per replica, like the current ones)."""
+        self._retained = set(versions)
+        self._prune_versions()
+
+    def held_versions(self) -> tuple[int, ...]:
+        return tuple(sorted(self._held))
+
+    def _prune_versions(self) -> None:
+        live = {
+            r.request.policy_version
+            for replica in self._replicas
+            for r in replica._live()
+            if r.request.policy_version is not None
+        }
+        current = self._version[0]
+        self._held = {v for v in self._held if v != current and (v in self._retained or v in live)}
+        copy = math.ceil(2 * self.model.total_params / self.model.kv_bytes_per_token)  # one replica's weights
+        capacity = self.settings.kv_capacity - len(self._held) * copy
+        if self._held and capacity < 2:
+            raise EngineError(
+                f"holding {len(self._held)} old weight versions of {self.model.name} leaves no KV pool on a "
+                f"replica; raise mem_fraction_static or bound the partials' age (max_version_span)"
+            )
+        for replica in self._replicas:
+            replica.kv_capacity = capacity
 
     #: Replica attributes that carry over from one step to the next (SGLang's adaptive new-token
     #: ratio, the decode-iteration counter, the heap's tie-break sequence).
@@ -375,6 +457,11 @@ class SimEngine(Configurable):
             "version": self._version[0],
             **self._router.export_state(),  # "rr" and "affinity"
             "prompt_len": dict(self._prompt_len),
+            **(
+                {"held_versions": sorted(self._held), "retained_versions": sorted(self._retained)}
+                if self._held or self._retained
+                else {}
+            ),
             "replicas": [{k: getattr(r, k) for k in self._REPLICA_STATE} for r in self._replicas],
             **({} if self.failures is None else {"failures": self.failures.export_state()}),
         }
@@ -383,11 +470,15 @@ class SimEngine(Configurable):
         self._version[0] = state["version"]
         self._router.restore_state(state)
         self._prompt_len = dict(state.get("prompt_len", {}))
+        self._held = set(state.get("held_versions", ()))
+        self._retained = set(state.get("retained_versions", ()))
         for replica, saved in zip(self._replicas, state["replicas"], strict=True):
             for key, value in saved.items():
                 setattr(replica, key, value)
         if self.failures is not None and "failures" in state:
             self.failures.restore_state(state["failures"])
+        if self._held:
+            self._prune_versions()  # the pools shrink by the weight copies held
 
     def weight_sync_time(self) -> float:
         return self.config.sync_s_per_billion_params * self.model.total_params / 1e9

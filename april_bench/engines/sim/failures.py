@@ -43,6 +43,7 @@ from april_bench.engines.protocol import FaultEvent, GenerateRequest
 from april_bench.engines.sim.cost import CostModel
 from april_bench.engines.sim.cost_curve import MeasuredCost
 from april_bench.engines.sim.replica import ReplicaSettings, SimReplica
+from april_bench.engines.sim.speculative import SpeculativeCost
 
 __all__ = ["FailurePlan", "SimFailures", "SimPool", "check_failure_options"]
 
@@ -102,7 +103,7 @@ class FailurePlan:
 class SimPool(Protocol):
     """What the failure model needs of the engine (:class:`~april_bench.engines.sim.engine.SimEngine`)."""
 
-    cost: CostModel | MeasuredCost
+    cost: CostModel | MeasuredCost | SpeculativeCost
     settings: ReplicaSettings
 
     @property

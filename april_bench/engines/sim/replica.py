@@ -22,7 +22,13 @@ State and rules follow ``sglang==0.5.2`` ``managers/scheduler.py`` and
 * **weight update in flight** (pause / install / continue): the replica stops at
   the end of the forward pass in progress, keeps every request's KV, and after
   the update decodes on with the new version; each request remembers how many
-  tokens each version produced.
+  tokens each version produced;
+* **several weight versions** (consistent rollout): a request naming an older
+  version (``GenerateRequest.policy_version``) decodes with that version's
+  weights, so a decode step over requests of m versions is m forward passes (each
+  reads its own weights: priced as m decode runs, one per version's requests),
+  and so is an extend batch; the pool shrinks by one weight copy per old version
+  held (``kv_capacity``, set by the engine).
 
 Decode runs between events (a request finishing, the pool filling, a new
 arrival or an abort) are priced in closed form by :class:`CostModel`.
@@ -38,6 +44,7 @@ from dataclasses import dataclass, field
 from april_bench.engines.protocol import Completion, EngineError, GenerateRequest
 from april_bench.engines.sim.cost import CostModel
 from april_bench.engines.sim.cost_curve import MeasuredCost
+from april_bench.engines.sim.speculative import SpeculativeCost
 from april_bench.engines.stream import CompletionStream
 from april_bench.types import FinishReason
 
@@ -107,13 +114,17 @@ class SimReplica:
     def __init__(
         self,
         index: int,
-        cost: CostModel | MeasuredCost,
+        cost: CostModel | MeasuredCost | SpeculativeCost,
         settings: ReplicaSettings,
         engine_version: list[int],
     ) -> None:
         self.index = index
         self.cost = cost
         self.s = settings
+        #: KV-pool tokens now: the settings' less the old weight versions the engine holds.
+        self.kv_capacity = settings.kv_capacity
+        #: Running requests that name a weight version (their decode may need a forward of its own).
+        self.pinned = 0
         self._version = engine_version  # shared one-element list: the engine's policy version
         self.waiting: deque[_Req] = deque()
         self.running: dict[int, _Req] = {}
@@ -189,6 +200,7 @@ class SimReplica:
             req.state = _DONE
         self.waiting.clear()
         self.running.clear()
+        self.pinned = 0
         self._heap.clear()
         self._in_batch = []
         self.chunked = None
@@ -222,8 +234,11 @@ class SimReplica:
         return self._at_pause
 
     def stamp(self, version: int) -> None:
-        """While paused: the tokens every live request has so far were produced by ``version``."""
+        """While paused: the tokens every live request has so far were produced by ``version`` (a
+        request naming its version keeps it: the update does not touch its weights)."""
         for req in self._live():
+            if req.request.policy_version is not None:
+                continue
             generated = req.g0 + self.D - req.d0 if req.state == _RUNNING else req.generated
             before = sum(n for _, n in req.runs)
             if generated > before:
@@ -269,7 +284,7 @@ class SimReplica:
                 self._in_batch = [req for req, _, _ in batch.chunks]
                 self.extends += 1
                 decoding = len(self.running) if vllm else 0  # vLLM: their decode rides in this forward
-                seconds = self.cost.prefill_time((off, n) for _, off, n in batch.chunks)
+                seconds = self._prefill_time(batch)
                 if decoding:
                     seconds += self.cost.decode_run_time(decoding, self.ctx_base + decoding * self.D, 1)
                 await asyncio.sleep(seconds)
@@ -309,16 +324,71 @@ class SimReplica:
             if handle is not None:
                 handle.cancel()
 
+    def _prefill_time(self, batch: _Batch) -> float:
+        """An extend batch's time: one forward per weight version its requests name."""
+        chunks = [(req.request.policy_version, off, n) for req, off, n in batch.chunks]
+        versions = {self._version[0] if v is None else v for v, _, _ in chunks}
+        if len(versions) == 1:
+            return self.cost.prefill_time((off, n) for _, off, n in chunks)
+        self.extends += len(versions) - 1
+        return sum(
+            self.cost.prefill_time(
+                (off, n) for v, off, n in chunks if (self._version[0] if v is None else v) == w
+            )
+            for w in versions
+        )
+
+    def _version_batches(self) -> list[tuple[int, int]]:
+        """``(batch, context sum)`` of the running requests of each weight version (one forward each)."""
+        current = self._version[0]
+        groups: dict[int, list[int]] = {}
+        for r in self.running.values():
+            v = current if r.request.policy_version is None else r.request.policy_version
+            group = groups.setdefault(v, [0, 0])
+            group[0] += 1
+            group[1] += r.request.input_len + r.g0 - r.d0 + self.D
+        return [(b, c) for b, c in groups.values()]
+
+    async def _decode_versions(self, loop: asyncio.AbstractEventLoop, batches: list[tuple[int, int]]) -> None:
+        """A decode run over requests of several weight versions: each step is one forward per version."""
+        batch = len(self.running)
+        k = self._heap[0][0] - self.D
+        k = min(k, (self.kv_capacity - self.kv_used) // batch)
+        if self.waiting:
+            k = min(k, self.s.replan_iterations)
+        k = max(k, 1)
+
+        def run_time(iterations: int) -> float:
+            return sum(self.cost.decode_run_time(b, c, iterations) for b, c in batches)
+
+        start = loop.time()
+        end = start + run_time(k)
+        kicked = await self._sleep_until(end)
+        if kicked and loop.time() < end:
+            lo, hi = 0, k  # iterations completed so far (the run time grows with them)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if run_time(mid) <= loop.time() - start else (lo, mid - 1)
+            k = min(lo + 1, k)  # the iteration in progress completes
+            if start + run_time(k) > loop.time():
+                await asyncio.sleep(start + run_time(k) - loop.time())
+        self._advance(k, loop.time())
+
     async def _decode_run(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = len(self.running)
         context_sum = self.ctx_base + batch * self.D
         while self._heap and not _live_entry(self._heap[0]):
             heapq.heappop(self._heap)  # stale: an abort moved the finish earlier, or the request left
         k = self._heap[0][0] - self.D
-        k = min(k, (self.s.kv_capacity - self.kv_used) // batch)
+        k = min(k, (self.kv_capacity - self.kv_used) // batch)
         if self.waiting:
             k = min(k, self.s.replan_iterations)
         k = max(k, 1)
+        if self.pinned:
+            batches = self._version_batches()
+            if len(batches) > 1:
+                await self._decode_versions(loop, batches)
+                return
         start = loop.time()
         end = start + self.cost.decode_run_time(batch, context_sum, k)
         self._run = (start, batch, context_sum, k)
@@ -363,10 +433,10 @@ class SimReplica:
         vllm = self.s.policy == "vllm"
         free: float
         if vllm:  # the running requests' decode takes a KV slot and a token of the step's budget each
-            free = self.s.kv_capacity - self.kv_used - len(self.running)
+            free = self.kv_capacity - self.kv_used - len(self.running)
             budget -= len(self.running)
         else:
-            free = self.s.kv_capacity - self.kv_used - self._running_reserve()
+            free = self.kv_capacity - self.kv_used - self._running_reserve()
         admitted = len(self.running) + len(batch.chunks)
         while self.waiting and budget > 0 and admitted < self.s.max_running:
             req = self.waiting[0]
@@ -431,6 +501,7 @@ class SimReplica:
         req.d_finish = self.D + (req.target - req.generated)
         req.admitted = self._seq + 1
         self.running[id(req)] = req
+        self.pinned += req.request.policy_version is not None
         self.ctx_base += req.request.input_len + req.g0 - req.d0
         self._seq += 1
         heapq.heappush(self._heap, (req.d_finish, self._seq, req))
@@ -438,6 +509,7 @@ class SimReplica:
     # ------------------------------------------------------------ finishing
     def _finish_running(self, req: _Req, now: float) -> None:
         del self.running[id(req)]
+        self.pinned -= req.request.policy_version is not None
         req.generated = req.g0 + (self.D - req.d0)
         self.ctx_base -= req.request.input_len + req.g0 - req.d0
         self.kv_used -= req.context
@@ -452,12 +524,13 @@ class SimReplica:
             before = sum(n for _, n in req.runs)
             tail = [(self._version[0], req.generated - before)] if req.generated > before else []
             runs = (*req.runs, *tail)
+        pinned = req.request.policy_version
         req.stream.deliver(
             Completion(
                 request_id=req.request.request_id,
                 num_tokens=req.generated,
                 finish_reason=reason,
-                policy_version=self._version[0],
+                policy_version=self._version[0] if pinned is None else pinned,
                 version_runs=runs,
                 t_done=now,
                 t_first_token=req.t_first,
@@ -490,7 +563,7 @@ class SimReplica:
 
     def _retract_if_full(self) -> None:
         batch = len(self.running)
-        if self.s.kv_capacity - self.kv_used >= batch:
+        if self.kv_capacity - self.kv_used >= batch:
             return
         vllm = self.s.policy == "vllm"
         if vllm:  # vLLM: preempt the latest admitted until this one step fits
@@ -500,9 +573,10 @@ class SimReplica:
             order = sorted(self.running.values(), key=lambda r: (self.D - r.d0 + r.g0, -r.request.input_len))
             steps = RETRACT_DECODE_STEPS
         for req in order:
-            if len(self.running) <= 1 or self.s.kv_capacity - self.kv_used >= len(self.running) * steps:
+            if len(self.running) <= 1 or self.kv_capacity - self.kv_used >= len(self.running) * steps:
                 break
             del self.running[id(req)]
+            self.pinned -= req.request.policy_version is not None
             req.generated = req.g0 + (self.D - req.d0)
             self.ctx_base -= req.request.input_len + req.g0 - req.d0
             self.kv_used -= req.context
@@ -517,10 +591,10 @@ class SimReplica:
                 self.waiting.appendleft(req)  # vLLM puts a preempted request first in line
             else:
                 self.waiting.append(req)
-        if self.s.kv_capacity - self.kv_used < len(self.running):
+        if self.kv_capacity - self.kv_used < len(self.running):
             raise EngineError(
                 f"replica {self.index}: one request needs more KV than the pool holds "
-                f"({self.s.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
+                f"({self.kv_capacity} tokens); raise mem_fraction_static or lower the response limit"
             )
         if vllm:
             return  # no SGLang new-token ratio to reset
