@@ -15,11 +15,23 @@ from april_bench.config import ConfigError
 __all__ = ["ASYNC_STRATEGIES", "DEFAULT_DRIVERS", "ZOO", "AblationArm", "grid_arms", "parse_drivers"]
 
 #: The default base strategies: the paper's arms and the zoo.
-ZOO = ("sync", "oversample-discard", "april", "tail-batching", "segment", "adaptive", "length-aware")
+ZOO = (
+    "sync",
+    "oversample-discard",
+    "april",
+    "tail-batching",
+    "segment",
+    "adaptive",
+    "length-aware",
+    "consistent",
+    "sagc",
+    "response-oversample",
+)
 #: The rollouts the async drivers run on: without partial rollout (sync) and with it (APRIL).
 ASYNC_STRATEGIES = ("sync", "april")
-#: The default ``--drivers``: verl's one-step-off, and AReaL's bounded staleness at eta = 1 and 2.
-DEFAULT_DRIVERS = "one-step-off,stale:1,stale:2"
+#: The default ``--drivers``: verl's one-step-off, AReaL's bounded staleness at eta = 1 and 2, and a
+#: lookahead of 2 steps that never restarts (Tinker's sampling_steps_ahead, prime-rl's max_async_level).
+DEFAULT_DRIVERS = "one-step-off,stale:1,stale:2,lookahead:2"
 _RATIO, _SPAN, _SEGMENT = "over_sampling_batch_size", "max_version_span", "segment_len"
 
 
@@ -41,6 +53,8 @@ class AblationArm:
     def driver_name(self) -> str:
         options = dict(self.driver)
         name = str(options.get("driver", "sync"))
+        if name == "lookahead":
+            return f"lookahead (k={options.get('steps_ahead', 1)})"
         return f"stale (eta={options.get('max_staleness', 1)})" if name == "stale" else name
 
 
@@ -119,7 +133,7 @@ def grid_arms(
 
 
 def parse_drivers(text: str) -> list[dict[str, Any]]:
-    """``one-step-off,stale:1,stale:2`` (or ``none``) as arm options, one dict per driver."""
+    """``one-step-off,stale:1,stale:2,lookahead:2`` (or ``none``) as arm options, one dict per driver."""
     out: list[dict[str, Any]] = []
     for v in (v.strip() for v in text.split(",") if v.strip()):
         if v.lower() in ("none", "off", "-"):
@@ -129,8 +143,11 @@ def parse_drivers(text: str) -> list[dict[str, Any]]:
             out.append({"driver": name})
         elif name == "stale" and eta.isdigit():
             out.append({"driver": name, "max_staleness": int(eta)})
+        elif name == "lookahead" and eta.isdigit() and int(eta) >= 1:
+            out.append({"driver": name, "steps_ahead": int(eta)})
         else:
             raise ConfigError(
-                f"expected one-step-off or stale:ETA (or none), like one-step-off,stale:1,stale:2; got {v!r}"
+                "expected one-step-off, stale:ETA or lookahead:K (or none), like "
+                f"one-step-off,stale:1,stale:2,lookahead:2; got {v!r}"
             )
     return out
