@@ -276,3 +276,60 @@ def test_the_simulators_tiny_profile_is_the_hf_tiny_model() -> None:
         + TINY["hidden_size"]
         + 2 * TINY["num_hidden_layers"] * TINY["head_dim"]  # norms: 2 per layer + final, q_norm and k_norm
     )
+
+
+def test_two_weight_versions_decode_side_by_side_each_with_its_own_weights() -> None:
+    """Consistent rollout on the hf engine: after an update, a request naming the old version gets the
+    very tokens and log-probs an engine still on the old weights gives; one on the new weights differs;
+    in one batch each decode step is one forward per version, and the old copy is freed once unused."""
+    reqs = [
+        _req("old", (1, 5, 6), 10, replay_len=10, policy_version=0),
+        _req("new", (1, 5, 6), 10, replay_len=10),
+    ]
+
+    async def before() -> list:
+        engine = _engine()
+        await engine.start()
+        out = [(c.output_ids, c.logprobs) async for c in engine.generate([reqs[1]])]
+        await engine.close()
+        return out
+
+    async def after() -> tuple[dict, int, tuple[int, ...], tuple[int, ...]]:
+        engine = _engine()
+        await engine.start()
+        engine.retain_versions([0])
+        weights = {k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items()}
+        await engine.update_weights(WeightUpdate(1, weights))
+        held = engine.held_versions()
+        steps = engine.work().decode_iterations
+        out = {c.request_id: c async for c in engine.generate(reqs)}
+        steps = engine.work().decode_iterations - steps
+        engine.retain_versions([])
+        await engine.close()
+        return out, steps, held, engine.held_versions()
+
+    torch.manual_seed(0)
+    ((old_ids, old_logprobs),) = run_real(before())
+    torch.manual_seed(0)
+    out, steps, held, freed = run_real(after())
+    assert held == (0,) and freed == ()
+    assert (
+        out["old"].output_ids == old_ids
+        and out["old"].policy_version == 0
+        and out["old"].version_runs is None
+    )
+    assert out["old"].logprobs == pytest.approx(old_logprobs, abs=1e-12)
+    assert out["new"].policy_version == 1 and out["new"].logprobs != pytest.approx(old_logprobs, abs=1e-6)
+    assert steps == 2 * 9  # nine decode steps after the prefill's first token, two forwards each
+
+
+def test_an_old_version_the_engine_does_not_hold_is_refused() -> None:
+    async def main() -> None:
+        engine = _engine()
+        await engine.start()
+        await engine.update_weights(WeightUpdate(1, engine.model.state_dict()))
+        with pytest.raises(EngineError, match="weight version 0 is not held"):
+            engine.generate([_req("x", (1, 5), 4, replay_len=4, policy_version=0)])
+        await engine.close()
+
+    run_real(main())

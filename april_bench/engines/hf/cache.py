@@ -68,6 +68,10 @@ class _SlotLayer(CacheLayerMixin):
         o = self.owner
         keys, values = o.keys[self.index], o.values[self.index]
         lo, hi = o.rows
+        if o.row_ids is not None:  # decode of chosen rows (one weight version's): a gathered view
+            keys[o.row_ids, :, o.positions] = key_states[:, :, 0]
+            values[o.row_ids, :, o.positions] = value_states[:, :, 0]
+            return keys[o.row_ids, :, : o.kv_len], values[o.row_ids, :, : o.kv_len]
         if o.positions is not None:  # decode: one new token per row, each at its own position
             rows = o.row_index[: hi - lo] + lo
             keys[rows, :, o.positions] = key_states[:, :, 0]
@@ -110,6 +114,8 @@ class SlotKVCache(Cache):
         self.max_len = max_len
         self.row_index = torch.arange(slots, device=device)
         self.rows = (0, 0)
+        #: Rows of a decode over chosen slots (:meth:`bind_decode_rows`); ``None``: rows ``rows``.
+        self.row_ids: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
         self.kv_len = 0
         self.offset = 0
@@ -133,6 +139,7 @@ class SlotKVCache(Cache):
 
     def bind_decode(self, count: int, positions: torch.Tensor) -> None:
         """The next forward decodes rows ``0 .. count``; row b writes at ``positions[b]``."""
+        self.row_ids = None
         self.rows = (0, count)
         self.positions = positions
         self.kv_len = int(positions.max()) + 1
@@ -140,6 +147,7 @@ class SlotKVCache(Cache):
     def bind_static_decode(self, count: int, positions: torch.Tensor, kv_len: int) -> None:
         """As :meth:`bind_decode`, attending to the first ``kv_len`` positions (a bucket at least the
         longest row's; the caller's mask hides the rest) without reading ``positions`` on the host."""
+        self.row_ids = None
         self.rows = (0, count)
         self.positions = positions
         self.kv_len = kv_len
@@ -147,10 +155,20 @@ class SlotKVCache(Cache):
     def bind_prefill(self, start: int, count: int, length: int, offset: int = 0) -> None:
         """The next forward prefills rows ``start .. start+count`` with ``length`` (padded) tokens at
         positions ``offset .. offset+length``; attention sees positions ``0 .. offset+length``."""
+        self.row_ids = None
         self.rows = (start, start + count)
         self.positions = None
         self.offset = offset
         self.kv_len = offset + length
+
+    def bind_decode_rows(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """The next forward decodes the slots ``rows`` (any of them, in this order); row b writes at
+        ``positions[b]``.  Attention reads a gathered copy of those rows (the hf engine's decode of
+        one weight version's sequences among several)."""
+        self.row_ids = rows
+        self.rows = (0, len(rows))
+        self.positions = positions
+        self.kv_len = int(positions.max()) + 1
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (all layers)."""

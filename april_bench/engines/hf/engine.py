@@ -37,11 +37,20 @@ unless it replays a length (``replay_len``), in which case EOS is banned until
 the length is reached and the request then stops as if it had sampled EOS.
 Weights are updated in place from the trainer's state dict; every token is
 stamped with the policy version in force when it was sampled.
+
+Several weight versions (consistent rollout, eager path): an update keeps a copy of the
+weights it replaces while a request in flight names that version or the rollout loop asked to
+retain it (``retain_versions``).  A request naming an old version (``policy_version``) is
+prefilled and decoded by that copy: a prefill batch and a decode step run one forward per version
+among their sequences, over those sequences' own cache rows.  The engine keeps no KV between
+requests, so a resumed partial's prompt and tokens are prefilled again, by the version that
+produced them (the same keys and values; the compute is counted as re-prefill).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import zlib
 from collections import deque
@@ -63,6 +72,7 @@ from april_bench.engines.protocol import (
     METRICS,
     SATURATION,
     STATE,
+    VERSIONS,
     Completion,
     EngineError,
     EngineInfo,
@@ -204,6 +214,9 @@ class HFEngine(Configurable):
         if weights is not None:
             self.model.load_state_dict(weights)
         self.version = 0
+        #: Old weight versions held (version -> a copy of the model), and those the loop asked to keep.
+        self._old: dict[int, Any] = {}
+        self._retained: set[int] = set()
         eos = config.eos_token_ids or _config_eos(self.model.config)
         self._eos = frozenset(eos)
         self._waiting: deque[_Seq] = deque()
@@ -246,7 +259,7 @@ class HFEngine(Configurable):
             hardware=self.device.type,
             model=config.model,
             weight_formats=("state_dict", "path", "none"),
-            capabilities=frozenset({ACCOUNTING, HEALTH, ITERATIONS, METRICS, SATURATION, STATE}),
+            capabilities=frozenset({ACCOUNTING, HEALTH, ITERATIONS, METRICS, SATURATION, STATE, VERSIONS}),
             dtype=str(self.dtype).removeprefix("torch."),
         )
 
@@ -335,6 +348,17 @@ class HFEngine(Configurable):
                     f"{req.request_id}: more than {EXTRA_STOPS} stop ids beyond EOS; use "
                     "--engine-arg decode_path=eager"
                 )
+            if req.policy_version is not None and req.policy_version != self.version:
+                if req.policy_version not in self._old:
+                    raise EngineError(
+                        f"{req.request_id}: weight version {req.policy_version} is not held (current "
+                        f"{self.version}, old {sorted(self._old)}); retain_versions it before the update"
+                    )
+                if self._static is not None:
+                    raise EngineError(
+                        f"{req.request_id}: an old weight version decodes on the eager path only; use "
+                        "--engine-arg decode_path=eager"
+                    )
             if req.input_len + req.max_new_tokens > self.config.max_context_len:
                 raise EngineError(
                     f"{req.request_id}: {req.input_len} + {req.max_new_tokens} tokens exceed max_context_len "
@@ -376,9 +400,13 @@ class HFEngine(Configurable):
         if self._active or self._waiting:
             self._pull(list(self._active))  # the static path keeps recent tokens on the device
             for seq in [*self._waiting, *self._active]:
+                if seq.request.policy_version is not None:
+                    continue  # it names its weights: the update does not touch them
                 before = sum(n for _, n in seq.runs)
                 if len(seq.tokens) > before:
                     seq.runs.append((self.version, len(seq.tokens) - before))
+        if self.version in self._retained or self.version in self._live_versions():
+            self._old[self.version] = copy.deepcopy(self.model)  # the weights it replaces stay held
         if update.weights is not None:
             self.model.load_state_dict(update.weights)
         elif update.path is not None:
@@ -394,6 +422,34 @@ class HFEngine(Configurable):
         if self.device.type == "cuda":  # load_state_dict only queues the copies: time them here
             torch.cuda.synchronize(self.device)
         self.version = update.version
+        self._prune()
+
+    def retain_versions(self, versions: Collection[int]) -> None:
+        self._retained = set(versions)
+        self._prune()
+
+    def held_versions(self) -> tuple[int, ...]:
+        return tuple(sorted(self._old))
+
+    def _live_versions(self) -> set[int]:
+        return {
+            s.request.policy_version
+            for s in [*self._waiting, *self._active]
+            if s.request.policy_version is not None
+        }
+
+    def _prune(self) -> None:
+        """Free every old version no request in flight names and the loop did not ask to keep."""
+        keep = self._retained | self._live_versions()
+        self._old = {v: m for v, m in self._old.items() if v != self.version and v in keep}
+
+    def _version_of(self, seq: _Seq) -> int:
+        return self.version if seq.request.policy_version is None else seq.request.policy_version
+
+    def _model_for(self, seq: _Seq) -> Any:
+        """The weights ``seq`` generates with: its named old version's copy, else the current model."""
+        version = seq.request.policy_version
+        return self.model if version is None or version == self.version else self._old[version]
 
     def _load_checkpoint_weights(self, state: dict[str, torch.Tensor]) -> None:
         """A saved checkpoint leaves out the output embedding a tied model shares with its input one."""
@@ -555,10 +611,35 @@ class HFEngine(Configurable):
             if batch and width * (len(batch) + 1) > self.config.max_prefill_tokens:
                 break
             batch.append(self._waiting.popleft())
+        models = [self._model_for(seq) for seq in batch]
+        if any(m is not self.model for m in models):  # one forward per weight version, on its own rows
+            order = sorted(range(len(batch)), key=lambda i: self._version_of(batch[i]))
+            batch, models = [batch[i] for i in order], [models[i] for i in order]
         start = len(self._active)
         for i, seq in enumerate(batch):
             seq.slot = start + i
             self._active.append(seq)
+        logits = []
+        lo = 0
+        while lo < len(batch):
+            hi = lo + 1
+            while hi < len(batch) and models[hi] is models[lo]:
+                hi += 1
+            logits.append(self._prefill_forward(batch[lo:hi], start + lo, models[lo]))
+            lo = hi
+        for seq in batch:
+            seq.kv = seq.context
+            seq.step0 = self._launched
+        self._counters["prefill_batches"] += 1
+        self._counters["prompt_tokens"] += sum(s.context for s in batch)
+        self._counters["reprefill_tokens"] += sum(s.context for s in batch if s.request.prefix_len > 0)
+        self._append_tokens(batch, torch.cat(logits), loop.time())
+        if self._static is not None:
+            self._admit([s for s in batch if s.slot >= 0])
+
+    def _prefill_forward(self, batch: list[_Seq], start: int, model: Any) -> torch.Tensor:
+        """Prefill ``batch`` (in slots ``start ..``) with ``model``'s weights; the last positions' logits."""
+        assert self._cache is not None
         width = max(s.context for s in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for i, seq in enumerate(batch):
@@ -582,7 +663,7 @@ class HFEngine(Configurable):
                     hidden = self._fused.prefill(ids[:, lo:hi].to(self.device), start, lo)
                 else:
                     self._cache.bind_prefill(start, len(batch), hi - lo, offset=lo)
-                    hidden = self._backbone(
+                    hidden = model.base_model(
                         input_ids=ids[:, lo:hi].to(self.device),
                         position_ids=positions[lo:hi].expand(len(batch), hi - lo).to(self.device),
                         attention_mask=mask.to(self.device),
@@ -594,16 +675,8 @@ class HFEngine(Configurable):
                 ends = ((lengths - 1 >= lo) & (lengths - 1 < hi)).nonzero().flatten()
                 last[ends] = hidden[ends, lengths[ends] - 1 - lo]
             assert last is not None
-            logits = self._head(last)
-        for seq in batch:
-            seq.kv = seq.context
-            seq.step0 = self._launched
-        self._counters["prefill_batches"] += 1
-        self._counters["prompt_tokens"] += int(lengths.sum())
-        self._counters["reprefill_tokens"] += sum(s.context for s in batch if s.request.prefix_len > 0)
-        self._append_tokens(batch, logits, loop.time())
-        if self._static is not None:
-            self._admit([s for s in batch if s.slot >= 0])
+            logits: torch.Tensor = model.get_output_embeddings()(last)
+        return logits
 
     def _admit(self, seqs: list[_Seq]) -> None:
         """Hand prefilled sequences that are still running to the static decode path."""
@@ -704,6 +777,9 @@ class HFEngine(Configurable):
             return
         assert self._cache is not None
         active = self._active
+        if any(s.request.policy_version not in (None, self.version) for s in active):
+            self._decode_versions(loop)
+            return
         positions = torch.tensor([s.kv for s in active], device=self.device)
         last = torch.tensor([[s.tokens[-1]] for s in active], device=self.device)
         self._cache.bind_decode(len(active), positions)
@@ -725,6 +801,40 @@ class HFEngine(Configurable):
         self._counters["engine_iterations"] += 1
         self._counters["decode_tokens"] += len(active)
         self._append_tokens(list(active), logits, loop.time())
+        self._record_step(len(active), loop.time() - tick)
+
+    def _decode_versions(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One decode step over sequences of several weight versions: a forward per version, over its
+        sequences' own cache rows; then every sequence samples as in one step."""
+        assert self._cache is not None
+        active = list(self._active)
+        groups: dict[int, list[_Seq]] = {}
+        for seq in active:
+            groups.setdefault(self._version_of(seq), []).append(seq)
+        tick = loop.time()
+        logits = {}
+        with torch.inference_mode():
+            for group in groups.values():
+                positions = torch.tensor([s.kv for s in group], device=self.device)
+                rows = torch.tensor([s.slot for s in group], device=self.device)
+                self._cache.bind_decode_rows(rows, positions)
+                span = torch.arange(self._cache.kv_len, device=self.device)
+                mask = (span[None, :] <= positions[:, None])[:, None, None, :]
+                out = self._model_for(group[0])(
+                    input_ids=torch.tensor([[s.tokens[-1]] for s in group], device=self.device),
+                    position_ids=positions[:, None],
+                    attention_mask=mask,
+                    past_key_values=self._cache,
+                    use_cache=True,
+                )
+                for seq, row in zip(group, out.logits[:, -1], strict=True):
+                    logits[id(seq)] = row
+                self._counters["decode_steps"] += 1
+                self._counters["engine_iterations"] += 1
+        for seq in active:
+            seq.kv += 1
+        self._counters["decode_tokens"] += len(active)
+        self._append_tokens(active, torch.stack([logits[id(s)] for s in active]), loop.time())
         self._record_step(len(active), loop.time() - tick)
 
     def _append_tokens(self, seqs: list[_Seq], logits: torch.Tensor, now: float) -> None:
@@ -817,7 +927,7 @@ class HFEngine(Configurable):
                 request_id=seq.request.request_id,
                 num_tokens=len(seq.tokens),
                 finish_reason=reason,
-                policy_version=self.version,
+                policy_version=self._version_of(seq),
                 version_runs=runs,
                 t_done=now,
                 t_first_token=seq.t_first,
@@ -825,14 +935,6 @@ class HFEngine(Configurable):
                 logprobs=tuple(seq.logprobs),
             )
         )
-
-    # ------------------------------------------------------------ model parts
-    @property
-    def _backbone(self) -> torch.nn.Module:
-        return self.model.base_model
-
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(hidden)
 
 
 def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> HFEngine.Config:
