@@ -218,6 +218,8 @@ def test_response_oversample_keeps_the_first_n_responses_and_drops_the_rest() ->
     assert surplus == [(0, 1, 11), (1, 1, 11), (2, 1, 11), (3, 1, 11)]
     m = rec.summary(baseline="response-oversample")["response-oversample"]
     assert (m["generated_tokens"], m["trained_tokens"], m["wasted_tokens"]) == (124, 80, 44)
+    # a dropped response is not its prompt's fate: each prompt is trained, once
+    assert m["prompts"] == {"launched": 4, "trained": 4, "dropped": 0, "buffered": 0, "inconsistent": 0}
 
 
 def test_extra_responses_draw_from_the_same_prompt_without_moving_the_first_n() -> None:

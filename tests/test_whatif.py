@@ -69,10 +69,18 @@ def test_the_shipped_example_replays_under_the_zoo_labelled_simulated(
     result = json.loads((out / "whatif.json").read_text())
     arms = {row["arm"] for row in result["rows"]}
     drivers = {row["driver"] for row in result["rows"]}
-    assert {"sync", "tail-batching", "length-aware"} <= {row["strategy"] for row in result["rows"]}
-    assert {"sync", "one-step-off", "stale (eta=1)", "stale (eta=2)"} <= drivers and len(arms) == len(
-        result["rows"]
-    )
+    strategies = {row["strategy"] for row in result["rows"]}
+    assert {
+        "sync",
+        "tail-batching",
+        "length-aware",
+        "consistent",
+        "sagc",
+        "response-oversample",
+    } <= strategies
+    assert {"sync", "one-step-off", "stale (eta=1)", "stale (eta=2)", "lookahead (k=2)"} <= drivers and len(
+        arms
+    ) == len(result["rows"])
     assert all(row["off_policy_share"] is not None for row in result["rows"])
     assert result["result_kind"] == "simulated" and result["num_gpus"] == 8
     # the replay is an ordinary run directory: its own trace is the replayed one, group for group

@@ -21,7 +21,8 @@ SIM = sim_flags(
 #: N'=5 queues about one group per short step, so the tail step comes from max_wait_steps (the state).
 TAIL = "tail-batching[max_wait_steps=2,over_sampling_batch_size=5]"
 SEGMENT = "segment[segment_len=1024]"
-ARMS = f"sync,{TAIL},{SEGMENT},adaptive,length-aware[abort_share=0.5]"
+SAGC = "sagc[max_straggler_rate=0.2]"
+ARMS = f"sync,{TAIL},{SEGMENT},adaptive,length-aware[abort_share=0.5],consistent,{SAGC},response-oversample"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_every_arm_conserves_prompts_and_tokens(uninterrupted: Path) -> None:
     run = load_run(uninterrupted)
     assert check_run(run) == []
     summary = run.summary()
-    assert len(summary) == 5
+    assert len(summary) == 8
     for arm, m in summary.items():
         assert m["prompts"]["inconsistent"] == 0, arm
         assert m["prompts"]["launched"] == sum(m["prompts"][k] for k in ("trained", "dropped", "buffered")), (
@@ -43,12 +44,14 @@ def test_every_arm_conserves_prompts_and_tokens(uninterrupted: Path) -> None:
         )
     assert summary[SEGMENT]["partial_samples"] > 0
     assert summary[TAIL]["off_policy_token_ratio"] == 0.0  # deferred prompts are re-run in full
+    assert summary["consistent"]["max_version_span"] == 0 < summary[SEGMENT]["max_version_span"]
+    assert summary["response-oversample"]["wasted_tokens"] > 0  # the responses past the first n
 
 
 @pytest.mark.parametrize(
     ("arm", "step"),
-    [(TAIL, 2), ("adaptive", 2), (SEGMENT, 1)],
-    ids=["tail-batching", "adaptive", "segment"],
+    [(TAIL, 2), ("adaptive", 2), (SEGMENT, 1), (SAGC, 2), ("consistent", 2)],
+    ids=["tail-batching", "adaptive", "segment", "sagc", "consistent"],
 )
 def test_interrupt_then_resume_restores_the_strategy_and_its_buffer(
     arm: str, step: int, uninterrupted: Path, tmp_path: Path, monkeypatch, capsys

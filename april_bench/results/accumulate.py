@@ -282,6 +282,8 @@ class SummaryAccumulator:
         if fate in ("trained", "dropped"):  # the sample is gone: no later request resumes it
             arm.last_output.pop((s.get("repeat", 0), s.get("group_uid"), s.get("sample_index")), None)
         uid, bit = int(s.get("group_uid", -1)), _FATES.get(fate, 0)
+        if s.get("reason") == "response_surplus":
+            bit = 0  # a response past its group's first n: the prompt's fate is its group's
         if 0 <= uid < _DENSE_UIDS:
             if uid >= len(arm.fates_dense):
                 arm.fates_dense.extend(bytes(max(uid + 1 - len(arm.fates_dense), len(arm.fates_dense))))
