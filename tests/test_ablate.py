@@ -94,7 +94,13 @@ def test_ablate_with_async_drivers_conserves_every_arm(tmp_path: Path) -> None:
     argv = ["ablate", *SIM, "--strategies", "sync,april", "--ratios", "2", "--spans", "none"]
     assert main([*argv, "--out", str(out)]) == 0
     rows = {r["arm"]: r for r in json.loads((out / "ablation.json").read_text())["rows"]}
-    assert {r["driver"] for r in rows.values()} == {"sync", "one-step-off", "stale (eta=1)", "stale (eta=2)"}
+    assert {r["driver"] for r in rows.values()} == {
+        "sync",
+        "one-step-off",
+        "stale (eta=1)",
+        "stale (eta=2)",
+        "lookahead (k=2)",
+    }
     assert rows["april[over_sampling_batch_size=8,driver=stale,max_staleness=1]"]["max_staleness"] <= 1
     assert check_run(load_run(out / "as-is")) == []
     assert "| stale (eta=2) |" in (out / "ablation.md").read_text()
@@ -103,7 +109,8 @@ def test_ablate_with_async_drivers_conserves_every_arm(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--drivers", "stale"], "expected one-step-off or stale:ETA"),
+        (["--drivers", "stale"], "expected one-step-off, stale:ETA or lookahead:K"),
+        (["--drivers", "lookahead:0"], "expected one-step-off, stale:ETA or lookahead:K"),
         (["--ratios", "0.5"], "N'/N ratios must be >= 1"),
         (["--spans", "x"], "expected whole numbers or none"),
         (["--off-policy-modes", "bogus"], "is not one of as-is, mask, tis"),

@@ -79,6 +79,9 @@ def test_build_strategy_takes_run_options_then_the_arms_own() -> None:
         "segment",
         "adaptive",
         "length-aware",
+        "consistent",
+        "sagc",
+        "response-oversample",
     }
     defaults = {"april": {"max_version_span": 2}}
     sync = build_strategy("sync", defaults)

@@ -4,9 +4,9 @@ Every arm of the grid runs in one ``run`` (per off-policy mode), so all arms see
 seeds and length draws and differ in the strategy alone.  The grid is one factor at a time around
 each strategy's defaults: N'/N ratios for every strategy that over-provisions, the staleness bound
 (``max_version_span``) and the segment length where a strategy has them, and the asynchronous
-drivers (``--drivers``: one-step-off, stale with max_staleness 1 and 2) on the sync-style and APRIL
-rollouts at their first knob values, so partial rollout is isolated inside a bounded-staleness async
-system; each off-policy mode is a run of its own (it changes the loss, not the rollout).  Each run
+drivers (``--drivers``: one-step-off, stale with max_staleness 1 and 2, lookahead 2) on the sync-style
+and APRIL rollouts at their first knob values, so partial rollout is isolated inside a
+bounded-staleness async system; each off-policy mode is a run of its own (it changes the loss, not the rollout).  Each run
 is an ordinary run directory under ``OUT/<mode>/`` (``report`` and ``run --resume`` work on it);
 ``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table, ``OUT/ablation.{png,pdf}`` the figure
 (PNG for the docs, vector PDF for a paper).
@@ -104,9 +104,9 @@ def add_parsers(sub: Any) -> None:
         type=_drivers,
         default=_drivers(DEFAULT_DRIVERS),
         metavar="LIST",
-        help=f"asynchronous drivers run on the sync and APRIL arms: one-step-off, stale:ETA, or none "
-        f"(default: {DEFAULT_DRIVERS}; on the simulator they train on a quarter of the node and roll out on "
-        "the rest)",
+        help="asynchronous drivers run on the sync and APRIL arms: one-step-off, stale:ETA, lookahead:K, or "
+        f"none (default: {DEFAULT_DRIVERS}; on the simulator they train on a quarter of the node and roll "
+        "out on the rest)",
     )
     grid.add_argument(
         "--off-policy-modes",
