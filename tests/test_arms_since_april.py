@@ -77,6 +77,17 @@ def test_consistent_finishes_every_partial_on_the_version_that_began_it_without_
     assert isinstance(engine, FakeEngine) and engine.version == 4 and engine.held_versions() == (1, 3)
 
 
+def test_a_partial_whose_weights_are_gone_restarts_instead_of_failing(monkeypatch) -> None:
+    # A resumed hf run has only the trainer's latest weights: the engine holds no old version, so a
+    # buffered partial pinned to one restarts from its prompt (counted) instead of failing the step.
+    monkeypatch.setattr(FakeEngine, "retain_versions", lambda self, versions: None)  # keeps none
+    out, _, _ = fake_arm(
+        ConsistentStrategy.Config(over_sampling_batch_size=4).build(), long_every_fourth, steps=2
+    )
+    # step 1: uid 0's two partials (11 tokens each, from version 0) restart; uid 3 was finished
+    assert [(o.record.restarted_samples, o.record.restart_tokens) for o in out] == [(0, 0), (2, 22)]
+
+
 def test_an_engine_refuses_a_version_it_does_not_hold() -> None:
     engine = FakeEngine.Config().build()
 

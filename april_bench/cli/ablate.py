@@ -6,10 +6,10 @@ each strategy's defaults: N'/N ratios for every strategy that over-provisions, t
 (``max_version_span``) and the segment length where a strategy has them, and the asynchronous
 drivers (``--drivers``: one-step-off, stale with max_staleness 1 and 2, lookahead 2) on the sync-style
 and APRIL rollouts at their first knob values, so partial rollout is isolated inside a
-bounded-staleness async system; each off-policy mode is a run of its own (it changes the loss, not the rollout).  Each run
-is an ordinary run directory under ``OUT/<mode>/`` (``report`` and ``run --resume`` work on it);
-``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table, ``OUT/ablation.{png,pdf}`` the figure
-(PNG for the docs, vector PDF for a paper).
+bounded-staleness async system; each off-policy mode is a run of its own (it changes the loss, not
+the rollout).  Each run is an ordinary run directory under ``OUT/<mode>/`` (``report`` and ``run
+--resume`` work on it); ``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table,
+``OUT/ablation.{png,pdf}`` the figure (PNG for the docs, vector PDF for a paper).
 """
 
 from __future__ import annotations

@@ -370,6 +370,14 @@ class RolloutLoop(Configurable):
         elif sample.response_len and not self.strategy.keep_partial(sample, view):
             st.restart_tokens += sample.restart()
             st.restarted += 1
+        elif (
+            self.strategy.pins_versions
+            and oldest is not None
+            and not sample.status.is_finished
+            and not self._holds(oldest, st)
+        ):
+            st.restart_tokens += sample.restart()  # its weights are gone (a resumed run): start over
+            st.restarted += 1
         if self.env is not None:
             if sample.env_state is None:
                 episodes.begin(self.env, sample, st)
@@ -675,6 +683,11 @@ class RolloutLoop(Configurable):
                     self.arm, [group], step=st.step, fate=Fate.DROPPED, reason=reason, repeat=self.repeat
                 )
         return out
+
+    def _holds(self, version: int, st: StepState) -> bool:
+        """Whether the engine can still generate with ``version``'s weights."""
+        engine = VERSIONS.of(self.engine)
+        return version == st.version or (engine is not None and version in engine.held_versions())
 
     def _retain_versions(self) -> None:
         """Consistent rollout: the engine keeps the weights of every version a buffered partial
