@@ -7,6 +7,7 @@ speculative decoding).  The lookahead driver's schedules are in tests/test_async
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from helpers import fake_arm
@@ -250,6 +251,24 @@ def test_extra_responses_draw_from_the_same_prompt_without_moving_the_first_n() 
     extra = [lengths.extra(7, 4, i) for i in (4, 5)]
     assert lengths.draw(7, 4) == before and extra == [lengths.extra(7, 4, i) for i in (4, 5)]
     assert extra[0] != extra[1]
+    # without within-prompt spread every response of a prompt is its right or wrong length: the
+    # extra ones too (they share the prompt's effect), so all take at most two values, log 2 apart
+    flat = LognormalLengths(
+        median=1000,
+        prompt_sigma=0.5,
+        within_sigma=0,
+        incorrect_factor=2,
+        solve_a=1,
+        solve_b=1,
+        drift_per_step=0,
+        seed=3,
+    )
+    values = {round(v, 9) for v in flat.draw(7, 4).log_lengths} | {
+        round(flat.extra(7, 4, i)[0], 9) for i in range(4, 12)
+    }
+    assert len(values) <= 2 and (
+        len(values) == 1 or round(max(values) - min(values), 9) == round(math.log(2), 9)
+    )
 
 
 # ----------------------------------------------------------------------------- speculative decoding

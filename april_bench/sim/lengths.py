@@ -74,7 +74,7 @@ class LognormalLengths:
     drift_per_step: float
     seed: int
     name: str = "lognormal"
-    _blocks: dict[tuple[int, int], tuple[np.ndarray, ...]] = field(
+    _blocks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -91,28 +91,29 @@ class LognormalLengths:
         cached = self._blocks.get((block, n))
         if cached is None:
             cached = self._blocks[(block, n)] = self._block(block, n)
-        logs, correct = cached[:2]
+        logs, correct = cached
         return LengthDraw(tuple(logs[row].tolist()), tuple(correct[row].tolist()))
 
     def extra(self, uid: int, n: int, index: int) -> tuple[float, bool]:
         """The prompt's own effect and solve rate, a fresh within-prompt draw (its own RNG stream)."""
         block, row = divmod(uid, BLOCK)
-        self.draw(uid, n)  # the block, cached
-        u, solve = self._blocks[(block, n)][2:]
+        first = np.random.default_rng([self.seed, block, n])  # the block's stream: its first draws are
+        u = self.prompt_sigma * first.standard_normal((BLOCK, 1))  # the prompt effects and solve rates
+        solve = first.beta(self.solve_a, self.solve_b, (BLOCK, 1))
         rng = np.random.default_rng([self.seed, block, n, row, index])
         eps = self.within_sigma * float(rng.standard_normal())
         correct = bool(rng.random() < solve[row, 0])
         log_len = math.log(self.median) + float(u[row, 0]) + eps
         return log_len + (0.0 if correct else math.log(self.incorrect_factor)), correct
 
-    def _block(self, block: int, n: int) -> tuple[np.ndarray, ...]:
+    def _block(self, block: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, block, n])
         u = self.prompt_sigma * rng.standard_normal((BLOCK, 1))
         solve = rng.beta(self.solve_a, self.solve_b, (BLOCK, 1))
         eps = self.within_sigma * rng.standard_normal((BLOCK, n))
         correct = rng.random((BLOCK, n)) < solve
         logs = math.log(self.median) + u + eps + np.where(correct, 0.0, math.log(self.incorrect_factor))
-        return logs, correct, u, solve
+        return logs, correct
 
 
 class TraceLengths:
