@@ -55,6 +55,15 @@ def test_rows_align_tokens_masks_versions_and_advantages() -> None:
     assert rows.advantages.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
 
 
+def test_groups_of_several_sizes_get_their_own_advantages() -> None:
+    # sagc trains groups of the sizes they were launched with: 2 and 3 samples in one batch
+    two = _group(0, [[(0, [7])], [(0, [8])]], [1.0, 0.0])
+    three = _group(1, [[(0, [7])], [(0, [8])], [(0, [9])]], [1.0, 1.0, 0.0])
+    rows = _trainer()._rows([two, three])
+    # (R - mean) / (unbiased std + eps): [1, 0] -> +-0.7071; [1, 1, 0] -> mean 2/3, std 0.5774
+    assert rows.advantages.tolist() == pytest.approx([0.7071, -0.7071, 0.5774, 0.5774, -1.1547], abs=1e-4)
+
+
 def test_dapo_rewards_are_plus_minus_one_with_the_overlong_penalty() -> None:
     trainer = _trainer(algorithm="dapo", max_response_len=8, overlong_buffer=4)
     batch = [_group(0, [[(0, [7] * 2)], [(0, [7] * 6)], [(0, [7] * 8)]], [1.0, 1.0, 0.0])]

@@ -388,8 +388,17 @@ class TorchTrainer(Configurable):
         samples = [s for g in batch for s in g.samples]
         if not samples:
             raise ValueError("empty training batch")
-        n = len(batch[0].samples)
-        advantages = group_advantages(self._rewards(samples), n, std_normalize=self.loss_config.std_normalize)
+        sizes = [len(g.samples) for g in batch]
+        rewards, normalize = self._rewards(samples), self.loss_config.std_normalize
+        if len(set(sizes)) == 1:
+            advantages = group_advantages(rewards, sizes[0], std_normalize=normalize)
+        else:  # groups of several sizes (sagc adapts n): each group's advantages from its own samples
+            advantages = torch.cat(
+                [
+                    group_advantages(part, size, std_normalize=normalize)
+                    for part, size in zip(rewards.split(sizes), sizes, strict=True)
+                ]
+            )
         width = max(s.prompt.length + s.response_len for s in samples)
         size = (len(samples), width)
         ids = torch.full(size, self.config.pad_token_id, dtype=torch.long)
