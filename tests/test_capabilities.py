@@ -118,5 +118,6 @@ def test_capabilities_travel_with_the_info() -> None:
         "faults",
         "placement",
         "kill",
+        "iterations",
         "versions",
     }
