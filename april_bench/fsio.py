@@ -10,23 +10,38 @@ manifest does not name is refused, never emptied.
 The manifest lists the directory's top-level names.  A name may be a directory the run made: a nested
 run directory with its own manifest (an ablation's modes, simcheck's ``measured/``), or one of
 :data:`RUN_SUBDIRS` (checkpoints, tracker logs, figures), whose files are recorded under that name.
+
+Every file april-bench writes goes through :func:`write_atomic` (a whole file) or
+:func:`open_append` (rows streamed into a table): never through a symbolic link, never over anything
+but a regular file, and a whole file only after it was written, synced and (when asked) validated.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import stat
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, BinaryIO
+
+from april_bench.config import ConfigError
 
 __all__ = [
     "MANIFEST_NAME",
     "RUN_SUBDIRS",
     "Manifest",
+    "check_target",
+    "fsync_dir",
+    "open_append",
     "read_manifest",
     "record",
     "start_manifest",
+    "write_atomic",
 ]
 
 #: The manifest of a run directory (a dot file: readers of a run never see it as a run file).
@@ -165,3 +180,107 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def check_target(path: Path | str) -> None:
+    """Refuse to write ``path`` unless it is missing or a regular file: a symbolic link, a FIFO, a
+    device, a socket or a directory is never written through or replaced (``-o /dev/null`` run as
+    root would otherwise replace the machine's ``/dev/null``).  A ``ConfigError`` naming the path."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path} ({exc.strerror}); choose another path") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = (
+        "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a directory"
+        if stat.S_ISDIR(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
+    raise ConfigError(
+        f"{path} is {kind}; april-bench writes only regular files (never through a link or over a "
+        "special file): choose another path"
+    )
+
+
+def write_atomic(
+    path: Path | str,
+    data: str | bytes | Callable[[BinaryIO], object],
+    *,
+    validate: Callable[[Path], object] | None = None,
+) -> None:
+    """Write a whole file: a uniquely named temporary file beside ``path``, written (``data``: text,
+    bytes, or a function writing to the binary file), fsynced, checked by ``validate(temporary path)``
+    when given, renamed over ``path``, then the directory fsynced.  After a crash ``path`` holds the
+    old content or the new, never a torn file; a write that fails (or does not validate) leaves
+    ``path`` as it was.  ``path`` must be missing or a regular file (:func:`check_target`), and is
+    recorded in its run directory's manifest (:func:`record`) before it exists."""
+    path = Path(path)
+    check_target(path)
+    record(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a result is shared like any file
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(data, str):
+                f.write(data.encode("utf-8"))
+            elif isinstance(data, bytes):
+                f.write(data)
+            else:
+                data(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if validate is not None:
+            validate(tmp)
+        check_target(path)  # again just before the rename: nothing put a link there meanwhile
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def open_append(path: Path | str, *, truncate: bool = False) -> IO[str]:
+    """``path`` opened for appending text (created if missing; emptied first with ``truncate``), never
+    through a symbolic link and only when it is a regular file; recorded in the run's manifest."""
+    path = Path(path)
+    check_target(path)
+    record(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    if truncate:
+        flags |= os.O_TRUNC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError:
+        check_target(path)  # a link put there since the check: one line naming it
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        check_target(path)
+        raise ConfigError(f"{path} is not a regular file; choose another path")
+    return io.TextIOWrapper(io.FileIO(fd, "a"), encoding="utf-8")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (a no-op where directories cannot be opened or synced)."""
+    _fsync_dir(path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

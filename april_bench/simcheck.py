@@ -708,7 +708,9 @@ def _append_log(path: Path, data: Mapping[str, Any], out: Path) -> None:
         "wall_clock": {a["arm"]: a["wall_clock"]["verdict"] for a in data["arms"] if a["wall_clock"]},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
+    from april_bench.fsio import open_append
+
+    with open_append(path) as f:
         f.write(json.dumps(line) + "\n")
 
 

@@ -415,10 +415,9 @@ def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
         fontsize=9,
     )
     fig.tight_layout()
-    from april_bench.fsio import record
+    from april_bench.fsio import write_atomic
 
-    record(path)
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=110))
     plt.close(fig)
     return path
 

@@ -476,7 +476,7 @@ def test_config_and_trace_files_use_unique_temporary_names(tmp_path: Path) -> No
     another process's file of that name is left alone, and no temporary file is left behind."""
     from april_bench.config_files import read_config_file, write_config_file
     from april_bench.experiment_config import ExperimentConfig
-    from april_bench.trace.format import TraceHeader, write_trace
+    from april_bench.trace.format import TraceHeader, TraceRow, write_trace
 
     config_path, trace_path = tmp_path / "config.yaml", tmp_path / "t.jsonl"
     for path in (config_path, trace_path):
@@ -484,8 +484,11 @@ def test_config_and_trace_files_use_unique_temporary_names(tmp_path: Path) -> No
     write_config_file(config_path, ExperimentConfig())
     assert read_config_file(config_path)
     header = TraceHeader(source="test", evidence="per-sample", token_counts="exact")
-    assert write_trace(trace_path, header, []) == 0
-    assert json.loads(trace_path.read_text())["source"] == "test"
+    row = TraceRow(
+        step=1, prompt_id="p", sample_index=0, prompt_tokens=1, response_tokens=3, finish="stop", reward=None
+    )
+    assert write_trace(trace_path, header, [row]) == 1
+    assert json.loads(trace_path.read_text().splitlines()[0])["source"] == "test"
     for path in (config_path, trace_path):
         assert path.with_name(f".{path.name}.tmp").read_text() == "another process's temporary file"
         assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode

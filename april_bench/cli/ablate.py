@@ -323,13 +323,10 @@ def _figure(result: dict[str, Any], path: Path) -> Path | None:
         where = ", ".join(str(result.get(k, "")) for k in ("hardware", "algorithm", "dataset"))
         fig.suptitle(f"{kind}: strategy ablation ({where})")
         fig.legend(loc="outside lower center", ncols=3, frameon=False)
-        from april_bench.fsio import record
+        from april_bench.fsio import write_atomic
 
-        record(path)
-        record(path.with_suffix(".pdf"))
-        fig.savefig(path, dpi=150, metadata={"Software": None})
-        fig.savefig(
-            path.with_suffix(".pdf"), metadata={"Creator": None, "Producer": None, "CreationDate": None}
-        )
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=150, metadata={"Software": None}))
+        pdf = {"Creator": None, "Producer": None, "CreationDate": None}
+        write_atomic(path.with_suffix(".pdf"), lambda f: fig.savefig(f, format="pdf", metadata=pdf))
     plt.close(fig)
     return path

@@ -142,12 +142,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         provenance = collect_provenance(simulated=False, engine="hf")
-        (args.out / "eval.json").write_text(
-            json.dumps({**summary, "provenance": provenance}, indent=2) + "\n"
+        from april_bench.fsio import write_atomic
+
+        write_atomic(
+            args.out / "eval.json", json.dumps({**summary, "provenance": provenance}, indent=2) + "\n"
         )
-        with (args.out / "eval_rows.jsonl").open("w") as f:
-            for row in result.rows:
-                f.write(json.dumps(as_row(row)) + "\n")
+        write_atomic(
+            args.out / "eval_rows.jsonl", "".join(json.dumps(as_row(row)) + "\n" for row in result.rows)
+        )
         print(f"\neval directory: {args.out}")
     print(json.dumps(summary))
     return 0

@@ -122,6 +122,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_paper(args: argparse.Namespace) -> int:
+    from april_bench.fsio import write_atomic
     from april_bench.results.figures import figure_names, save_figures
     from april_bench.results.frames import frames_of, one_run
     from april_bench.results.paper import (
@@ -164,14 +165,14 @@ def cmd_paper(args: argparse.Namespace) -> int:
         return _check(files, figures, rewritten)
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_atomic(path, text)
         print(path)
     for name, tables in per_run.items():
         for path in save_figures(tables, args.out / name):
             print(path)
     for readme, (readme_text, new_readme) in rewritten.items():
         if new_readme is not None and new_readme != readme_text:
-            readme.write_text(new_readme)
+            write_atomic(readme, new_readme)
             print(f"{readme} updated")
     return 0
 

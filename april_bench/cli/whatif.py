@@ -198,6 +198,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
         for line in describe(read_trace(_source(args.source), arm=args.arm)):
             print(line)
         return 0
+    from april_bench.fsio import check_target
+
+    check_target(args.out)  # -o a link, a FIFO or a device: refused before anything is read or written
     if action == "export":
         trace = read_trace(args.run, arm=args.arm)
         header, rows = trace.header, trace.rows

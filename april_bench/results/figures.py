@@ -398,7 +398,7 @@ def save_figures(tables: Tables, out: Path, formats: tuple[str, ...] = FORMATS) 
     import matplotlib
     import matplotlib.pyplot as plt
 
-    from april_bench.fsio import record
+    from april_bench.fsio import record, write_atomic
 
     record(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -410,8 +410,12 @@ def save_figures(tables: Tables, out: Path, formats: tuple[str, ...] = FORMATS) 
         with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]
             for fmt in formats:
                 path = out / f"{name}.{fmt}"
-                record(path)
-                fig.savefig(path, dpi=DPI, metadata=dict(_METADATA.get(fmt, {})))
+                options: dict[str, Any] = {
+                    "format": fmt,
+                    "dpi": DPI,
+                    "metadata": dict(_METADATA.get(fmt, {})),
+                }
+                write_atomic(path, functools.partial(fig.savefig, **options))
                 written.append(path)
         plt.close(fig)
     return written

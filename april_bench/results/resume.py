@@ -24,8 +24,6 @@ finishing with rows missing.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Any
 from april_bench.config import ConfigError
 from april_bench.results.coverage import covered, row_key, session_key, state_path
 from april_bench.results.records import TABLES
-from april_bench.results.store import _umask, fsync_dir, write_json_atomic
+from april_bench.results.store import write_json_atomic
 
 __all__ = [
     "RowCounts",
@@ -216,21 +214,7 @@ def _read_tolerant(path: Path) -> Iterable[dict[str, Any]]:
 
 
 def _rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Replace ``path`` with ``rows``, durably: a uniquely named temporary file, fsync, rename."""
-    from april_bench.fsio import record
+    """Replace ``path`` with ``rows``, durably (:func:`april_bench.fsio.write_atomic`)."""
+    from april_bench.fsio import write_atomic
 
-    record(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row, separators=(",", ":")))
-                f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    write_atomic(path, "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))

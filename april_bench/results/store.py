@@ -22,7 +22,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from april_bench.config import ConfigError
-from april_bench.fsio import record
+from april_bench.fsio import fsync_dir, open_append, write_atomic
 from april_bench.results.coverage import covered, row_key
 from april_bench.results.engine_report import ENGINE_COLUMNS, engine_table
 from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
@@ -103,41 +102,9 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    """A uniquely named temporary file, fsynced, renamed over ``path``, then the directory fsynced: after
-    a crash ``path`` holds the old text or the new, never a torn or empty file."""
-    record(path)  # a run directory's manifest lists it before it exists
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a run directory is shared like any file
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse fsync on a directory; the rename is then as durable as it gets
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """Every whole file goes through :func:`april_bench.fsio.write_atomic`: after a crash ``path`` holds
+    the old text or the new, never a torn or empty file, and never a link followed."""
+    write_atomic(path, text)
 
 
 class RunWriter:
@@ -155,13 +122,12 @@ class RunWriter:
         #: (table, session key) -> (step, end_of_run) -> rows
         self._counts: dict[tuple[str, str], dict[tuple[int, bool], int]] = {}
         for table in TABLES:  # every table has a file, empty or not: a reader sees what was recorded
-            record(out / f"{table}.jsonl")
-            (out / f"{table}.jsonl").touch()
+            open_append(out / f"{table}.jsonl").close()
 
     def write(self, table: str, row: Mapping[str, Any]) -> None:
         f = self._files.get(table)
         if f is None:
-            f = self._files[table] = (self.out / f"{table}.jsonl").open("a")
+            f = self._files[table] = open_append(self.out / f"{table}.jsonl")
         f.write(json.dumps(row, separators=(",", ":")))
         f.write("\n")
         self._count(table, row)
@@ -265,11 +231,9 @@ def write_run(
         name: [r if isinstance(r, dict) else as_row(r) for r in records] for name, records in tables.items()
     }
     for name, data in rows.items():
-        record(out / f"{name}.jsonl")
-        with (out / f"{name}.jsonl").open("w") as f:
-            for row in data:
-                f.write(json.dumps(row, separators=(",", ":")))
-                f.write("\n")
+        write_atomic(
+            out / f"{name}.jsonl", "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in data)
+        )
     run = RunDirectory(out, dict(config), dict(provenance), rows)
     write_summary(run)
     return run

@@ -23,9 +23,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import statistics
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ from april_bench.config import ConfigError
 __all__ = [
     "FINISH",
     "TRACE_FORMAT",
+    "RowChecker",
     "Trace",
     "TraceGroup",
     "TraceHeader",
@@ -397,25 +396,42 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+class RowChecker:
+    """The rows an importer makes, checked as :func:`read_trace` will check them and named by the
+    input's line: an import that would write an invalid trace fails before anything is written."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, str, int], str] = {}
+
+    def __call__(self, row: TraceRow, where: str) -> TraceRow:
+        row = parse_row(row.to_json(), where)
+        key = (row.step, row.prompt_id, row.sample_index)
+        if key in self._seen:
+            raise ConfigError(
+                f"{where}: step {row.step}, prompt {row.prompt_id!r}, sample {row.sample_index} repeats "
+                f"{self._seen[key]}"
+            )
+        self._seen[key] = where
+        return row
+
+
 # ------------------------------------------------------------------ writing
 def write_trace(path: Path, header: TraceHeader, rows: Iterable[TraceRow]) -> int:
-    """Write a trace file (through a temporary file and a rename); returns the number of rows."""
+    """Write a trace file through :func:`april_bench.fsio.write_atomic` (a regular file or none, never a
+    link or a device), read back and checked before it replaces ``path``; the number of rows."""
+    from april_bench.fsio import check_target, write_atomic
+
     path = Path(path)
+    check_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # unique per writer
-    tmp = Path(name)
     n = 0
-    try:
-        with os.fdopen(fd, "w") as f:
-            mask = os.umask(0)
-            os.umask(mask)
-            os.fchmod(f.fileno(), 0o666 & ~mask)  # mkstemp makes 0600; a trace is shared like any file
-            f.write(json.dumps(header.to_json(), separators=(",", ":")) + "\n")
-            for row in rows:
-                f.write(json.dumps(row.to_json(), separators=(",", ":")) + "\n")
-                n += 1
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def write(f: IO[bytes]) -> None:
+        nonlocal n
+        f.write((json.dumps(header.to_json(), separators=(",", ":")) + "\n").encode())
+        for row in rows:
+            f.write((json.dumps(row.to_json(), separators=(",", ":")) + "\n").encode())
+            n += 1
+
+    write_atomic(path, write, validate=read_trace)
     return n

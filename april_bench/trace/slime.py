@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
-from april_bench.trace.format import PER_SAMPLE, TraceHeader, TraceRow
+from april_bench.trace.format import PER_SAMPLE, RowChecker, TraceHeader, TraceRow
 from april_bench.trace.tokens import TokenCounter
 
 __all__ = ["import_slime", "load_slime_dump"]
@@ -76,6 +76,7 @@ def import_slime(
         raise ConfigError("give at least one slime rollout dump (.pt)")
     dumps = sorted(((*load_slime_dump(p), Path(p)) for p in files), key=lambda d: d[0])
     rows: list[TraceRow] = []
+    check = RowChecker()  # an invalid row fails here, named by the input's line
     unfinished = 0
     estimated_prompts = 0
     for rollout_id, samples, path in dumps:
@@ -103,14 +104,17 @@ def import_slime(
             prompt_id = str(group)
             index = counts[prompt_id] = counts.get(prompt_id, -1) + 1
             rows.append(
-                TraceRow(
-                    step=rollout_id,
-                    prompt_id=prompt_id,
-                    sample_index=index,
-                    prompt_tokens=prompt_tokens,
-                    response_tokens=response,
-                    finish=_FINISH[status],
-                    reward=_reward(sample.get("reward"), reward_key, where),
+                check(
+                    TraceRow(
+                        step=rollout_id,
+                        prompt_id=prompt_id,
+                        sample_index=index,
+                        prompt_tokens=prompt_tokens,
+                        response_tokens=response,
+                        finish=_FINISH[status],
+                        reward=_reward(sample.get("reward"), reward_key, where),
+                    ),
+                    where,
                 )
             )
     if not rows:

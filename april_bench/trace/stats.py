@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from april_bench.config import ConfigError
-from april_bench.trace.format import PER_STEP_STATS, TraceHeader, TraceRow
+from april_bench.trace.format import PER_STEP_STATS, RowChecker, TraceHeader, TraceRow
 
 __all__ = ["STEP_COLUMNS", "import_stats"]
 
@@ -83,6 +83,7 @@ def import_stats(
     prompt_col = _find(columns, PROMPT_KEYS, None, path)
     rng = np.random.default_rng(seed)
     rows: list[TraceRow] = []
+    check = RowChecker()  # an invalid row fails here, named by the input's line
     for number, record in enumerate(table, 2):  # line 1 is the header
         where = f"{path}, line {number}"
         if not (record.get(mean_col) or "").strip():
@@ -105,14 +106,17 @@ def import_stats(
             for j in range(samples_per_prompt):
                 n = int(lengths[g, j])
                 rows.append(
-                    TraceRow(
-                        step=int(step),
-                        prompt_id=f"s{int(step)}g{g}",
-                        sample_index=j,
-                        prompt_tokens=prompt,
-                        response_tokens=n,
-                        finish="truncated" if n >= max_response_len else "stop",
-                        reward=None,
+                    check(
+                        TraceRow(
+                            step=int(step),
+                            prompt_id=f"s{int(step)}g{g}",
+                            sample_index=j,
+                            prompt_tokens=prompt,
+                            response_tokens=n,
+                            finish="truncated" if n >= max_response_len else "stop",
+                            reward=None,
+                        ),
+                        where,
                     )
                 )
     if not rows:

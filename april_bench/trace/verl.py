@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
-from april_bench.trace.format import PER_SAMPLE, TraceHeader, TraceRow
+from april_bench.trace.format import PER_SAMPLE, RowChecker, TraceHeader, TraceRow
 from april_bench.trace.tokens import TokenCounter
 
 __all__ = ["import_verl", "verl_files"]
@@ -67,6 +67,7 @@ def import_verl(
 ) -> tuple[TraceHeader, list[TraceRow]]:
     """The trace of a verl ``rollout_data_dir`` (or one ``{step}.jsonl`` file of it)."""
     rows: list[TraceRow] = []
+    check = RowChecker()  # an invalid row fails here, named by the input's line
     files = verl_files(source)
     truncated = 0
     for file_step, path in files:
@@ -92,14 +93,17 @@ def import_verl(
             else:
                 response += 1  # the EOS token, which decoding with skip_special_tokens dropped
             rows.append(
-                TraceRow(
-                    step=step,
-                    prompt_id=prompt_id,
-                    sample_index=index,
-                    prompt_tokens=max(1, counter.count(entry["input"])),
-                    response_tokens=response,
-                    finish=finish,
-                    reward=reward,
+                check(
+                    TraceRow(
+                        step=step,
+                        prompt_id=prompt_id,
+                        sample_index=index,
+                        prompt_tokens=max(1, counter.count(entry["input"])),
+                        response_tokens=response,
+                        finish=finish,
+                        reward=reward,
+                    ),
+                    where,
                 )
             )
     if not rows:

@@ -6,8 +6,6 @@ holds the old state or the new one, never a torn one.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +13,10 @@ __all__ = ["save_atomic"]
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:
-    """``torch.save(obj, path)``, atomically and durably."""
+    """``torch.save(obj, path)``, atomically and durably (:func:`april_bench.fsio.write_atomic`: the
+    old state stays until the new one is in place)."""
     import torch
 
-    from april_bench.fsio import record
+    from april_bench.fsio import write_atomic
 
-    target = Path(path)
-    record(target)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(Path(path), lambda f: torch.save(obj, f))

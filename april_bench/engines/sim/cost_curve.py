@@ -177,10 +177,9 @@ class CostCurve:
             raise ConfigError(f"{where}: malformed cost curve ({type(exc).__name__}: {exc})") from None
 
     def save(self, path: Path) -> None:
-        from april_bench.fsio import record
+        from april_bench.fsio import write_atomic
 
-        record(path)
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        write_atomic(path, json.dumps(self.to_json(), indent=2) + "\n")
 
     @classmethod
     def load_file(cls, path: Path | str) -> CostCurve:
