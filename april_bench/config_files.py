@@ -114,8 +114,9 @@ def write_config_file(path: Path, config: ExperimentConfig) -> None:
         "# april-bench run configuration: `python -m april_bench run --config THIS_FILE` repeats the run.\n"
         "# Fields: docs/results-schema.md and `run --help`; any field left out comes from the recipe.\n"
     )
+    from april_bench.redact import redact
     from april_bench.results.store import write_text_atomic
 
-    body = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False)
+    body = yaml.safe_dump(redact(config.to_dict()), sort_keys=False, default_flow_style=False)
     # atomic, through a uniquely named temporary file: a reader sees the old file or the whole new one
     write_text_atomic(path, header + body)

@@ -202,12 +202,20 @@ def stored_config(out: Path) -> ExperimentConfig:
     none april-bench can read."""
     from april_bench.config import ConfigError
     from april_bench.experiment_config import load_config
+    from april_bench.redact import redacted_fields
     from april_bench.results.validate_files import read_json_object
 
     if not out.is_dir():
         raise ConfigError(f"--resume {out}: no such run directory")
+    stored = read_json_object(out / "config.json", "run configuration")
+    hidden = redacted_fields(stored)
+    if hidden:
+        raise ConfigError(
+            f"{out}/config.json holds credentials april-bench never stores ({', '.join(hidden)} "
+            "redacted), so the run cannot resume with them; start it again with --out"
+        )
     try:
-        return load_config(read_json_object(out / "config.json", "run configuration"))
+        return load_config(stored)
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(
             f"{out}/config.json is not a configuration april-bench can read ({exc}); the run cannot resume"

@@ -54,6 +54,7 @@ from typing import Any
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import Engine
 from april_bench.experiment_config import ExperimentConfig
+from april_bench.redact import redact
 from april_bench.results.store import write_json_atomic, write_text_atomic
 
 __all__ = [
@@ -584,7 +585,7 @@ def run_simcheck(
         "engine": components.engine_name,
         "lengths": trace_info,
         "tolerance": tolerance,
-        "config": config.to_dict(),
+        "config": redact(config.to_dict()),  # sealed as written: no secret in the hashed bytes
         "cost_curve": curve.to_json(),
         "arms": predicted,
     }

@@ -36,7 +36,9 @@ class _Parser(argparse.ArgumentParser):
     """Bad flags get one line naming the fix, not a page of usage."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+        from april_bench.redact import redact_text
+
+        self.exit(2, f"error: {redact_text(message)} (see `{self.prog} --help`)\n")
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         """An invalid choice that differs only in case names the right one (``--hw MI300X``)."""
@@ -46,6 +48,13 @@ class _Parser(argparse.ArgumentParser):
             if folded:
                 raise argparse.ArgumentError(action, f"invalid choice: {value!r}. Did you mean: {folded[0]}?")
         super()._check_value(action, value)
+
+
+def _message(exc: BaseException) -> str:
+    """An error's message with every secret redacted (``http://user:***@host``)."""
+    from april_bench.redact import redact_text
+
+    return redact_text(str(exc))
 
 
 def prog_name(argv0: str | None = None) -> str:
@@ -115,10 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup(args)
         return int(args.handler(args))
     except (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_message(exc)}", file=sys.stderr)
         return 2
     except EngineError as exc:
-        print(f"engine error: {exc}", file=sys.stderr)
+        print(f"engine error: {_message(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -51,8 +51,10 @@ def setup(args: argparse.Namespace) -> None:
 
 
 def echo(line: str) -> None:
-    """One line said along the way (not a result): logged at info."""
-    log.info(line)
+    """One line said along the way (not a result): logged at info, credentials redacted."""
+    from april_bench.redact import redact_text
+
+    log.info(redact_text(line))
 
 
 def show_progress(args: argparse.Namespace) -> bool:

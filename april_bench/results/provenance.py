@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.machine import detect_accelerators, installed_engines
+from april_bench.redact import is_secret_env, redact
 from april_bench.telemetry.gpu_facts import gpu_info
 from april_bench.threads import DEFAULT_CPU_THREADS, threads_in_use
 
@@ -79,8 +80,6 @@ _ENV_NAMES = (
     "MKL_ENABLE_INSTRUCTIONS",
 )
 _ENV_PREFIXES = ("CUDA_", "VLLM_", "SGLANG_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "KMP_", "RAY_")
-#: Never recorded, whatever the prefix: credentials.
-_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
 
 
 #: The simcheck validation log: one line appended per simcheck run (april_bench.simcheck).
@@ -175,8 +174,7 @@ def result_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {
         name: value
         for name, value in sorted(env.items())
-        if (name in _ENV_NAMES or name.startswith(_ENV_PREFIXES))
-        and not any(word in name.upper() for word in _SECRET_WORDS)
+        if (name in _ENV_NAMES or name.startswith(_ENV_PREFIXES)) and not is_secret_env(name)
     }
 
 
@@ -324,7 +322,7 @@ def collect_provenance(
             "gpus": gpu_info(),
             "engines_installed": installed_engines(),
         },
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "command": redact([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "environment": result_environment(),
         "metadata": dict(metadata or {}),
         "notes": notes or [],

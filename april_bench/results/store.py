@@ -91,8 +91,11 @@ class RunDirectory:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON to ``path`` through a temporary file and a rename."""
+    from april_bench.redact import redact
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    # every JSON file a run writes (config, provenance, status, summary, checkpoints) holds no secret
+    _write_text_atomic(path, json.dumps(redact(data), indent=2) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

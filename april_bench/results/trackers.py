@@ -357,6 +357,9 @@ def open_trackers(
     """Start every tracker in ``names`` (checked with :func:`check_trackers`) around ``inner``."""
     check_trackers(names)
     options = TrackerOptions(out=out, run_name=out.name, project=project, offline=offline)
+    from april_bench.redact import redact
+
+    config, provenance = redact(config), redact(provenance)  # a tracker's server never sees a secret
     trackers: dict[str, Tracker] = {}
     for name in dict.fromkeys(names):
         trackers[name] = TRACKERS[name][2](options, config, provenance)

@@ -31,7 +31,6 @@ into its policy version, so versions come from the server, not from us.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import sys
 import uuid
@@ -67,6 +66,9 @@ __all__ = ["SGLangEngine", "launch_command"]
 _CAPABILITIES: frozenset[Capability[Any]] = frozenset({HEALTH, KILL, METRICS})
 
 MIN_SGLANG = "0.5.9"  # oldest version whose API this adapter was checked against (/v1/loads, sampling_seed)
+
+#: Seconds an attached server may refuse connections before the run stops (nothing listens there).
+ATTACH_REFUSED_S = 3.0
 
 
 @dataclass(slots=True)
@@ -193,12 +195,25 @@ class SGLangEngine(ServerAdapter, Configurable):
         )
 
     async def _wait_healthy(self) -> None:
+        """Wait for ``GET /health``: a launched server up to ``launch_timeout_s``; an attached one that
+        refuses connections fails after :data:`ATTACH_REFUSED_S` (nothing listens there: a server still
+        loading its model accepts connections)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.launch_timeout_s
+        refused_since: float | None = None
         while True:
-            with contextlib.suppress(HTTPError):
+            try:
                 if (await self._http.get("/health", timeout=self.config.control_timeout_s)).status == 200:
                     return
+                refused_since = None
+            except HTTPError as exc:
+                if self.server is None and str(exc).startswith("cannot connect"):
+                    refused_since = loop.time() if refused_since is None else refused_since
+                    if loop.time() - refused_since >= ATTACH_REFUSED_S:
+                        raise EngineError(
+                            f"nothing answers at {self.url} (connections refused for "
+                            f"{ATTACH_REFUSED_S:g} s): start the SGLang server there, or fix --engine-url"
+                        ) from None
             if loop.time() > deadline:
                 raise EngineError(f"the sglang server at {self.url} is not healthy (GET /health)")
             await asyncio.sleep(0.5)
