@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -126,9 +127,11 @@ def config_from(
     for name, value in options.items():
         try:
             converted[name] = _coerce(value, hints[name])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             what = f"{_type_name(hints[name])} ({fields[name].metadata.get('help', '')})"
-            raise ConfigError(f"{where} {name}={value!r}: expected {what}") from None
+            if _non_finite(value) and what.startswith(("a number", "an integer")):
+                what = "a finite " + what.removeprefix("a ").removeprefix("an ")
+            raise ConfigError(f"{where} {name}={_short_repr(value)}: expected {what}") from None
     try:
         return cls(**converted)
     except TypeError as exc:
@@ -176,12 +179,15 @@ def _coerce(value: Any, hint: Any) -> Any:
         raise TypeError(value)
     if hint is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise TypeError(value)
+            raise TypeError(value)  # NaN and infinities are not integers either
         return int(value) if isinstance(value, (int, float, str)) else _fail(value)
     if hint is float:
         if isinstance(value, bool):
             raise TypeError(value)
-        return float(value) if isinstance(value, (int, float, str)) else _fail(value)
+        number = float(value) if isinstance(value, (int, float, str)) else _fail(value)
+        if not math.isfinite(number):
+            raise ValueError(value)  # NaN and infinities fail closed: no setting means them
+        return number
     if hint is str:
         return value if isinstance(value, str) else _fail(value)
     if hint is Path:
@@ -189,6 +195,23 @@ def _coerce(value: Any, hint: Any) -> Any:
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return hint(value)
     return value
+
+
+def _non_finite(value: Any) -> bool:
+    """``NaN``, ``inf``, ``1e999`` (as a number or as the text a user typed)."""
+    try:
+        return isinstance(value, float | str) and not math.isfinite(float(value))
+    except (ValueError, OverflowError):
+        return False
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)`` bounded in depth and length: a value read from a hostile file may be huge."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, 60, 60
+    return short.repr(value)
 
 
 def _fail(value: Any) -> Any:

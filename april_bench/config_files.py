@@ -13,7 +13,6 @@ Every run writes ``config.yaml`` (YAML: it can say ``null``, which TOML cannot),
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,12 +34,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
     suffix = path.suffix.lower()
     if suffix not in _SUFFIXES:
         raise ConfigError(f"--config {path}: expected a .toml, .yaml or .json file")
+    from april_bench.bounded import MAX_CONFIG_BYTES, check_values, json_loads, read_bytes, yaml_load
+
+    where = f"--config {path}"
     try:
-        text = path.read_text()
+        text = read_bytes(path, MAX_CONFIG_BYTES, "config file").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {exc.start})") from None
     data: Any
     if suffix == ".toml":
         import tomllib
@@ -49,22 +51,22 @@ def read_config_file(path: Path) -> dict[str, Any]:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+        except RecursionError:
+            raise ConfigError(f"--config {path}: nested too deeply") from None
     elif suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--config {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = json_loads(text, where)
     else:
         import yaml
 
         try:
-            data = yaml.safe_load(text)
+            data = yaml_load(text, where)
         except yaml.YAMLError as exc:
-            where = getattr(exc, "problem_mark", None)
-            line = f" at line {where.line + 1}" if where is not None else ""
+            mark = getattr(exc, "problem_mark", None)
+            line = f" at line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(
                 f"--config {path}: not valid YAML{line} ({getattr(exc, 'problem', exc)})"
             ) from None
+    check_values(data, where, string_keys=True)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

@@ -20,6 +20,10 @@ from april_bench.telemetry.sampler import TelemetryConfig
 
 __all__ = ["ExperimentConfig", "load_config"]
 
+#: More steps or repeats than any run takes: a config.json holding 1e308 steps is damaged, not a plan.
+MAX_STEPS = 1_000_000
+MAX_REPEATS = 10_000
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig(BaseConfig):
@@ -122,16 +126,18 @@ class ExperimentConfig(BaseConfig):
             build_strategy(arm, self.strategy_args)  # unknown or ill-typed options fail here
         if self.baseline is not None and self.baseline not in labels:
             raise ConfigError(f"--baseline {self.baseline!r} is not one of the arms: {', '.join(labels)}")
-        if self.steps < 1:
-            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
-        if self.repeats < 1:
-            raise ConfigError(f"--repeats must be >= 1, got {self.repeats}")
+        for name, top in (("steps", MAX_STEPS), ("repeats", MAX_REPEATS)):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(f"--{name} must be >= 1, got {value}")
+            if value > top:
+                raise ConfigError(f"--{name} must be <= {top:,} (more than any run takes), got {value}")
         if self.block_steps is not None and self.block_steps < 1:
             raise ConfigError(f"--block-steps must be >= 1, got {self.block_steps}")
         if not 0 <= self.warmup_steps < self.steps:
             raise ConfigError(f"--warmup-steps must be in [0, --steps), got {self.warmup_steps}")
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"--seed must be in [0, 2**63), got {self.seed}")
         if self.engine != "auto" and self.engine not in ENGINES:
             ENGINES.get(self.engine)  # raises with did-you-mean
         if self.off_policy not in OFF_POLICY_MODES:

@@ -28,11 +28,7 @@ def key_value(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key.strip().replace("-", "_"), value
+    return key.strip().replace("-", "_"), _json_or_text(raw)
 
 
 def metadata_pair(text: str) -> tuple[str, Any]:
@@ -40,11 +36,31 @@ def metadata_pair(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, e.g. cluster=a100-pool, got {text!r}")
+    return key.strip(), _json_or_text(raw)
+
+
+def _json_or_text(raw: str) -> Any:
+    """``raw`` read as strict JSON (``NaN``, ``Infinity`` and overflowing numbers are not JSON), else the
+    text itself: ``--metadata x=NaN`` keeps the string "NaN", and a setting that wants a number refuses
+    it in one line."""
+    from april_bench.bounded import check_values
+    from april_bench.config import ConfigError
+
+    def refuse(name: str) -> Any:
+        raise ValueError(name)
+
+    def finite(text: str) -> float:
+        value = float(text)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(text)
+        return value
+
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key.strip(), value
+        value = json.loads(raw, parse_constant=refuse, parse_float=finite)
+        check_values(value, "a flag value")
+    except (ValueError, RecursionError, ConfigError):
+        return raw
+    return value
 
 
 def name_path(text: str) -> tuple[str, str]:

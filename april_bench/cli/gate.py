@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                             "arm": r.arm,
                             "gain": r.gain,
                             "rule": str(r.rule),
-                            "base": r.base,
-                            "new": r.new,
+                            "base": _json_number(r.base),
+                            "new": _json_number(r.new),
                             "regressed": r.regressed,
+                            "why": r.why,
                         }
                         for r in rows
                     ],
@@ -123,3 +125,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             )
         )
     return 1 if regressed else 0
+
+
+def _json_number(value: Any) -> Any:
+    """A gain for ``--json``: a NaN or infinity is the string "nan"/"inf" (bare NaN is not JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

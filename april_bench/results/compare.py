@@ -41,6 +41,7 @@ load 4-7); the iteration-unit rule is the one a CI should gate on.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -195,6 +196,9 @@ def _compare(arm: str, gain: str, rule: Rule, base: Mapping[str, Any], new: Mapp
         b_ci, n_ci = b_stats.get("ci"), n_stats.get("ci")
     if b is None or n is None:
         return Comparison(arm, gain, rule, b, n, b_ci, n_ci, False, "not measured in both runs")
+    if not all(_finite(v) for v in (b, n, *(b_ci or ()), *(n_ci or ()))):
+        why = "not a finite number (NaN or infinity) in BASE or NEW: a gate never passes on it"
+        return Comparison(arm, gain, rule, b, n, b_ci, n_ci, True, why)
     if (
         rule.view == "iterations"
         and not rule.tolerance
@@ -230,6 +234,10 @@ def points(change: float, *, sign: bool = False) -> str:
     if value != 0 and abs(value) < 0.005:
         text = f"{value:+.1e}" if sign else f"{value:.1e}"
     return text
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def render_comparison(rows: Sequence[Comparison]) -> str:

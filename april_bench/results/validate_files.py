@@ -37,8 +37,10 @@ RESTART = "start the run again with --overwrite (or restore the file from a copy
 
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
     """``path`` as a JSON object; missing, unreadable, not UTF-8, not JSON or not an object: one line."""
+    from april_bench.bounded import MAX_LINE_BYTES, read_bytes
+
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_bytes(path, 4 * MAX_LINE_BYTES, what).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: the {what} is missing; {RESTART}") from None
     except OSError as exc:
@@ -52,6 +54,8 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
             f"{path}, line {exc.lineno}: the {what} is not valid JSON ({exc.msg}: truncated or damaged); "
             f"{RESTART}"
         ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the {what} is nested too deeply (damaged); {RESTART}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the {what} must be a JSON object, got {type(data).__name__}; {RESTART}")
     return data

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
@@ -128,6 +129,10 @@ class RolloutConfig(BaseConfig):
         for name in ("reabort_interval_s", "abort_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"rollout {name} must be > 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"rollout temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:  # NaN fails this too
+            raise ConfigError(f"rollout top_p must be in (0, 1], got {self.top_p}")
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p)

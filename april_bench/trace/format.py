@@ -250,14 +250,19 @@ def _parse_header(data: Any, where: str) -> TraceHeader:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    from april_bench.bounded import read_line
+
     number = 0
     try:
         with _open(path) as f:
-            for number, line in enumerate(f, 1):
+            while line := read_line(f, f"{path}, line {number + 1}"):
+                number += 1
                 if line.strip():
                     yield number, json.loads(line)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}, line {number}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}, line {number}: nested too deeply") from None
     except (EOFError, gzip.BadGzipFile, UnicodeDecodeError, OSError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
@@ -293,6 +298,8 @@ def read_trace(path: Path, *, arm: str | None = None) -> Trace:
         return trace_from_run(path, arm=arm)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such trace file or run directory")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a regular file (a trace is a file or a run directory)")
     if path.name.startswith("trace.jsonl") and (path.parent / "config.json").exists():
         return trace_from_run(path.parent, arm=arm)
     if arm is not None:
