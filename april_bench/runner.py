@@ -208,6 +208,7 @@ def stored_config(out: Path) -> ExperimentConfig:
     if not out.is_dir():
         raise ConfigError(f"--resume {out}: no such run directory")
     stored = read_json_object(out / "config.json", "run configuration")
+    check_schema_versions(out)
     hidden = redacted_fields(stored)
     if hidden:
         raise ConfigError(
@@ -220,6 +221,23 @@ def stored_config(out: Path) -> ExperimentConfig:
         raise ConfigError(
             f"{out}/config.json is not a configuration april-bench can read ({exc}); the run cannot resume"
         ) from None
+
+
+def check_schema_versions(out: Path) -> None:
+    """Refuse to continue a run whose files a newer april-bench wrote: resuming would mix versions."""
+    from april_bench.config import ConfigError
+    from april_bench.results.schema import SCHEMA_VERSION, schema_version_of
+    from april_bench.results.validate_files import read_json_object
+
+    for name in ("config.json", "provenance.json", "status.json"):
+        if not (out / name).exists():
+            continue
+        version = schema_version_of(read_json_object(out / name, name.removesuffix(".json")))
+        if version > SCHEMA_VERSION:
+            raise ConfigError(
+                f"{out / name}: written by a newer april-bench (schema_version {version}; this one reads "
+                f"up to {SCHEMA_VERSION}): resume it with that version, not this one"
+            )
 
 
 def resume_line(status: RunStatus, config: ExperimentConfig) -> str:

@@ -10,11 +10,13 @@ bounded-staleness async system; each off-policy mode is a run of its own (it cha
 the rollout).  Each run is an ordinary run directory under ``OUT/<mode>/`` (``report`` and ``run
 --resume`` work on it); ``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table,
 ``OUT/ablation.{png,pdf}`` the figure (PNG for the docs, vector PDF for a paper).
+``OUT/ablation-plan.json``, written before the first mode runs, is what ``ablate --resume OUT`` finishes after an interruption: every mode, then the outputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -71,6 +73,14 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+#: The grid flags' defaults (``ablate --resume`` tells them from flags the user gave).
+_GRID_DEFAULTS: dict[str, Any] = {
+    "ratios": [2.0, 1.5, 3.0],
+    "spans": [None, 1],
+    "drivers": _drivers(DEFAULT_DRIVERS),
+}
+
+
 def add_parsers(sub: Any) -> None:
     from april_bench.algorithms import OFF_POLICY_MODES
     from april_bench.cli.args import add_run_arguments
@@ -84,11 +94,13 @@ def add_parsers(sub: Any) -> None:
     )
     add_run_arguments(p)
     grid = p.add_argument_group("the grid (one knob at a time around the first value of each)")
-    grid.add_argument("--ratios", type=_floats, default=[2.0, 1.5, 3.0], metavar="LIST", help="N'/N values")
+    grid.add_argument(
+        "--ratios", type=_floats, default=_GRID_DEFAULTS["ratios"], metavar="LIST", help="N'/N values"
+    )
     grid.add_argument(
         "--spans",
         type=_spans,
-        default=[None, 1],
+        default=_GRID_DEFAULTS["spans"],
         metavar="LIST",
         help="max_version_span values (none: unbounded)",
     )
@@ -102,7 +114,7 @@ def add_parsers(sub: Any) -> None:
     grid.add_argument(
         "--drivers",
         type=_drivers,
-        default=_drivers(DEFAULT_DRIVERS),
+        default=_GRID_DEFAULTS["drivers"],
         metavar="LIST",
         help="asynchronous drivers run on the sync and APRIL arms: one-step-off, stale:ETA, lookahead:K, or "
         f"none (default: {DEFAULT_DRIVERS}; on the simulator they train on a quarter of the node and roll "
@@ -116,19 +128,23 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(handler=cmd_ablate)
 
 
+#: The ablation's plan, written before its first mode runs: what ``ablate --resume OUT`` finishes.
+PLAN_NAME = "ablation-plan.json"
+_PLAN_KIND = "april-bench ablation plan"
+
+
 def cmd_ablate(args: argparse.Namespace) -> int:
     from april_bench import runner
     from april_bench.algorithms import OFF_POLICY_MODES
     from april_bench.cli.args import config_from_args
-    from april_bench.cli.commands import print_outcome
-    from april_bench.config import ConfigError
     from april_bench.results.lock import RunLock
     from april_bench.results.reference import check_reference_output
-    from april_bench.results.rundir import claim_run_dir, default_run_name, start_run_dir
-    from april_bench.results.store import load_run
+    from april_bench.results.rundir import claim_run_dir, default_run_name
+    from april_bench.results.schema import SCHEMA_VERSION
+    from april_bench.results.store import write_json_atomic
 
     if args.resume is not None:
-        raise ConfigError("ablate has no --resume; continue one mode's run with `run --resume OUT/<mode>`")
+        return _resume(args)
     base = config_from_args(args)
     strategies = ZOO if args.strategies is None else base.strategies
     max_len = base.rollout.max_response_len
@@ -159,51 +175,168 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     lock = RunLock()  # held until the ablation ends: a second ablate into this --out is refused
     out = claim_run_dir(args.out, default_name=name, overwrite=args.overwrite, lock=lock, kind="ablate")
     try:
-        _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
-        rows: list[dict[str, Any]] = []
-        simulated = True
-        for mode in modes:
-            run_dir = out / mode
-            status = start_run_dir(run_dir, default_name=mode)
-            tick = time.monotonic()
-            outcome = runner.execute(
-                configs[mode], components[mode], run_dir, status, progress=not args.no_progress, echo=_echo
-            )
-            code = print_outcome(outcome)
-            if code != 0:
-                return code
-            _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")
-            run = load_run(run_dir)
-            simulated = simulated and run.simulated
-            summary = run.summary()
-            rows += [_row(arm, mode, summary[arm.label], base.rollout.rollout_batch_size) for arm in arms]
-        from april_bench.results.schema import SCHEMA_VERSION
-
-        result = {
+        plan = {
+            "kind": _PLAN_KIND,
             "schema_version": SCHEMA_VERSION,
-            "result_kind": "simulated" if simulated else "measured",
-            "hardware": base.hardware,
-            "algorithm": base.algorithm,
-            "dataset": base.dataset,
-            "model": base.model,
-            "steps": base.steps,
+            "arms": [dataclasses.asdict(arm) for arm in arms],
             "baseline": baseline,
-            "rows": rows,
+            "configs": {mode: config.to_dict() for mode, config in configs.items()},
         }
-        from april_bench.results.store import write_text_atomic
-
-        write_text_atomic(out / "ablation.json", json.dumps(result, indent=1) + "\n")
-        table = render_ablation(result)
-        write_text_atomic(out / "ablation.md", table + "\n")
-        figure = _figure(result, out / "ablation.png")
-        print(table)
-        print(
-            f"\nablation directory: {out}"
-            + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
-        )
-        return 0
+        write_json_atomic(out / PLAN_NAME, plan)  # before any mode runs: an interruption can be finished
+        _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
+        return _run_modes(out, arms, configs, baseline, components=components, progress=not args.no_progress)
     finally:
         lock.release()  # a caller in this process may claim the directory again
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """``ablate --resume OUT``: finish every mode of the plan (a complete mode is kept, an interrupted
+    one resumed, one not started run), then write the ablation's table, JSON and figure."""
+    from april_bench.cli.args import flags_set
+    from april_bench.experiment_config import load_config
+    from april_bench.redact import redacted_fields
+    from april_bench.results.lock import RunLock
+    from april_bench.results.reference import check_reference_output
+    from april_bench.results.schema import SCHEMA_VERSION, schema_version_of
+    from april_bench.results.validate_files import read_json_object
+
+    allowed = {"--resume", "--no-progress", "--allow-dirty"}
+    extra = [f for f in flags_set(args) if f not in allowed and not _grid_default(args, f)]
+    if extra:
+        raise ConfigError(f"--resume continues an ablation with its own plan; drop {', '.join(extra)}")
+    out = Path(args.resume).expanduser()
+    if not out.is_dir():
+        raise ConfigError(f"--resume {out}: no such ablation directory")
+    if not (out / PLAN_NAME).is_file():
+        raise ConfigError(
+            f"--resume {out}: no {PLAN_NAME}, so not an ablation this april-bench can finish (one made "
+            "before plans were written: continue each mode with `run --resume OUT/<mode>`)"
+        )
+    check_reference_output(out, allow_dirty=args.allow_dirty)
+    with RunLock(out):
+        plan = read_json_object(out / PLAN_NAME, "ablation plan")
+        if plan.get("kind") != _PLAN_KIND:
+            raise ConfigError(f"{out / PLAN_NAME}: not an april-bench ablation plan")
+        if schema_version_of(plan) > SCHEMA_VERSION:
+            newer = plan["schema_version"]
+            raise ConfigError(
+                f"{out / PLAN_NAME}: written by a newer april-bench (schema_version {newer}, this one "
+                f"reads up to {SCHEMA_VERSION}); finish it with that version"
+            )
+        hidden = redacted_fields(plan.get("configs"))
+        if hidden:
+            raise ConfigError(
+                f"{out / PLAN_NAME}: holds redacted credentials ({', '.join(hidden)}); start it again"
+            )
+        if (out / "ablation.json").exists():
+            raise ConfigError(f"{out} is already complete; its table is {out / 'ablation.md'}")
+        try:
+            arms = [
+                AblationArm(**{**a, "driver": tuple((str(k), v) for k, v in a.get("driver", ()))})
+                for a in plan["arms"]
+            ]
+            configs = {str(mode): load_config(c) for mode, c in plan["configs"].items()}
+            baseline = str(plan["baseline"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"{out / PLAN_NAME}: damaged ({type(exc).__name__}: {exc}); start it again"
+            ) from None
+        _echo(f"resuming ablation {out}: {len(arms)} arms x {len(configs)} off-policy mode(s)")
+        return _run_modes(
+            out,
+            arms,
+            configs,
+            baseline,
+            components=None,
+            progress=not args.no_progress,
+            resume=True,
+            allow_dirty=args.allow_dirty,
+        )
+
+
+def _grid_default(args: argparse.Namespace, flag: str) -> bool:
+    """Whether ``flag`` is one of the grid's flags left at its default (argparse fills those in)."""
+    name = flag.removeprefix("--").replace("-", "_")
+    return name in _GRID_DEFAULTS and getattr(args, name) == _GRID_DEFAULTS[name]
+
+
+def _mode_state(run_dir: Path) -> str | None:
+    """A mode's run state (``complete``, ``interrupted`` ...), ``None`` when it never started."""
+    try:
+        data = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return str(data.get("state")) if isinstance(data, dict) else None
+
+
+def _run_modes(
+    out: Path,
+    arms: list[AblationArm],
+    configs: dict[str, Any],
+    baseline: str,
+    *,
+    components: dict[str, Any] | None,
+    progress: bool,
+    resume: bool = False,
+    allow_dirty: bool = False,
+) -> int:
+    """Run (or, with ``resume``, finish) every mode, then write the ablation's outputs."""
+    from april_bench import runner
+    from april_bench.cli import prog_name
+    from april_bench.cli.commands import print_outcome
+    from april_bench.results.rundir import start_run_dir
+    from april_bench.results.store import load_run
+
+    rows: list[dict[str, Any]] = []
+    simulated = True
+    first = next(iter(configs.values()))
+    for mode, config in configs.items():
+        run_dir = out / mode
+        state = _mode_state(run_dir) if resume else None
+        tick = time.monotonic()
+        outcome = None
+        if state is None:
+            prepared = (
+                components[mode] if components is not None else runner.prepare(config, progress=progress)
+            )
+            status = start_run_dir(run_dir, default_name=mode, overwrite=resume)
+            outcome = runner.execute(config, prepared, run_dir, status, progress=progress, echo=_echo)
+        elif state != "complete":
+            outcome = runner.resume(run_dir, progress=progress, echo=_echo, allow_dirty=allow_dirty)
+        if outcome is not None:
+            code = print_outcome(outcome)
+            if code != 0:
+                _echo(f"ablation: continue every mode with `{prog_name()} ablate --resume {out}`")
+                return code
+            _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")
+        run = load_run(run_dir)
+        simulated = simulated and run.simulated
+        summary = run.summary()
+        rows += [_row(arm, mode, summary[arm.label], first.rollout.rollout_batch_size) for arm in arms]
+    from april_bench.results.schema import SCHEMA_VERSION
+
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "result_kind": "simulated" if simulated else "measured",
+        "hardware": first.hardware,
+        "algorithm": first.algorithm,
+        "dataset": first.dataset,
+        "model": first.model,
+        "steps": first.steps,
+        "baseline": baseline,
+        "rows": rows,
+    }
+    from april_bench.results.store import write_text_atomic
+
+    write_text_atomic(out / "ablation.json", json.dumps(result, indent=1) + "\n")
+    table = render_ablation(result)
+    write_text_atomic(out / "ablation.md", table + "\n")
+    figure = _figure(result, out / "ablation.png")
+    print(table)
+    print(
+        f"\nablation directory: {out}" + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
+    )
+    return 0
 
 
 def _echo(line: str) -> None:

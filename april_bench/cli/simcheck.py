@@ -58,6 +58,11 @@ def cmd_simcheck(args: argparse.Namespace) -> int:
     from april_bench.results.rundir import claim_run_dir, default_run_name
     from april_bench.simcheck import run_simcheck
 
+    if args.resume is not None:
+        raise ConfigError(
+            f"simcheck cannot resume (its prediction is sealed before the measurement starts); run it again: "
+            f"`simcheck ... --out {args.resume} --overwrite`"
+        )
     if args.trace_steps is not None and args.trace_steps < 1:
         raise ConfigError(f"--trace-steps must be >= 1, got {args.trace_steps}")
     if args.tolerance is not None and not 0 <= args.tolerance < 1:

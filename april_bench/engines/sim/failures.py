@@ -45,12 +45,23 @@ from april_bench.engines.sim.cost_curve import MeasuredCost
 from april_bench.engines.sim.replica import ReplicaSettings, SimReplica
 from april_bench.engines.sim.speculative import SpeculativeCost
 
-__all__ = ["FailurePlan", "SimFailures", "SimPool", "check_failure_options"]
+__all__ = ["MAX_FAILURE_RATE_PER_HOUR", "FailurePlan", "SimFailures", "SimPool", "check_failure_options"]
+
+
+#: More failures per replica-hour than this (one every 3.6 s) leave no replica up between restarts:
+#: a what-if of that says nothing, and a rate like 1e9 would simulate failures forever.
+MAX_FAILURE_RATE_PER_HOUR = 1000.0
 
 
 def check_failure_options(rate_per_hour: float, at_s: Sequence[float], restart_s: float) -> None:
-    if rate_per_hour < 0:
+    if not rate_per_hour >= 0:  # NaN fails too
         raise ConfigError(f"--engine-arg failure_rate_per_hour must be >= 0, got {rate_per_hour}")
+    if rate_per_hour > MAX_FAILURE_RATE_PER_HOUR:
+        raise ConfigError(
+            f"--engine-arg failure_rate_per_hour (whatif --failure-rate) must be <= "
+            f"{MAX_FAILURE_RATE_PER_HOUR:g} failures per replica-hour (no replica would stay up), "
+            f"got {rate_per_hour}"
+        )
     if any(not t >= 0 for t in at_s):
         raise ConfigError("--engine-arg failure_at_s must be virtual seconds >= 0")
     if not restart_s >= 0:
