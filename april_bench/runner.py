@@ -203,11 +203,13 @@ def stored_config(out: Path) -> ExperimentConfig:
     from april_bench.config import ConfigError
     from april_bench.experiment_config import load_config
     from april_bench.redact import redacted_fields
+    from april_bench.results.store import check_run_config
     from april_bench.results.validate_files import read_json_object
 
     if not out.is_dir():
         raise ConfigError(f"--resume {out}: no such run directory")
     stored = read_json_object(out / "config.json", "run configuration")
+    check_run_config(out / "config.json", stored)  # `{}` is damaged, not a run of the defaults
     check_schema_versions(out)
     hidden = redacted_fields(stored)
     if hidden:

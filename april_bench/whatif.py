@@ -359,12 +359,14 @@ def render_whatif(result: dict[str, Any]) -> str:
         "| Off-policy share | Max staleness | Step s/step | Source |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    from april_bench.results.table import md_cell
+
     for row in result["rows"]:
         ratio = "-" if row["n_prime_over_n"] is None else f"{row['n_prime_over_n']:.2g}"
         share = "n/a" if row["off_policy_share"] is None else f"{row['off_policy_share']:.0%}"
         step = "n/a" if row["step_time_per_step_s"] is None else f"{row['step_time_per_step_s']:.1f}"
         lines.append(
-            f"| {row['arm']} | {row['driver']} | {ratio} | {_pct(row['generated_gain'])} "
+            f"| {md_cell(row['arm'])} | {md_cell(row['driver'])} | {ratio} | {_pct(row['generated_gain'])} "
             f"| {_pct(row['useful_gain'])} | {_pct(row['end_to_end_gain'])} | {share} "
             f"| {row['max_staleness']} | {step} | simulated |"
         )

@@ -187,3 +187,15 @@ def test_a_streamed_table_in_a_resumed_run_is_never_appended_through_a_link(tmp_
     with pytest.raises(ConfigError, match="symbolic link"):
         RunWriter(run)
     assert victim.read_text() == "the user's file\n"
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path: Path, capsys) -> None:
+    """The probe: `run --resume` on a directory whose `.lock` links to a user's file truncated it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    (run / ".lock").symlink_to(victim)
+    assert main(["run", "--resume", str(run)]) == 2
+    assert "cannot lock run directory" in _one_error(capsys.readouterr().err)
+    assert victim.read_text() == "the user's file\n"

@@ -10,7 +10,8 @@ bounded-staleness async system; each off-policy mode is a run of its own (it cha
 the rollout).  Each run is an ordinary run directory under ``OUT/<mode>/`` (``report`` and ``run
 --resume`` work on it); ``OUT/ablation.md`` and ``OUT/ablation.json`` hold the table,
 ``OUT/ablation.{png,pdf}`` the figure (PNG for the docs, vector PDF for a paper).
-``OUT/ablation-plan.json``, written before the first mode runs, is what ``ablate --resume OUT`` finishes after an interruption: every mode, then the outputs.
+``OUT/ablation-plan.json``, written before the first mode runs, is what ``ablate --resume OUT``
+finishes after an interruption: every mode, then the outputs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from april_bench.cli.output import echo
 from april_bench.config import ConfigError
 from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
-from april_bench.results.table import render_markdown
+from april_bench.results.table import md_cell, render_markdown
 from april_bench.zoo import DEFAULT_DRIVERS, ZOO, AblationArm, grid_arms, parse_drivers
 
 __all__ = ["ZOO", "AblationArm", "add_parsers", "cmd_ablate", "grid_arms"]
@@ -43,8 +44,8 @@ def _floats(text: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like 1.5,2,3, got {text!r}") from None
-    if any(v < 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"N'/N ratios must be >= 1, got {text!r}")
+    if any(not 1.0 <= v < 1e6 for v in values):  # NaN and infinity fail too
+        raise argparse.ArgumentTypeError(f"N'/N ratios must be >= 1 (and finite), got {text!r}")
     return values
 
 
@@ -282,7 +283,6 @@ def _run_modes(
 ) -> int:
     """Run (or, with ``resume``, finish) every mode, then write the ablation's outputs."""
     from april_bench import runner
-    from april_bench.cli import prog_name
     from april_bench.cli.commands import print_outcome
     from april_bench.results.rundir import start_run_dir
     from april_bench.results.store import load_run
@@ -306,7 +306,7 @@ def _run_modes(
         if outcome is not None:
             code = print_outcome(outcome)
             if code != 0:
-                _echo(f"ablation: continue every mode with `{prog_name()} ablate --resume {out}`")
+                _echo(f"ablation: continue every mode with `{runner._prog()} ablate --resume {out}`")
                 return code
             _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")
         run = load_run(run_dir)
@@ -393,7 +393,8 @@ def render_ablation(result: dict[str, Any]) -> str:
         span = "none" if r["max_version_span_bound"] is None else str(r["max_version_span_bound"])
         accuracy = "n/a (simulated)" if kind == "simulated" else _accuracy(r)
         lines.append(
-            f"| {r['off_policy_mode']} | {r['arm']} | {r.get('driver', 'sync')} | {ratio} | {span} "
+            f"| {md_cell(r['off_policy_mode'])} | {md_cell(r['arm'])} | {md_cell(r.get('driver', 'sync'))} "
+            f"| {ratio} | {span} "
             f"| {r['segment_len'] or '-'} "
             f"| {_pct(r['throughput_gain'])} | {_pct(r['useful_gain'])} | {_pct(r['end_to_end_gain'])} "
             f"| {_share(r['off_policy_token_ratio'])} | {r['max_version_span']} "

@@ -50,6 +50,8 @@ def failure_lines(rows: list[dict[str, Any]], *, kind: str) -> list[str]:
     """The table of what replica failures cost each arm (``ablate``, ``whatif``): empty when no row
     recorded a failure.  ``rows``: with ``arm``, ``failures`` (:meth:`FaultCounts.as_dict` or None),
     ``step_time_per_step_s`` and ``rollout_time_per_step_s``."""
+    from april_bench.results.table import md_cell
+
     if not any(r.get("failures") for r in rows):
         return []
     lines = [
@@ -63,7 +65,8 @@ def failure_lines(rows: list[dict[str, Any]], *, kind: str) -> list[str]:
     for r in rows:
         f = r.get("failures") or FaultCounts().as_dict()
         lines.append(
-            f"| {r['arm']} | {f['replica_failures']} | {f['requeued_requests']} | {f['requeued_tokens']:,} "
+            f"| {md_cell(r['arm'])} | {f['replica_failures']} | {f['requeued_requests']} "
+            f"| {f['requeued_tokens']:,} "
             f"| {_n(f['lost_decode_tokens'])} | {f['restarts']} | {_s(r.get('rollout_time_per_step_s'))} "
             f"| {_s(r.get('step_time_per_step_s'))} |"
         )

@@ -19,7 +19,7 @@ def run_state(path: Path) -> str | None:
     """``status.json``'s state (``None``: no status, a run written whole, e.g. ``write_run``)."""
     try:
         data = json.loads((path / "status.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return "damaged" if (path / "status.json").exists() else None
     state = data.get("state") if isinstance(data, dict) else None
     return state if isinstance(state, str) else "damaged"

@@ -19,7 +19,10 @@ def check_reference_output(out: Path | None, *, allow_dirty: bool) -> None:
     root = provenance.source_root()
     if out is None or root is None or allow_dirty:
         return
-    target = Path(out).expanduser().resolve()
+    try:
+        target = Path(out).expanduser().resolve()
+    except (OSError, RuntimeError) as exc:  # a symbolic link loop (RuntimeError before Python 3.13)
+        raise ConfigError(f"--out {out} cannot be resolved ({exc}); choose another --out") from None
     if not target.is_relative_to((root / "results").resolve()):
         return
     if provenance.git_info(root, exclude=target).get("dirty"):

@@ -251,13 +251,17 @@ def _rows_file(run: Path, name: str) -> Path | None:
 
 def _read_jsonl(path: Path, table: str) -> list[dict[str, Any]]:
     """The rows of one table file; a damaged file is a ``ConfigError`` naming the file and line."""
+    from april_bench.bounded import read_line
+
     opener = gzip.open if path.suffix == ".gz" else open
     required = _required_fields(table)
+    numeric = _numeric_fields(table)
     rows: list[dict[str, Any]] = []
     number = 0
     try:
         with opener(path, "rt") as f:
-            for number, line in enumerate(f, 1):
+            while line := read_line(f, f"{path}, line {number + 1}"):
+                number += 1
                 if not line.strip():
                     continue
                 row = json.loads(line)
@@ -268,14 +272,33 @@ def _read_jsonl(path: Path, table: str) -> list[dict[str, Any]]:
                     raise ConfigError(
                         f"{path}, line {number}: not a {table} row (missing {', '.join(sorted(missing))})"
                     )
+                for name in numeric:
+                    if type(row[name]) not in (int, float):
+                        raise ConfigError(
+                            f"{path}, line {number}: {name} must be a number, got {row[name]!r:.40}; the "
+                            "file is damaged"
+                        )
                 rows.append(row)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}, line {number}: not JSON ({exc.msg}); the file is damaged") from None
+    except RecursionError:
+        raise ConfigError(f"{path}, line {number}: nested too deeply; the file is damaged") from None
     except (EOFError, gzip.BadGzipFile, UnicodeDecodeError, zlib.error) as exc:
         raise ConfigError(
             f"{path}: damaged after line {number} ({exc}); the file is truncated or not a row file"
         ) from None
     return rows
+
+
+def _numeric_fields(table: str) -> tuple[str, ...]:
+    """Required fields of ``table`` declared ``int`` or ``float`` (a row holding text there is damaged)."""
+    import dataclasses
+
+    return tuple(
+        f.name
+        for f in dataclasses.fields(TABLES[table])
+        if f.name in _required_fields(table) and str(f.type) in ("int", "float")
+    )
 
 
 def _required_fields(table: str) -> set[str]:
@@ -290,15 +313,45 @@ def _required_fields(table: str) -> set[str]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from april_bench.bounded import MAX_LINE_BYTES, read_bytes
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_bytes(path, 4 * MAX_LINE_BYTES, "run file").decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); the file is damaged"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start}); the file is damaged") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply; the file is damaged") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return data
+
+
+#: The config fields every reader of a run uses (tables, figures, comparisons): checked when it is read.
+_CONFIG_FIELDS: tuple[tuple[str, type | tuple[type, ...], str], ...] = (
+    ("steps", int, "a whole number"),
+    ("strategies", list, "a list of arms"),
+    ("model", str, "a string"),
+    ("dataset", str, "a string"),
+    ("algorithm", str, "a string"),
+    ("hardware", str, "a string"),
+)
+
+
+def check_run_config(path: Path, config: Mapping[str, Any]) -> None:
+    """The fields every reader of a run's ``config.json`` uses, present and typed (else it is damaged);
+    ``strategies`` may be absent (runs older than it), never of the wrong type."""
+    for name, kind, want in _CONFIG_FIELDS:
+        value = config.get(name)
+        if value is None and name == "strategies":
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ConfigError(
+                f"{path}: field {name!r} must be {want}, got {value!r:.40}; the file is damaged"
+            )
 
 
 def load_run(path: Path) -> RunDirectory:
@@ -310,9 +363,11 @@ def load_run(path: Path) -> RunDirectory:
     missing += [f"{name}.jsonl" for name in REQUIRED_TABLES if files[name] is None]
     if missing:
         raise FileNotFoundError(f"{path} is not a run directory (missing {', '.join(missing)})")
+    config = _read_json(path / "config.json")
+    check_run_config(path / "config.json", config)
     return RunDirectory(
         path=path,
-        config=_read_json(path / "config.json"),
+        config=config,
         provenance=_read_json(path / "provenance.json"),
         tables={name: _read_jsonl(file, name) for name, file in files.items() if file is not None},
     )
@@ -369,7 +424,7 @@ def _duplicates(run: RunDirectory) -> list[str]:
 def _status(path: Path) -> str | None:
     try:
         return str(json.loads((path / "status.json").read_text()).get("state"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # damaged: the readers say how
         return None
 
 

@@ -286,8 +286,16 @@ def _num(value: Any, fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
+def md_cell(value: object) -> str:
+    """``value`` as one Markdown table cell: a ``|`` (an arm name read from a row file may hold one)
+    is escaped, a line break flattened, so the columns stay where they are."""
+    return str(value).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
 def render_markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-flavoured markdown table with aligned columns."""
+    """A GitHub-flavoured markdown table with aligned columns (cells escaped: :func:`md_cell`)."""
+    columns = [md_cell(c) for c in columns]
+    rows = [[md_cell(c) for c in r] for r in rows]
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
 
     def line(cells: Sequence[str]) -> str:

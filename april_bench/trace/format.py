@@ -392,12 +392,18 @@ def trace_from_run(run_dir: Path, *, arm: str | None = None) -> Trace:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from april_bench.bounded import MAX_LINE_BYTES, read_bytes
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_bytes(path, 4 * MAX_LINE_BYTES, "run file").decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{path.parent} is not a run directory (no {path.name})") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start}); the file is damaged") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply; the file is damaged") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return data

@@ -52,8 +52,9 @@ def load_slime_dump(path: Path) -> tuple[int, list[dict[str, Any]]]:
             f"{path}: refused: it holds objects other than tensors and plain containers, and april-bench "
             f"never unpickles them ({reason[:160]}); re-save its samples as plain dicts where you trust it"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a torch.save file ({str(exc).splitlines()[0][:160]})") from None
+    except Exception as exc:  # the safe unpickler fails on garbage in any way it likes (IndexError, ...)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # an empty file says nothing
+        raise ConfigError(f"{path}: not a torch.save file ({reason[:160]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise ConfigError(
             f"{path}: not slime debug rollout data (expected a dict with 'rollout_id' and 'samples')"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import math
 from pathlib import Path
 
@@ -29,6 +30,8 @@ __all__ = ["STEP_COLUMNS", "import_stats"]
 STEP_COLUMNS = ("_step", "step", "Step", "global_step", "trainer/global_step", "rollout/step", "train/step")
 MEAN_KEYS = ("response_length/mean", "rollout/response_len/mean", "response_len/mean")
 PROMPT_KEYS = ("prompt_length/mean",)
+#: Samples a step may synthesize (groups x samples per prompt): more is not a run, and would not fit.
+MAX_SAMPLES_PER_STEP = 1_000_000
 #: The simulator's length spread (docs/simulator.md): between prompts, within a group.
 PROMPT_SIGMA, WITHIN_SIGMA = 0.8, 0.6
 
@@ -69,10 +72,24 @@ def import_stats(
         raise ConfigError(
             "--groups-per-step, --samples-per-prompt, --max-response-len and --prompt-tokens must be >= 1"
         )
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
+    if groups_per_step * samples_per_prompt > MAX_SAMPLES_PER_STEP:
+        raise ConfigError(
+            f"--groups-per-step x --samples-per-prompt = {groups_per_step * samples_per_prompt:,} samples a "
+            f"step, more than any run makes ({MAX_SAMPLES_PER_STEP:,}); give the source run's values"
+        )
+    from april_bench.bounded import MAX_CONFIG_BYTES, read_bytes
+
+    try:
+        text = read_bytes(path, 64 * MAX_CONFIG_BYTES, "CSV file").decode("utf-8")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         columns = list(reader.fieldnames or [])
         table = list(reader)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); export the CSV as UTF-8") from None
+    except csv.Error as exc:
+        raise ConfigError(
+            f"{path}, line {reader.line_num}: not a CSV row april-bench reads ({exc})"
+        ) from None
     step_col = _find(columns, STEP_COLUMNS, step_column, path)
     mean_col = _find(columns, MEAN_KEYS, mean_column, path)
     if step_col is None or mean_col is None:

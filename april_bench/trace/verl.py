@@ -42,7 +42,7 @@ def verl_files(source: Path) -> list[tuple[int, Path]]:
     if source.is_file():
         files = [source]
     elif source.is_dir():
-        files = [p for p in source.iterdir() if p.suffix == ".jsonl" and p.stem.isdigit()]
+        files = [p for p in source.iterdir() if p.suffix == ".jsonl" and _step_name(p.stem)]
         if not files:
             raise ConfigError(
                 f"{source}: no {{step}}.jsonl files; point at verl's trainer.rollout_data_dir (not "
@@ -52,10 +52,15 @@ def verl_files(source: Path) -> list[tuple[int, Path]]:
         raise FileNotFoundError(f"{source}: no such verl rollout_data_dir or file")
     out = []
     for path in files:
-        if not path.stem.isdigit():
+        if not _step_name(path.stem):
             raise ConfigError(f"{path}: verl names its dumps {{step}}.jsonl; cannot tell this file's step")
         out.append((int(path.stem), path))
     return sorted(out)
+
+
+def _step_name(stem: str) -> bool:
+    """``12``, not ``²`` (a digit to ``str.isdigit`` that ``int`` refuses)."""
+    return stem.isascii() and stem.isdigit() and len(stem) < 19
 
 
 def import_verl(
@@ -79,6 +84,12 @@ def import_verl(
                     raise ConfigError(
                         f"{where}: a verl dump row needs an {key!r} string (is this a verl dump?)"
                     )
+                try:
+                    entry[key].encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ConfigError(
+                        f"{where}: {key!r} holds a lone surrogate (\\ud800-\\udfff): not text"
+                    ) from None
             step = entry.get("step", file_step)
             if isinstance(step, bool) or not isinstance(step, int):
                 raise ConfigError(f"{where}: 'step' must be a whole number, got {step!r}")
@@ -132,14 +143,26 @@ def import_verl(
 
 
 def _entries(path: Path) -> Any:
+    from april_bench.bounded import read_line
+
+    number = 0
     with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+        while True:
+            try:
+                line = read_line(f, f"{path}, line {number + 1}")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{path}: not UTF-8 text after line {number} ({exc.reason})") from None
+            if not line:
+                return
+            number += 1
             if not line.strip():
                 continue
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}, line {number}: not JSON ({exc.msg})") from None
+            except RecursionError:
+                raise ConfigError(f"{path}, line {number}: nested too deeply") from None
             if not isinstance(entry, dict):
                 raise ConfigError(f"{path}, line {number}: a verl dump row must be a JSON object")
             yield number, entry

@@ -183,13 +183,15 @@ class CostCurve:
 
     @classmethod
     def load_file(cls, path: Path | str) -> CostCurve:
+        from april_bench.bounded import MAX_CONFIG_BYTES, read_bytes
+
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_bytes(path, 16 * MAX_CONFIG_BYTES, "cost curve").decode("utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"cost curve {path} does not exist") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cost curve {path} cannot be read ({exc})") from None
+        except (OSError, ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deeply
+            raise ConfigError(f"cost curve {path} cannot be read ({type(exc).__name__}: {exc})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"cost curve {path}: expected a JSON object")
         return cls.from_json(data, where=str(path))
