@@ -136,8 +136,10 @@ class ExperimentConfig(BaseConfig):
             raise ConfigError(f"--block-steps must be >= 1, got {self.block_steps}")
         if not 0 <= self.warmup_steps < self.steps:
             raise ConfigError(f"--warmup-steps must be in [0, --steps), got {self.warmup_steps}")
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"--seed must be in [0, 2**63), got {self.seed}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        if self.seed >= 2**63:
+            raise ConfigError(f"--seed must be < 2**63 (a 64-bit seed), got {self.seed}")
         if self.engine != "auto" and self.engine not in ENGINES:
             ENGINES.get(self.engine)  # raises with did-you-mean
         if self.off_policy not in OFF_POLICY_MODES:

@@ -24,11 +24,14 @@ REDACTED = "***"
 _SECRET_ENV = re.compile(r"PASS|PWD|SECRET|TOKEN|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
 #: Setting names that hold a credential: ``api_key``, ``hf_token``, ``db_password``, ``secret``,
-#: ``credentials``, ``authorization`` ...  Not ``max_tokens`` (plural counts) nor ``reward_key``.
+#: ``credentials``, ``authorization`` ...  Not ``max_tokens`` or ``t_first_token`` (counts and times
+#: of tokens) nor ``reward_key``: a ``*_token`` or ``*_key`` is a credential only with a known prefix.
 _SECRET_SETTING = re.compile(
-    r"(?:^|[_\-.])(?:api[_\-]?key|apikey|access[_\-]?key|secret[_\-]?key|private[_\-]?key|token"
-    r"|access[_\-]?token|auth[_\-]?token|bearer|authorization|auth)$|^key$"
-    r"|(?:^|[_\-.])pass(?:$|[_\-.])|password|passwd|passphrase|pwd|secret|credential",
+    r"^(?:token|auth|bearer|authorization)$"
+    r"|(?:^|[_\-.])(?:api|access|secret|private|client|ssh|signing|encryption)[_\-]?key$"
+    r"|(?:^|[_\-.])(?:api|access|auth|hf|huggingface|bearer|refresh|id|session|oauth|github|gh|gitlab|wandb"
+    r"|mlflow|personal|secret)[_\-]?token$"
+    r"|(?:^|[_\-.])pass(?:$|[_\-.])|password|passwd|passphrase|pwd|secret|credential|authorization",
     re.IGNORECASE,
 )
 
@@ -83,7 +86,9 @@ def redact(value: Any) -> Any:
         return redact_text(value)
     if isinstance(value, Mapping):
         return {
-            k: (REDACTED if _is_set(v) and isinstance(k, str) and is_secret_setting(k) else redact(v))
+            k: (
+                REDACTED if _is_secret_value(v) and isinstance(k, str) and is_secret_setting(k) else redact(v)
+            )
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
@@ -112,5 +117,8 @@ def redacted_fields(value: Any, where: str = "") -> list[str]:
     return []
 
 
-def _is_set(value: Any) -> bool:
-    return value is not None and value != "" and not isinstance(value, bool)
+def _is_secret_value(value: Any) -> bool:
+    """A value a credential can be: set text or a container of it (a number under ``token`` is not)."""
+    if isinstance(value, str):
+        return value != ""
+    return isinstance(value, list | tuple | Mapping) and len(value) > 0

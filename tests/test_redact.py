@@ -48,7 +48,7 @@ def test_redact_text(text: str, expected: str) -> None:
 def test_redact_a_config_keeps_everything_but_the_secrets() -> None:
     config: dict[str, Any] = {
         "engine_args": {"url": "http://user:pw@host:1", "api_key": "sk-1", "max_running_requests": 8},
-        "trainer_args": {"hf_token": "hf_abc", "lr": 1e-6, "db_password": "x", "token": None},
+        "trainer_args": {"hf_token": "hf_abc", "lr": 1e-6, "db_password": "x", "token": None, "key": 3},
         "task_args": {"reward_key": "score", "max_tokens": 12, "credentials": ["a"]},
         "command": [
             "april-bench",
@@ -68,7 +68,13 @@ def test_redact_a_config_keeps_everything_but_the_secrets() -> None:
         "api_key": REDACTED,
         "max_running_requests": 8,
     }
-    assert out["trainer_args"] == {"hf_token": REDACTED, "lr": 1e-6, "db_password": REDACTED, "token": None}
+    assert out["trainer_args"] == {
+        "hf_token": REDACTED,
+        "lr": 1e-6,
+        "db_password": REDACTED,
+        "token": None,
+        "key": 3,  # a number is not a credential
+    }
     assert out["task_args"] == {"reward_key": "score", "max_tokens": 12, "credentials": REDACTED}
     assert out["command"] == [
         "april-bench",
@@ -115,10 +121,27 @@ def test_the_environment_filter_matches_secret_names_by_pattern(name: str) -> No
 
 
 @pytest.mark.parametrize(
-    "name", ["max_tokens", "reward_key", "prompt_tokens", "bypass_cache", "passes", "steps"]
+    "name",
+    [
+        "max_tokens",
+        "reward_key",
+        "prompt_tokens",
+        "bypass_cache",
+        "passes",
+        "steps",
+        "t_first_token",
+        "prefill_s_per_token",
+        "per_kv_token",
+        "chars_per_token",
+        "eos_token",
+        "sort_key",
+        "key",
+    ],
 )
 def test_settings_that_are_not_secrets_are_kept(name: str) -> None:
+    """Token counts and times (``t_first_token`` is in checkpoints and summaries) are never redacted."""
     assert not is_secret_setting(name)
+    assert redact({name: "5"}) == {name: "5"}
 
 
 def test_trackers_never_get_a_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
