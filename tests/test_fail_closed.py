@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import sim_flags
@@ -161,3 +163,37 @@ def test_a_trace_line_longer_than_the_bound_is_one_line(tmp_path: Path, capsys, 
     path = tmp_path / "t.jsonl"
     path.write_text("x" * 5000)  # no line break: /dev/zero's shape
     _refused(capsys, ["trace", "show", str(path)], "a line longer than 1,000 characters")
+
+
+def _bare(name: str) -> Any:
+    raise AssertionError(f"bare {name} in --json output")
+
+
+def test_compare_fails_and_its_json_says_regressed_when_a_gain_is_nan(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """The probe: `compare --fail total:0` printed `+nan% ... ok` and --json said "regressed": false."""
+    from april_bench.results.store import RunDirectory
+
+    base = tmp_path / "base"
+    assert main(["run", *sim_flags(steps=1), "--out", str(base)]) == 0
+    new = tmp_path / "new"
+    shutil.copytree(base, new)
+    original = RunDirectory.summary
+
+    def nan_gains(self: RunDirectory) -> dict[str, Any]:
+        summary = original(self)
+        if self.path.name == "new":
+            for metrics in summary.values():
+                for key in [k for k in metrics if k.endswith("_gain")]:
+                    metrics[key] = math.nan
+        return summary
+
+    monkeypatch.setattr(RunDirectory, "summary", nan_gains)
+    capsys.readouterr()
+    assert main(["compare", str(base), str(new), "--fail", "total:0"]) == 1
+    assert "REGRESSED" in capsys.readouterr().out
+    assert main(["compare", str(base), str(new), "--fail", "total:0", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out, parse_constant=_bare)["rows"]  # strict JSON: no bare NaN
+    assert rows and all(r["regressed"] for r in rows if r["new"] == "nan")
+    assert any(r["new"] == "nan" for r in rows)

@@ -209,3 +209,16 @@ def test_a_run_whose_config_holds_redacted_secrets_is_refused_on_resume(tmp_path
     assert main(["run", "--resume", str(out)]) == 2
     err = capsys.readouterr().err
     assert "engine_args.api_key redacted" in err and "Traceback" not in err
+
+
+def test_attaching_vllm_where_nothing_listens_fails_at_once_naming_the_redacted_url() -> None:
+    import asyncio
+
+    from april_bench.engines.protocol import EngineError
+    from april_bench.engines.vllm.server import VLLMServerEngine
+
+    port = _dead_port()
+    engine = VLLMServerEngine.Config(url=f"http://user:hunter2@127.0.0.1:{port}").build()
+    with pytest.raises(EngineError) as caught:  # at the first refused connection: no retry loop
+        asyncio.run(engine.start())
+    assert f"http://user:***@127.0.0.1:{port}" in redact_text(str(caught.value))
