@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -432,8 +433,9 @@ _RESUME_FREE = ("--resume", "--no-progress", "--allow-dirty", "--log-level")
 _RESUME_NEVER = ("--recipe", "--config", "--out", "--overwrite", "--metadata")
 
 
-def check_resume_flags(args: argparse.Namespace, stored: Any) -> None:
-    """``--resume`` continues a run with its own configuration (``stored``).  The original command with
+def check_resume_flags(args: argparse.Namespace, stored_config: Callable[[], Any]) -> None:
+    """``--resume`` continues a run with its own configuration (``stored_config()``, read only when a
+    flag needs comparing).  The original command with
     ``--resume`` added is accepted: a flag is refused only when it would change the stored configuration
     (named with both values), or when it names a new run's source or place (--config, --out, ...)."""
     from april_bench.config import ConfigError
@@ -444,6 +446,7 @@ def check_resume_flags(args: argparse.Namespace, stored: Any) -> None:
     never = [f for f in extra if f in _RESUME_NEVER or f.startswith("--logger")]
     if never:
         raise ConfigError(f"--resume continues a run with its own configuration; drop {', '.join(never)}")
+    stored = stored_config()
     changed: list[str] = []
     if args.hw is not None and args.hw != stored.hardware:
         changed.append(f"hardware ({stored.hardware} -> {args.hw})")

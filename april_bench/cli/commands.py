@@ -30,7 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         out = Path(args.resume).expanduser()
-        check_resume_flags(args, runner.stored_config(out))  # a resume runs with its own configuration
+        check_resume_flags(args, lambda: runner.stored_config(out))  # a resume runs with its own config
         outcome = runner.resume(
             out,
             progress=not args.no_progress,
