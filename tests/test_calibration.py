@@ -129,8 +129,57 @@ def test_default_runs_draw_from_the_shared_model_and_overrides_win():
     for dataset in ("dapo-math-17k", "deepscaler", "deepmath-103k"):
         assert params(dataset=dataset, model="qwen3-4b") == shared
     assert params(model="qwen3-4b", response_median=123.0)["response_median"] == 123.0
-    # a model without published evidence keeps the data-set profile's labelled assumptions
-    assert params(model="r1-distill-qwen-1.5b", dataset="deepscaler")["response_median"] == 1700
+    # R1-Distill-1.5B on DeepScaleR: its (data set, model) profile, fitted to the DeepScaleR blog
+    assert params(model="r1-distill-qwen-1.5b", dataset="deepscaler")["response_median"] == 2566.5
+    # a pair without a profile keeps the data-set profile's labelled assumptions
+    assert params(model="qwen3-8b", dataset="deepscaler")["response_median"] == 1700
+
+
+def test_every_length_profile_names_its_status_evidence_and_open_range():
+    from april_bench.sim.length_evidence import LENGTH_PROFILES
+    from april_bench.sim.workload import DATASET_PROFILES
+
+    for (dataset, model), profile in LENGTH_PROFILES.items():
+        assert (profile.dataset, profile.model) == (dataset, model)
+        assert dataset in DATASET_PROFILES
+        assert profile.status in ("derived", "assumed", "open"), profile
+        assert set(profile.params) == set(LENGTH_FIELDS) and profile.evidence
+        # an open profile carries a range (and only an open one does), central value inside it
+        assert bool(profile.open_range) == (profile.status == "open"), profile
+        for name, (low, high) in profile.open_range.items():
+            assert low < profile.params[name] < high, (dataset, model, name)
+
+
+def test_an_open_range_has_an_easier_and_a_harder_end():
+    from april_bench.sim.length_evidence import length_profile
+
+    profile = length_profile("qwen3-4b", "deepscaler")
+    assert profile is not None and profile.status == "open"
+    ends = dict(profile.range_ends())
+    median = MODEL_LENGTHS["qwen3-4b"].response_median
+    assert ends["easier"] == {"response_median": round(median / 2, 1), "solve_rate": 0.8}
+    assert ends["harder"] == {"response_median": round(median * 1.5, 1), "solve_rate": 0.4}
+    r1 = length_profile("r1-distill-qwen-1.5b", "deepscaler")
+    assert r1 is not None and r1.range_ends() == []
+
+
+def test_the_r1_deepscaler_profile_reproduces_the_published_statistics():
+    from april_bench.sim.length_evidence import length_profile
+
+    profile = length_profile("r1-distill-qwen-1.5b", "deepscaler")
+    assert profile is not None
+    p = profile.params
+    params = LengthParams(
+        *(
+            p[k]
+            for k in ("response_median", "prompt_sigma", "within_sigma", "incorrect_factor", "solve_rate")
+        ),
+        2.0,
+    )
+    stats = length_stats(params, cap=8192, blocks=64)
+    assert stats["mean"] == pytest.approx(5500, rel=0.02)  # DeepScaleR blog: ~5,500 at the 8k stage's start
+    # wrong answers ~3x longer, taken at DeepScaleR's 32k evaluation context (the fit's ratio_cap)
+    assert length_stats(params, cap=32768, blocks=64)["wrong_over_right"] == pytest.approx(3.0, rel=0.03)
 
 
 def test_paper_setting_builds_the_scripted_experiment():

@@ -36,8 +36,8 @@ class DatasetProfile:
     prompt_median: float
     prompt_sigma: float
     #: Median length of a *correct* response at step 0 (tokens) and the mean per-prompt solve rate at the
-    #: start of RL - used only for models without published evidence (``length_evidence.MODEL_LENGTHS``;
-    #: Qwen3-4B, the paper's model, has it and ignores these two).
+    #: start of RL - used only for (data set, model) pairs without a profile in
+    #: ``length_evidence.LENGTH_PROFILES`` (Qwen3-4B and R1-Distill-1.5B have them and ignore these two).
     response_median: float
     solve_rate: float
     source: str
@@ -70,8 +70,9 @@ DATASET_PROFILES.register(
         solve_rate=0.55,
         source=(
             "prompts: data README, DeepScaleR problem p50 193 / p90 395 chars + boxed suffix and "
-            "template (~27 tokens); response median: DeepScaleR blog, R1-Distill-1.5B mean ~5,500 tokens "
-            "with wrong answers ~3x longer gives a correct-answer median of ~1,700; solve rate: assumption"
+            "template (~27 tokens); response median and solve rate: assumptions for models without a "
+            "(data set, model) profile (length_evidence.LENGTH_PROFILES; R1-Distill-1.5B's is fitted to the "
+            "DeepScaleR blog's statistics)"
         ),
     ),
     "agentica-org/DeepScaleR-Preview-Dataset (AIME/AMC/Omni-Math, \\boxed answers)",
@@ -109,7 +110,7 @@ DATASET_PROFILES.register(
     "the embedded synthetic task (division by repeated subtraction), for simulating the CPU default",
 )
 
-#: The length shape of models without published evidence in ``length_evidence.MODEL_LENGTHS`` (their
+#: The length shape of pairs without a profile in ``length_evidence.LENGTH_PROFILES`` (their
 #: level and solve rate come from the data-set profile): the same shape sources, wrong answers 3x.
 FALLBACK_SHAPE = {
     "prompt_sigma": 0.8,
