@@ -151,6 +151,9 @@ class _Arm:
     efficiency_bound: float = 0.0
     efficiency_known: bool = True
     tail: float = 0.0
+    #: Sum over steps of the step's generated tokens / its rollout time, and how many steps had a rollout.
+    step_rate_sum: float = 0.0
+    step_rate_steps: int = 0
     work: dict[str, int] = field(default_factory=dict)
     work_counted: bool = True
     work_deterministic: bool = True
@@ -307,6 +310,9 @@ class SummaryAccumulator:
         arm.rejected += s.get("rejected_groups", 0)
         arm.dropped_groups += s.get("dropped_groups", 0)
         arm.abort_rounds += s.get("abort_rounds", 0)
+        if s["rollout_time_s"] > 0 and s.get("generated_tokens") is not None:  # APRIL's per-step metric
+            arm.step_rate_sum += s["generated_tokens"] / s["rollout_time_s"]
+            arm.step_rate_steps += 1
         rate = s.get("saturated_tokens_per_s")
         if rate is None:
             arm.efficiency_known = False
@@ -375,6 +381,7 @@ class SummaryAccumulator:
             "buffered_tokens_at_end": a.buffered_tokens,
             "generated_tokens_per_s": generated / a.rollout if a.rollout else None,
             "useful_tokens_per_s": a.trained_tokens / a.rollout if a.rollout else None,
+            "tokens_throughput_step_mean": a.step_rate_sum / a.step_rate_steps if a.step_rate_steps else None,
             "trained_tokens_per_step_s": a.trained_tokens / a.step_time if a.step_time else None,
             **work,
             "work_deterministic": a.work_deterministic if counted else None,

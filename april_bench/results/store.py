@@ -37,9 +37,11 @@ from april_bench.results.headline import HEADLINE_COLUMNS, WORK_COLUMNS, has_wor
 from april_bench.results.records import TABLES, as_row
 from april_bench.results.summary import summarize
 from april_bench.results.table import (
+    DECOMPOSITION_COLUMNS,
     GAIN_TOLERANCE,
     GPU_COLUMNS,
     ITERATION_COLUMNS,
+    decomposition_table,
     detail_columns,
     detail_table,
     gpu_table,
@@ -428,8 +430,9 @@ def _status(path: Path) -> str | None:
         return None
 
 
-def run_report(stored: RunDirectory, out: Path) -> str:
-    """What ``run`` prints when a run completes: its tables, its directory and a one-line JSON summary."""
+def run_report(stored: RunDirectory, out: Path, extra: str | None = None) -> str:
+    """What ``run`` prints when a run completes: its tables (and ``extra``, a section written beside
+    them, such as the row's other readings), its directory and a one-line JSON summary."""
     summary = stored.summary()
     final: dict[str, Any] = {
         "result_kind": stored.provenance["result_kind"],
@@ -438,6 +441,8 @@ def run_report(stored: RunDirectory, out: Path) -> str:
         "throughput_gain": {arm: m["throughput_gain"] for arm, m in summary.items()},
     }
     tables = render_tables(stored.config, summary, stored.simulated)
+    if extra:
+        tables += f"\n\n{extra}"
     figures = f"figures: python -m april_bench plot {out}  (writes {out / 'figures'})"
     return "\n".join((tables, f"\nrun directory: {out}", figures, json.dumps(final)))
 
@@ -486,6 +491,17 @@ def render_tables(
             f"{headline}\n\n"
         )
     text += f"{paper}\n\n### Where time and tokens go ({label})\n\n{detail}"
+    decomposition = decomposition_table(summary)
+    if decomposition:
+        text += (
+            f"\n\n### Where the gain comes from ({label}; against {baseline}, in points; "
+            "docs/calibration.md#where-the-gain-comes-from)\n\n"
+            f"{render_markdown(DECOMPOSITION_COLUMNS, decomposition)}\n\n"
+            "Throughput gain = tail + fuller batches + peak concurrency; useful-token gain = throughput "
+            "gain + not discarding.  APRIL's argument (long responses hold a step open while its batch "
+            "empties) is the tail and fuller-batch columns; peak concurrency is what launching more "
+            "requests buys whatever the lengths."
+        )
     episodes = episode_table(summary)
     if episodes:
         text += f"\n\n### Episodes: trained multi-turn episodes ({label}; docs/agents.md)\n\n"

@@ -7,6 +7,15 @@ Definitions (all totals over the arm's steps, so long steps weigh more):
     APRIL's ``partial_rollout/tokens_throughput``.
 ``useful_tokens_per_s``
     response tokens of trained samples / rollout time.
+``tokens_throughput_step_mean``, ``throughput_gain_step_mean``
+    APRIL's ``tokens_throughput`` as the paper logged it, per step (the step's
+    generated tokens / its rollout time), averaged over the arm's steps, and its
+    ratio to the baseline's minus 1: beside the ratio of totals, where long
+    steps weigh more.
+``gain_decomposition``
+    where the throughput and useful-token gains over the baseline come from
+    (the tail, concurrency, the body, not discarding work;
+    :mod:`april_bench.results.decomposition`); ``None`` for the baseline.
 ``baseline``
     the arm every gain is measured against: ``sync`` when the run has it,
     else the first arm (or the one asked for).
@@ -82,6 +91,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from april_bench.results.accumulate import WORK_FIELDS, SummaryAccumulator
+from april_bench.results.decomposition import decompose
 from april_bench.results.stats import paired_gains
 
 __all__ = ["WORK_FIELDS", "default_baseline", "summarize", "summary_of"]
@@ -127,6 +137,7 @@ def summary_of(
     for metrics in summary.values():
         metrics["baseline"] = baseline
         metrics["throughput_gain"] = _gain(metrics, base, "generated_tokens_per_s")
+        metrics["throughput_gain_step_mean"] = _gain(metrics, base, "tokens_throughput_step_mean")
         metrics["useful_gain"] = _gain(metrics, base, "useful_tokens_per_s")
         metrics["end_to_end_gain"] = _gain(metrics, base, "trained_tokens_per_step_s")
         metrics["iteration_throughput_gain"] = _gain(metrics, base, "generated_tokens_per_iteration")
@@ -134,6 +145,7 @@ def summary_of(
         metrics["accuracy_improvement"] = _accuracy_gain(metrics, base, "accuracy")
         metrics["accuracy_improvement_equal_time"] = _accuracy_gain(metrics, base, "accuracy_equal_time")
     for arm, metrics in summary.items():
+        metrics["gain_decomposition"] = None if base is None or arm == baseline else decompose(metrics, base)
         metrics["gpu"] = (gpu or {}).get(arm)
         metrics["engine"] = accumulator.engine(arm)
         metrics["paired_gains"] = paired.get(arm, {})

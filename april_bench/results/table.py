@@ -6,9 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "DECOMPOSITION_COLUMNS",
     "GAIN_TOLERANCE",
     "GPU_COLUMNS",
     "ITERATION_COLUMNS",
+    "decomposition_table",
     "detail_columns",
     "detail_table",
     "gpu_table",
@@ -78,11 +80,17 @@ def results_table(
     simulated run (deterministic: one pair says nothing), and with the paper's figure and the
     difference beside APRIL's gain when the run is one of the paper's rows.  The third item is the line
     saying what the simulator assumed, or None."""
-    from april_bench.sim.length_evidence import MODEL_LENGTHS
+    from april_bench.sim.length_evidence import MODEL_LENGTHS, length_profile
     from april_bench.sim.paper_settings import paper_reference
 
     columns = list(PAPER_COLUMNS)
     rows = [list(r) for r in paper_table(config, summary, simulated)]
+    # APRIL logged tokens_throughput per step: its per-step mean's gain, beside the ratio of totals
+    step_mean = columns.index("Throughput gain") + 1
+    columns.insert(step_mean, "Per-step mean gain")
+    for row, m in zip(rows, summary.values(), strict=True):
+        is_base = m.get("baseline") is None or row[4] == m.get("baseline")
+        row.insert(step_mean, _pct(m.get("throughput_gain_step_mean"), baseline=is_base))
     if simulated:
         drop = columns.index("Paired median [95% CI]")
         columns.pop(drop)
@@ -101,12 +109,19 @@ def results_table(
             else ["", ""]
         )
     lengths = MODEL_LENGTHS[reference.model]
+    profile = length_profile(reference.model, reference.dataset)
+    status = (
+        f"; no published {reference.model} length statistic on {reference.dataset}: the profile is open, "
+        "and results/benchmarks/paper_table.md shows the row over its range"
+        if profile is not None and profile.status == "open"
+        else ""
+    )
     note = (
         "Paper: the APRIL README's Qwen3-4B figure for this row. The simulator assumes one response-length "
         f"model for {reference.model} from published evidence (right-answer median "
         f"{lengths.response_median:,.0f} tokens, log-sd {lengths.sigma:.1f}, wrong answers "
-        f"x{lengths.incorrect_factor:g}, solve rate {lengths.solve_rate:g}; nothing fitted to the paper) and "
-        "the scripts' baseline; sources, the misses and why: docs/calibration.md and "
+        f"x{lengths.incorrect_factor:g}, solve rate {lengths.solve_rate:g}; nothing fitted to the paper"
+        f"{status}) and the scripts' baseline; sources, the misses and why: docs/calibration.md and "
         "results/benchmarks/paper_table.md."
     )
     return columns, rows, note
@@ -280,6 +295,43 @@ def iteration_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]
             ]
         )
     return rows
+
+
+DECOMPOSITION_COLUMNS = (
+    "Strategy",
+    "Throughput gain",
+    "from the tail (last 10%)",
+    "from fuller batches",
+    "from peak concurrency",
+    "Useful-token gain",
+    "from not discarding",
+)
+
+
+def decomposition_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """Where each arm's gain comes from (:mod:`april_bench.results.decomposition`), in points; arms
+    without a decomposition (the baseline, missing rates) are left out."""
+    rows = []
+    for arm, m in summary.items():
+        d = m.get("gain_decomposition")
+        if not d:
+            continue
+        rows.append(
+            [
+                arm,
+                _pct(d["throughput_gain"]),
+                _pts(d["tail"]),
+                _pts(d["fill"]),
+                _pts(d["concurrency"]),
+                _pct(d["useful_gain"]),
+                _pts(d["discard"]),
+            ]
+        )
+    return rows
+
+
+def _pts(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:+.1f} pt"
 
 
 def _num(value: Any, fmt: str) -> str:
