@@ -37,6 +37,7 @@ __all__ = [
     "RunOutcome",
     "check_reference_run",
     "execute",
+    "other_readings",
     "prepare",
     "resume",
     "run",
@@ -372,6 +373,28 @@ def execute(
     writer.finish(summary)  # the trackers get the summary the run directory got
     writer.close()
     return RunOutcome(out=out, result=result, stored=stored)
+
+
+def other_readings(outcome: RunOutcome) -> str | None:
+    """A completed simulated paper row whose algorithm its sources leave uncertain: simulate the row's
+    other readings (:mod:`april_bench.experiment.readings`), write ``readings.json`` and add their
+    section to ``table.md``; the section, or ``None`` (no other reading, or not such a run).  The run's
+    own rows and summary are untouched."""
+    from april_bench.experiment.readings import write_readings
+    from april_bench.experiment_config import load_config
+    from april_bench.results.readings import render_readings
+    from april_bench.results.store import write_text_atomic
+
+    stored = outcome.stored
+    if stored is None or not stored.simulated:
+        return None
+    record = write_readings(stored.path, load_config(stored.config), stored.summary())
+    if record is None:
+        return None
+    section = render_readings(record)
+    table = stored.path / "table.md"
+    write_text_atomic(table, table.read_text() + "\n" + section + "\n")
+    return section
 
 
 def _prog() -> str:

@@ -55,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             },
         )
     if outcome.stored is not None:
-        print(run_report(outcome.stored, outcome.out))
+        print(run_report(outcome.stored, outcome.out, extra=runner.other_readings(outcome)))
     return outcome.exit_code
 
 
@@ -210,10 +210,16 @@ def _ls_hardware(*, verbose: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from april_bench.results.fitness import check_fit
+    from april_bench.results.readings import READINGS_FILE, render_readings
     from april_bench.results.store import load_run, render_tables
+    from april_bench.results.validate_files import read_json_object
 
     run = load_run(args.run_dir)
     for note in check_fit(run, allow_incomplete=args.allow_incomplete, doing="report it"):
         print(f"note: {note}", file=sys.stderr)
-    print(render_tables(run.config, run.summary(), run.simulated))
+    text = render_tables(run.config, run.summary(), run.simulated)
+    readings = Path(args.run_dir) / READINGS_FILE
+    if readings.is_file():  # the row's other readings, written by `run` (april_bench.experiment.readings)
+        text += "\n\n" + render_readings(read_json_object(readings, "readings"))
+    print(text)
     return 0

@@ -59,6 +59,11 @@ class PaperSetting:
     model: str = "qwen3-4b"
     #: Field name -> where its value comes from (the scripts' settings included).
     sources: Mapping[str, str] = field(default_factory=dict)
+    #: Other algorithms the row may have been measured with, when its sources disagree (each simulated
+    #: beside the row's own algorithm: ``april_bench.experiment.readings``).
+    other_readings: tuple[str, ...] = ()
+    #: Why the row's algorithm is uncertain, in one line (empty when it is not).
+    reading_note: str = ""
 
     def matches(self, config: Mapping[str, Any]) -> bool:
         """Whether a run's ``config.json`` is this row as the scripts run it (any GPU type of the paper)."""
@@ -103,12 +108,23 @@ _COMMON = {
     "in every row, chosen before any gain was compared (docs/calibration.md); nothing fitted to the paper",
 }
 
+#: Why the DAPO-Math-17k row's algorithm is uncertain (docs/calibration.md, "Two readings of the DAPO row").
+DAPO_ROW_READINGS = (
+    "'DAPO' in this row may name the data set, not the algorithm: the README's table says DAPO, but the "
+    "same README introduces 'Qwen3-4B with DAPO' with scripts/partial_rollout/qwen/grpo/"
+    "run-qwen3-4B-dapo-partial.sh (GRPO on the DAPO-Math data, no filter), and the figure's legend "
+    "dapo-qwen3-4B(-partial) follows the naming of the slime fork's run-qwen3-4B-amd.sh, a GRPO script; "
+    "so the row is simulated both ways"
+)
+
 PAPER_SETTINGS: tuple[PaperSetting, ...] = (
     PaperSetting(
         key="dapo-math",
         dataset="dapo-math-17k",
         algorithm="dapo",
         paper_gain=0.17,
+        other_readings=("grpo",),
+        reading_note=DAPO_ROW_READINGS,
         sources={
             **_COMMON,
             "paper_gain": _README + ", DAPO-Math-17k +17%",
