@@ -6,23 +6,30 @@ run exactly what ``python -m april_bench run --hw HW --algo A --dataset D``
 runs without a GPU, and print the paper's figure beside the predicted headline
 gain (APRIL's ``partial_rollout/tokens_throughput``: every generated token over
 rollout time, discarded ones included) and the error.  **Nothing is fitted to
-the paper's gains**: the response lengths are the one evidence-based model of
-:mod:`april_bench.sim.length_evidence`, shared by every row and chosen before
-this table was first computed.  Beside the gains, observables that were never
-fitted, judged against the tolerances of :data:`OBSERVABLES` (written in
-``docs/calibration.md`` before the comparison).
+the paper's gains**: the response lengths are the (data set, model) profiles of
+:mod:`april_bench.sim.length_evidence`, chosen before this table was first
+computed; a profile with no published evidence (every Qwen3-4B training set) is
+shown at both ends of its open range too.  The DAPO-Math-17k row, whose
+algorithm the sources leave uncertain, is shown under both readings (DAPO and
+GRPO).  Every row carries its gain decomposition (the tail, fuller batches,
+peak concurrency, not discarding: :mod:`april_bench.results.decomposition`), so
+a reader sees whether it agrees for the paper's reason.  Beside the gains,
+observables that were never fitted, judged against the tolerances of
+:data:`OBSERVABLES` (written in ``docs/calibration.md`` before the comparison).
 
 Every number is SIMULATED.  The simulator is deterministic, so the committed
 ``results/benchmarks/paper_table.json`` is reproduced exactly by
 
-    python benchmarks/paper_table.py              # a few minutes on one core
+    python benchmarks/paper_table.py --jobs 2     # about half an hour on two shared cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +44,7 @@ from april_bench.sim.calibration import (
     fit_drift,
     fit_lengths,
 )
-from april_bench.sim.length_evidence import MODEL_LENGTHS
+from april_bench.sim.length_evidence import LENGTH_PROFILES, MODEL_LENGTHS, length_profile
 from april_bench.sim.paper_settings import (
     AGENT_ROW,
     HARDWARE,
@@ -83,9 +90,14 @@ def simulate_setting(
         "hardware": hardware,
         "dataset": setting.dataset,
         "algorithm": setting.algorithm,
+        "reading": "as named"
+        if setting.algorithm == paper_setting(setting.key).algorithm
+        else "other reading",
         "steps": steps,
         "paper_gain": setting.paper_gain,
         "headline_gain": april["throughput_gain"],
+        "headline_gain_step_mean": april["throughput_gain_step_mean"],
+        "decomposition": april["gain_decomposition"],
         "useful_gain": april["useful_gain"],
         "end_to_end_gain": april["end_to_end_gain"],
         "difference": april["throughput_gain"] - setting.paper_gain,
@@ -124,6 +136,7 @@ def simulate_agent(
         "latency_s": None if calls is None else latency_s,
         "paper_gain": row.paper_gain,
         "headline_gain": april["throughput_gain"],
+        "decomposition": april["gain_decomposition"],
         "useful_gain": april["useful_gain"],
         "difference": april["throughput_gain"] - row.paper_gain,
         "sync_turns_per_episode": episodes.get("turns_per_episode"),
@@ -136,21 +149,69 @@ def simulate_agent(
     }
 
 
-def agent_row(steps: int) -> list[dict[str, Any]]:
+def _call(job: tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]) -> dict[str, Any]:
+    function, args, kwargs = job
+    return function(*args, **kwargs)
+
+
+def _map(jobs: Sequence[tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]], workers: int):
+    """Every job's result, in the jobs' order (``workers`` > 1: in that many processes; each cell is
+    deterministic and independent, so the answer is the same)."""
+    if workers <= 1:
+        return [_call(job) for job in jobs]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_call, jobs))
+
+
+def agent_jobs(steps: int) -> list[tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]]:
     """The fourth row over the ranges the sources leave open (every cell a prediction; none chosen)."""
-    out = []
+    jobs: list[tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]] = []
     for hardware in HARDWARE:
-        out.append(simulate_agent(hardware, None, 0.0, steps=steps))
-        out += [
-            simulate_agent(hardware, calls, latency, steps=steps)
+        jobs.append((simulate_agent, (hardware, None, 0.0), {"steps": steps}))
+        jobs += [
+            (simulate_agent, (hardware, calls, latency), {"steps": steps})
             for calls in AGENT_ROW.calls
             for latency in AGENT_ROW.latency_s
         ]
+    return jobs
+
+
+def agent_row(steps: int, workers: int = 1) -> list[dict[str, Any]]:
+    return _map(agent_jobs(steps), workers)
+
+
+def readings() -> list[PaperSetting]:
+    """Every row as the scripts' folder names it, then each other reading of a row whose algorithm the
+    sources leave uncertain (the DAPO-Math-17k row as GRPO)."""
+    out = list(PAPER_SETTINGS)
+    for setting in PAPER_SETTINGS:
+        out += [replace(setting, algorithm=algorithm) for algorithm in setting.other_readings]
     return out
 
 
-def table(steps: int) -> list[dict[str, Any]]:
-    return [simulate_setting(s, hw, steps=steps) for s in PAPER_SETTINGS for hw in HARDWARE]
+def table(steps: int, workers: int = 1) -> list[dict[str, Any]]:
+    """Each reading of each row on each GPU (SIMULATED)."""
+    cells = [(s, hw) for s in readings() for hw in HARDWARE]
+    rows: list[dict[str, Any]] = _map(
+        [(simulate_setting, (s, hw), {"steps": steps}) for s, hw in cells], workers
+    )
+    return rows
+
+
+def open_ranges(steps: int, workers: int = 1, hardware: str = "mi300x") -> list[dict[str, Any]]:
+    """Each reading of each row at both ends of its length profile's open range (SIMULATED, one GPU):
+    how far what nobody published moves the prediction.  The ranges were written down before any gain
+    was computed with them (``april_bench.sim.length_evidence``)."""
+    cells = []
+    for setting in readings():
+        profile = length_profile(setting.model, setting.dataset)
+        for end, args in profile.range_ends() if profile is not None else []:
+            cells.append((setting, end, args))
+    rows = _map(
+        [(simulate_setting, (s, hardware), {"steps": steps, "workload_args": a}) for s, _, a in cells],
+        workers,
+    )
+    return [{**r, "end": end, "workload_args": a} for (_, end, a), r in zip(cells, rows, strict=True)]
 
 
 def observables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -162,7 +223,7 @@ def observables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(
                 {
                     "observable": label,
-                    "setting": r["setting"],
+                    "setting": _setting(r),
                     "hardware": r["hardware"],
                     "published": published,
                     "tolerance": [low, high],
@@ -191,7 +252,7 @@ def observables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "observable": "DAPO baseline rejected groups / step",
-                "setting": r["setting"],
+                "setting": _setting(r),
                 "hardware": r["hardware"],
                 "published": f"{expected:.1f} (length model's all-equal share {share:.0%}, N = 32)",
                 "tolerance": [0.5 * expected, 1.5 * expected],
@@ -205,7 +266,7 @@ def observables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "observable": "DAPO baseline relaunched groups / step",
-                "setting": r["setting"],
+                "setting": _setting(r),
                 "hardware": r["hardware"],
                 "published": ">= 32 (a wave of N at the first rejection; slime arguments.py L929, L242)",
                 "tolerance": [32.0, float("inf")],
@@ -218,7 +279,7 @@ def observables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def mechanisms(steps: int) -> list[dict[str, Any]]:
+def mechanisms(steps: int, workers: int = 1) -> list[dict[str, Any]]:
     """Sensitivity of the DAPO row to what the length model and the refill rule assume (MI300X).  These
     rows are not predictions and nothing is chosen from them: they show which way each assumption moves
     the gain."""
@@ -246,10 +307,10 @@ def mechanisms(steps: int) -> list[dict[str, Any]]:
             {"workload_args": {"prompt_sigma": 0.0, "within_sigma": 0.0, "incorrect_factor": 1.0}},
         ),
     )
-    return [
-        {"case": label, **simulate_setting(setting, "mi300x", steps=steps, **overrides)}
-        for label, setting, overrides in cases
-    ]
+    rows = _map(
+        [(simulate_setting, (setting, "mi300x"), {"steps": steps, **o}) for _, setting, o in cases], workers
+    )
+    return [{"case": label, **row} for (label, _, _), row in zip(cases, rows, strict=True)]
 
 
 def _lengths(**values: float) -> dict[str, Any]:
@@ -304,6 +365,49 @@ def drift() -> list[dict[str, Any]]:
     return out
 
 
+def _setting(r: dict[str, Any]) -> str:
+    """``dapo-math``, or ``dapo-math as GRPO`` for a row's other reading."""
+    return r["setting"] + (f" as {r['algorithm'].upper()}" if r.get("reading") == "other reading" else "")
+
+
+def _row_name(r: dict[str, Any]) -> str:
+    name = f"{r['dataset']} / {r['algorithm'].upper()}"
+    return name + (" (other reading)" if r.get("reading") == "other reading" else "")
+
+
+def _pts(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.1f}"
+
+
+def _parts(d: dict[str, Any] | None) -> str:
+    """'+3.7 / -9.4 / -3.6' points from the tail / fuller batches / peak concurrency."""
+    return "n/a" if not d else " / ".join(_pts(d[k]) for k in ("tail", "fill", "concurrency"))
+
+
+def _reason(d: dict[str, Any] | None) -> str:
+    """Whether a gain comes from the paper's mechanism: the tail (the last 10% of requests) and the
+    batch emptying before it, against a higher peak concurrency."""
+    if not d or d["throughput_gain"] is None:
+        return "n/a"
+    gain, tail, fill, conc = d["throughput_gain"], d["tail"], d["fill"], d["concurrency"] or 0.0
+    if gain <= 0:
+        return "no gain"
+    if tail >= gain / 2:
+        return "yes: mostly the tail"
+    if tail + fill >= conc:
+        if tail > 0:
+            return "mostly: the tail and fuller batches"
+        return "partly: fuller batches, not the last-10% tail"
+    return "no: mostly the higher peak concurrency"
+
+
+def _profile(result: dict[str, Any], r: dict[str, Any]) -> dict[str, Any] | None:
+    model = next(s["model"] for s in result["settings"] if s["key"] == r["setting"])
+    return next(
+        (p for p in result["length_profiles"] if p["dataset"] == r["dataset"] and p["model"] == model), None
+    )
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -347,7 +451,8 @@ def render(result: dict[str, Any]) -> str:
         f"{result['steps']} steps per arm, 4 SGLang engines at TP2 with mem_fraction_static 0.6: each cell "
         "is `python -m april_bench run --hw HW --algo A --dataset D`.  All numbers SIMULATED by "
         "`python benchmarks/paper_table.py` (deterministic).  **Fitted to the paper: nothing.**  Lengths: "
-        f"one model for every row (right-answer median {evidence['response_median']:,.0f} tokens, log-sd "
+        f"every Qwen3-4B row's profile is open, its central value the AIME'24-anchored model (right-answer "
+        f"median {evidence['response_median']:,.0f} tokens, log-sd "
         f"{(evidence['prompt_sigma'] ** 2 + evidence['within_sigma'] ** 2) ** 0.5:.1f}, wrong answers "
         f"x{evidence['incorrect_factor']:g}, solve rate {evidence['solve_rate']:g}), each parameter from "
         "published evidence (`april_bench/sim/length_evidence.py`, `docs/calibration.md`).",
@@ -358,6 +463,7 @@ def render(result: dict[str, Any]) -> str:
                 "GPU",
                 "Paper",
                 "Predicted (sim)",
+                "Per-step mean (sim)",
                 "Error",
                 "Fitted",
                 "Useful-token gain (sim)",
@@ -367,10 +473,11 @@ def render(result: dict[str, Any]) -> str:
             ),
             [
                 [
-                    f"{r['dataset']} / {r['algorithm'].upper()}",
+                    _row_name(r),
                     r["hardware"].upper(),
                     _pct(r["paper_gain"], 0),
                     _pct(r["headline_gain"]),
+                    _pct(r["headline_gain_step_mean"]),
                     f"{r['difference'] * 100:+.1f} pt",
                     "nothing",
                     _pct(r["useful_gain"]),
@@ -386,6 +493,7 @@ def render(result: dict[str, Any]) -> str:
                     hardware.upper(),
                     _pct(AGENT_ROW.paper_gain, 0),
                     f"{_pct(min(gains))} .. {_pct(max(gains))} (median {_pct(_median(gains))})",
+                    "",
                     f"{(min(gains) - AGENT_ROW.paper_gain) * 100:+.1f} .. "
                     f"{(max(gains) - AGENT_ROW.paper_gain) * 100:+.1f} pt",
                     "nothing",
@@ -401,6 +509,116 @@ def render(result: dict[str, Any]) -> str:
                 for gains in [[c["headline_gain"] for c in cells]]
                 for useful in [[c["useful_gain"] for c in cells]]
                 if cells
+            ],
+        ),
+        "",
+        "'Per-step mean': APRIL's `tokens_throughput` as the paper logged it, per step, averaged over the "
+        "steps, beside the ratio of totals.  The DAPO-Math-17k row is shown under both readings: "
+        + (PAPER_SETTINGS[0].reading_note or "")
+        + " (`docs/calibration.md`, 'Two readings of the DAPO row').",
+        "",
+        "## Where each row's gain comes from (SIMULATED, points of the throughput gain)",
+        "",
+        "Throughput gain = tail (rollout time after 90% of a step's requests finished) + fuller batches "
+        "(the engine nearer its peak rate before that) + peak concurrency (a higher peak: more requests "
+        "in flight); useful-token gain = throughput gain + not discarding (`april_bench/results/"
+        "decomposition.py`, exact).  APRIL's argument is the first two: long responses hold a step open "
+        "while its batch empties.",
+        "",
+        render_markdown(
+            (
+                "Setting",
+                "GPU",
+                "Throughput gain",
+                "Tail",
+                "Fuller batches",
+                "Peak concurrency",
+                "Useful-token gain",
+                "Not discarding",
+                "For the paper's reason?",
+            ),
+            [
+                [
+                    _row_name(r),
+                    r["hardware"].upper(),
+                    _pct(r["headline_gain"]),
+                    _pts(d["tail"]),
+                    _pts(d["fill"]),
+                    _pts(d["concurrency"]),
+                    _pct(d["useful_gain"]),
+                    _pts(d["discard"]),
+                    _reason(d),
+                ]
+                for r in rows
+                for d in [r["decomposition"]]
+                if d
+            ],
+        ),
+        "",
+        "## The baseline beside the length evidence (SIMULATED baseline; evidence as published)",
+        "",
+        render_markdown(
+            (
+                "Setting",
+                "GPU",
+                "Sync mean len",
+                "Sync truncated",
+                "Sync rejected / step",
+                "Sync tail share",
+                "Length profile",
+                "Evidence for the (data set, model)",
+            ),
+            [
+                [
+                    _row_name(r),
+                    r["hardware"].upper(),
+                    f"{r['sync_mean_response']:,.0f}",
+                    f"{r['sync_truncated']:.0%}",
+                    f"{r['sync_rejected_per_step']:.1f}",
+                    f"{r['sync_tail_share']:.0%}",
+                    profile["status"] if profile else "none",
+                    profile["evidence"] if profile else "",
+                ]
+                for r in rows
+                for profile in [_profile(result, r)]
+            ],
+        ),
+        "",
+        "## Each row over its open length range (SIMULATED, MI300X)",
+        "",
+        "No Qwen3-4B length or solve-rate statistic on these training sets is published, so each profile is "
+        "open: the central value is the AIME'24-anchored model, and the range (written down before any "
+        "gain was computed with it) runs from an easier set (right answers half as long, solve rate 0.8) "
+        "to a harder one (1.5x, 0.4).  The prediction is any value in between; none is chosen.",
+        "",
+        render_markdown(
+            (
+                "Setting",
+                "Paper",
+                "Central",
+                "Easier end",
+                "Harder end",
+                "Tail / batches / concurrency (ends)",
+            ),
+            [
+                [
+                    _row_name(r),
+                    _pct(r["paper_gain"], 0),
+                    _pct(r["headline_gain"]),
+                    _pct(ends["easier"]["headline_gain"]) if "easier" in ends else "n/a",
+                    _pct(ends["harder"]["headline_gain"]) if "harder" in ends else "n/a",
+                    "; ".join(f"{end}: {_parts(e['decomposition'])}" for end, e in ends.items()),
+                ]
+                for r in rows
+                if r["hardware"] == "mi300x"
+                for ends in [
+                    {
+                        o["end"]: o
+                        for o in result["open_ranges"]
+                        if o["setting"] == r["setting"] and o["algorithm"] == r["algorithm"]
+                    }
+                ]
+                if ends
             ],
         ),
         "",
@@ -426,6 +644,7 @@ def render(result: dict[str, Any]) -> str:
                 "Sync turns / episode",
                 "Sync env share of episode time",
                 "Sync / APRIL rollout s/step",
+                "Tail / batches / concurrency (pts)",
             ),
             [
                 [
@@ -438,6 +657,7 @@ def render(result: dict[str, Any]) -> str:
                     "" if c["sync_turns_per_episode"] is None else f"{c['sync_turns_per_episode']:.2f}",
                     "" if c["sync_env_time_share"] is None else f"{c['sync_env_time_share']:.0%}",
                     f"{c['sync_rollout_per_step_s']:.1f} / {c['april_rollout_per_step_s']:.1f}",
+                    _parts(c["decomposition"]),
                 ]
                 for c in result["agent_row"]
             ],
@@ -546,8 +766,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="simulate this many cells at once, in processes (same answer)"
+    )
     args = parser.parse_args()
-    rows = table(args.steps)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    rows = table(args.steps, args.jobs)
     evidence = MODEL_LENGTHS["qwen3-4b"]
     result = {
         "result_kind": "simulated",
@@ -560,10 +785,19 @@ def main() -> None:
         },
         "settings": [asdict(s) | {"sources": dict(s.sources)} for s in PAPER_SETTINGS],
         "table": rows,
+        "length_profiles": [
+            {
+                **asdict(p),
+                "params": dict(p.params),
+                "open_range": {k: list(v) for k, v in p.open_range.items()},
+            }
+            for p in LENGTH_PROFILES.values()
+        ],
         "observables": observables(rows),
-        "mechanisms": mechanisms(args.steps),
+        "open_ranges": open_ranges(args.steps, args.jobs),
+        "mechanisms": mechanisms(args.steps, args.jobs),
         "agent_setting": asdict(AGENT_ROW) | {"sources": dict(AGENT_ROW.sources)},
-        "agent_row": agent_row(args.steps),
+        "agent_row": agent_row(args.steps, args.jobs),
         "calibration": calibration(),
         "drift": drift(),
     }

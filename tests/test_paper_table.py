@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +28,7 @@ def _benchmark() -> ModuleType:
     spec = importlib.util.spec_from_file_location("paper_table", ROOT / "benchmarks" / "paper_table.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its cells pickle by module name when they run in processes
     spec.loader.exec_module(module)
     return module
 
@@ -44,8 +46,61 @@ def test_table_is_labelled_simulated_and_covers_every_setting_and_gpu(committed)
 
 def test_committed_table_was_made_with_the_committed_settings(committed):
     for saved, setting in zip(committed["settings"], PAPER_SETTINGS, strict=True):
-        current = {k: v for k, v in asdict(setting).items() if k != "sources"}
+        current = json.loads(json.dumps({k: v for k, v in asdict(setting).items() if k != "sources"}))
         assert {k: saved[k] for k in current} == current, setting.key
+
+
+def test_committed_table_was_made_with_the_committed_length_profiles(committed):
+    from april_bench.sim.length_evidence import LENGTH_PROFILES
+
+    saved = {(p["dataset"], p["model"]): p for p in committed["length_profiles"]}
+    assert set(saved) == set(LENGTH_PROFILES)
+    for key, profile in LENGTH_PROFILES.items():
+        assert saved[key]["params"] == dict(profile.params) and saved[key]["status"] == profile.status, key
+        assert saved[key]["open_range"] == {k: list(v) for k, v in profile.open_range.items()}, key
+
+
+def test_the_dapo_row_is_shown_under_both_readings(committed):
+    readings = {(r["setting"], r["algorithm"], r["reading"], r["hardware"]) for r in committed["table"]}
+    for hw in HARDWARE:
+        assert ("dapo-math", "dapo", "as named", hw) in readings
+        assert ("dapo-math", "grpo", "other reading", hw) in readings
+    assert all(r["reading"] == "as named" for r in committed["table"] if r["setting"] != "dapo-math")
+    text = (TABLE.parent / "paper_table.md").read_text()
+    assert "dapo-math-17k / GRPO (other reading)" in text and "may name the data set" in text
+
+
+def test_every_simulated_row_carries_its_gain_decomposition(committed):
+    cells = committed["table"] + committed["open_ranges"] + committed["mechanisms"]
+    cells += [c for c in committed["agent_row"]]
+    for r in cells:
+        d = r["decomposition"]
+        assert d["throughput_gain"] == pytest.approx(r["headline_gain"], abs=1e-12)
+        assert d["tail"] + d["fill"] + d["concurrency"] == pytest.approx(r["headline_gain"], abs=1e-9)
+        assert d["useful_gain"] == pytest.approx(r["useful_gain"], rel=1e-9, abs=1e-12)
+    assert "## Where each row's gain comes from" in (TABLE.parent / "paper_table.md").read_text()
+
+
+def test_each_open_profile_is_shown_at_both_ends_of_its_range(committed):
+    from april_bench.sim.length_evidence import length_profile
+
+    for r in committed["table"]:
+        if r["hardware"] != "mi300x":
+            continue
+        profile = length_profile(paper_setting(r["setting"]).model, r["dataset"])
+        assert profile is not None and profile.status == "open"
+        ends = {
+            o["end"]: o["workload_args"]
+            for o in committed["open_ranges"]
+            if (o["setting"], o["algorithm"]) == (r["setting"], r["algorithm"])
+        }
+        assert ends == dict(profile.range_ends()), (r["setting"], r["algorithm"])
+
+
+def test_cells_can_run_in_processes_in_their_order():
+    bench = _benchmark()
+    jobs = [(dict, (), {"cell": i}) for i in range(5)]
+    assert bench._map(jobs, 2) == bench._map(jobs, 1) == [{"cell": i} for i in range(5)]
 
 
 @pytest.mark.parametrize("hardware", HARDWARE)
