@@ -124,7 +124,7 @@ def paper(hardware: str = "mi300x", **overrides: Any) -> ExperimentConfig:
     """APRIL's published setting as its scripts run it: Qwen3-4B on one 8-GPU node (4 engines at TP2,
     mem_fraction_static 0.6: the simulator's defaults), 32 groups x 8, over-sampling 64, 16,384 tokens,
     temperature 0.8 (``RolloutConfig``'s defaults), the sync arm as the scripted baseline (waves of
-    rollout_batch_size, DAPO's filter when ``--algo dapo``), lengths from the one evidence-based model
+    rollout_batch_size, DAPO's filter when ``--algo dapo``), lengths from the (data set, model) profiles
     (``april_bench.sim.length_evidence``).  ``--algo``/``--dataset`` pick the paper's row (``--algo dapo``
     on the default data set is its DAPO-Math-17k row)."""
     from april_bench.sim.paper_settings import STEPS

@@ -9,6 +9,7 @@
     <out>/summary.json         per-arm metrics (recomputable from the rows)
     <out>/table.md             the paper-style and detail tables
     <out>/result.json          one flat file of the headline numbers (results.result_file)
+    <out>/readings.json        a paper row's other readings (april_bench.experiment.readings), if any
 
 Rows are streamed: :class:`RunWriter` appends each row as it is recorded and
 flushes at step boundaries, so an interrupted run keeps every completed step.

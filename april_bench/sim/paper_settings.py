@@ -10,9 +10,8 @@ on DeepMath-103K, and the algorithm is never remapped.
 A row is only the paper's figure and the (algorithm, data set) it belongs to:
 the deployment, batch and limit are the scripts' and are the defaults of
 :func:`april_bench.recipes.paper` (what ``run --hw mi300x --algo dapo`` runs),
-and the response lengths come from the one evidence-based model of
-:mod:`april_bench.sim.length_evidence`, shared by every row.  Nothing here is
-fitted to the paper's gains.
+and the response lengths come from the (data set, model) profiles of
+:mod:`april_bench.sim.length_evidence`.  Nothing here is fitted to the paper's gains.
 """
 
 from __future__ import annotations
@@ -104,8 +103,9 @@ _COMMON = {
     "temperature": _ALL_SCRIPTS + ": --rollout-temperature 0.8",
     "refill": "APRIL@a72b585 slime/rollout/sglang_example.py L242: refill a whole over-sampling batch "
     "whenever accepted + in flight < rollout_batch_size",
-    "lengths": "april_bench/sim/length_evidence.py: one evidence-based length model for Qwen3-4B, the same "
-    "in every row, chosen before any gain was compared (docs/calibration.md); nothing fitted to the paper",
+    "lengths": "april_bench/sim/length_evidence.py: the (data set, Qwen3-4B) profiles, each open with the "
+    "AIME'24-anchored model as its central value, chosen before any gain was compared (docs/calibration.md); "
+    "nothing fitted to the paper",
 }
 
 #: Why the DAPO-Math-17k row's algorithm is uncertain (docs/calibration.md, "Two readings of the DAPO row").
@@ -213,8 +213,9 @@ AGENT_ROW = AgentRow(
         "model": "same README row: DeepSeek-R1-Distill-Qwen-1.5B",
         "algorithm": "same README row: GRPO",
         "dataset": "assumption: the row names no data set; the R1-Distill-1.5B lengths with a published "
-        "source are DeepScaleR's (sim/workload.py profile 'deepscaler': right-answer median 1,700, wrong "
-        "x3); slime's retool example trains on DAPO-Math-17k, a math set of the same kind",
+        "source are DeepScaleR's (sim/length_evidence.py profile (deepscaler, r1-distill-qwen-1.5b): "
+        "right-answer median 2,566, wrong x3.49, fitted to the DeepScaleR blog); slime's retool example "
+        "trains on DAPO-Math-17k, a math set of the same kind",
         "rollout": "assumption: APRIL's scripts' rollout settings (32 x 8, over-sampling 64, 16,384 tokens, "
         "4 engines at TP2), as for the other rows; slime's retool script also uses 32 x 8 "
         "(retool_qwen3_4b_rl.sh)",
