@@ -37,6 +37,7 @@ __all__ = [
     "RunOutcome",
     "check_reference_run",
     "execute",
+    "execute_grid",
     "other_readings",
     "prepare",
     "resume",
@@ -373,6 +374,55 @@ def execute(
     writer.finish(summary)  # the trackers get the summary the run directory got
     writer.close()
     return RunOutcome(out=out, result=result, stored=stored)
+
+
+def execute_grid(
+    config: ExperimentConfig,
+    components: Components,
+    status: RunStatus,
+    *,
+    progress: bool,
+    echo: Echo | None = _stderr,
+) -> tuple[RunOutcome, ExperimentConfig, dict[str, str]]:
+    """Run a grid of arms (``ablate``, ``whatif``) into ``status``'s claimed directory so that one arm the
+    workload cannot fill never stops the grid.  An arm whose step cannot gather its groups
+    (:class:`~april_bench.rollout.loop.RolloutStalled`) is left out with its reason: its rows and
+    progress are dropped, and the run continues without it from the other sessions' checkpoints, as
+    ``run --resume`` would (the sessions that completed are not run again).  Returns the outcome, the
+    config that ran and ``{arm: reason}`` for the arms left out.  The baseline arm stalling (no gain is
+    measured without it), or the only arm, is raised."""
+    from april_bench.results.resume import read_rows_for_resume, session_key
+    from april_bench.rollout.loop import RolloutStalled
+
+    out = status.path.parent
+    left_out: dict[str, str] = {}
+    kept: dict[str, list[dict[str, Any]]] | None = None
+    while True:
+        try:
+            outcome = execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+        except RolloutStalled as exc:
+            arms = [a.label for a in config.arms]
+            baseline = config.baseline or ("sync" if "sync" in arms else arms[0])
+            if exc.arm is None or exc.arm == baseline or len(arms) <= 1:
+                raise
+            left_out[exc.arm] = exc.reason
+            if echo is not None:
+                echo(f"arm {exc.arm} cannot run here ({exc.reason}); the other arms go on without it")
+            config = config.replace(strategies=tuple(a for a in arms if a != exc.arm))
+            components = prepare(config, progress=progress)
+            for repeat in range(config.repeats):  # the stalled arm's progress and rows are dropped
+                key = session_key(exc.arm, repeat)
+                status.completed.pop(key, None)
+                status.rows.pop(key, None)
+                if key in status.finished:
+                    status.finished.remove(key)
+            kept = read_rows_for_resume(out, status, config.steps)
+            status.state, status.message = "running", ""
+            status.save()
+            # written again for the arms that run (not a resumed run: one run that left an arm out)
+            (out / "provenance.json").unlink(missing_ok=True)
+            continue
+        return outcome, config, left_out
 
 
 def other_readings(outcome: RunOutcome) -> str | None:

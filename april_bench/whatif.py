@@ -105,8 +105,12 @@ def _deployment(setup: WhatIf, trace: Trace) -> tuple[str, str, int | None, dict
     return curve.hardware, curve.model, None, {"cost_curve": str(setup.cost_curve)}
 
 
-def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
-    """The simulated experiment replaying ``trace`` under every arm, and the arms (ablate's grid)."""
+def whatif_config(
+    trace: Trace, setup: WhatIf, *, segments: Sequence[int] | None = None
+) -> tuple[Any, list[AblationArm]]:
+    """The simulated experiment replaying ``trace`` under every arm, and the arms (ablate's grid).
+    ``segments``: the segment arm's lengths (``None``: a quarter of the trace's response limit; empty:
+    no segment arm)."""
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.rollout.loop import RolloutConfig
 
@@ -119,6 +123,8 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     strategies = setup.strategies if setup.strategies is not None else ZOO
+    if segments is not None and not segments:
+        strategies = tuple(name for name in strategies if name != "segment")
     if setup.drivers is not None:
         drivers = setup.drivers
     elif _rollout_gpus(hardware, num_gpus, engine_args) < 2:  # an async arm rolls out and trains apart
@@ -130,7 +136,7 @@ def whatif_config(trace: Trace, setup: WhatIf) -> tuple[Any, list[AblationArm]]:
         target_groups=groups,
         ratios=[setup.ratio],
         spans=[None],
-        segments=[max(1, limit // 4)],
+        segments=list(segments) if segments else [max(1, limit // 4)],
         max_response_len=limit,
         drivers=list(drivers),
     )
@@ -232,17 +238,33 @@ def run_whatif(
     from april_bench.profiles.hardware import hardware_profile
     from april_bench.results.lock import RunLock
     from april_bench.results.rundir import start_run_dir
+    from april_bench.rollout.loop import RolloutStalled
 
     trace = read_trace(trace_path, arm=setup.arm)
     config, arms = whatif_config(trace, setup)
     warning = fit_warning(trace, config.model)  # printed with the table, kept in whatif.json
     components = runner.prepare(config, progress=progress)  # validated before a directory is claimed
+    cannot_run: list[tuple[AblationArm, str]] = []  # arms this trace cannot fill a step of, and why
+    if any(arm.strategy == "segment" for arm in arms):
+        config, arms, components, cannot_run = _workable_segment(trace, setup, config, components, echo)
     name = f"whatif-{trace.path.stem if trace.arm is None else trace.path.parent.name}-{config.hardware}"
     runner.check_reference_run(out, allow_dirty=allow_dirty)
     lock = RunLock()  # one process per run directory while the replay runs
     try:
         status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock, kind="whatif")
-        outcome = runner.execute(config, components, status.path.parent, status, progress=progress, echo=echo)
+        try:
+            outcome, config, stalled = runner.execute_grid(
+                config, components, status, progress=progress, echo=echo
+            )
+        except RolloutStalled as exc:  # the baseline itself: say it in whatif's words and flags
+            raise ConfigError(
+                f"the baseline arm {exc.arm} cannot replay this trace: {exc.reason}. "
+                + (
+                    "Replay with --algo grpo (no dynamic sampling), or check the trace's rewards"
+                    if config.dynamic_sampling_on
+                    else "Replay fewer --steps, or another trace"
+                )
+            ) from None
     finally:
         lock.release()
     if outcome.stored is None:
@@ -271,7 +293,13 @@ def run_whatif(
         "trace": {**trace.header.to_json(), "summary": trace.summary(), "path": str(trace.path)},
         "out": str(out),
         "warnings": [] if warning is None else [warning],
-        "rows": [_row(arm, summary[arm.label], config.rollout.rollout_batch_size) for arm in arms],
+        "rows": [
+            _row(arm, summary[arm.label], config.rollout.rollout_batch_size)
+            if arm.label not in stalled
+            else _cannot_run_row(arm, stalled[arm.label], config.rollout.rollout_batch_size)
+            for arm in arms
+        ]
+        + [_cannot_run_row(arm, why, config.rollout.rollout_batch_size) for arm, why in cannot_run],
     }
     from april_bench.results.store import write_text_atomic
 
@@ -280,6 +308,54 @@ def run_whatif(
     figure = whatif_figure(result, out / "whatif.png")
     result["figure"] = None if figure is None else str(figure)
     return result
+
+
+def _workable_segment(
+    trace: Trace,
+    setup: WhatIf,
+    config: Any,
+    components: Any,
+    echo: Callable[[str], None] | None,
+) -> tuple[Any, list[AblationArm], Any, list[tuple[AblationArm, str]]]:
+    """The segment arm at a length the trace can fill (:func:`april_bench.zoo.fit_segments`): a quarter
+    of the limit, else the shortest workable length derived from the trace's groups, else no segment
+    arm (a row says why).  Returns the config, arms and components to run, and the arms left out."""
+    from april_bench import runner
+    from april_bench.zoo import draw_groups, fit_segments, segment_fit_rows
+
+    rollout = config.rollout_config()
+    target, limit = rollout.rollout_batch_size, rollout.max_response_len
+    cap = rollout.max_groups_per_step or 16 * rollout.over_sampling_batch_size
+    draws = draw_groups(
+        components.workload,
+        groups=cap,
+        n_samples=rollout.n_samples_per_prompt,
+        max_response_len=limit,
+        dynamic_sampling=rollout.dynamic_sampling,
+    )
+    default = max(1, limit // 4)
+    fit = fit_segments(
+        [default],
+        draws,
+        target_groups=target,
+        wave=rollout.over_sampling_batch_size,
+        cap=cap,
+        max_response_len=limit,
+        derive=True,
+    )
+    if fit.segments == [default]:
+        return config, whatif_config(trace, setup)[1], components, []
+    for note in fit.notes:
+        if echo is not None:
+            echo(f"whatif: {note}")
+    config, arms = whatif_config(trace, setup, segments=fit.segments)
+    left_out = segment_fit_rows(fit, target_groups=target, ratio=setup.ratio)
+    return config, arms, runner.prepare(config), left_out
+
+
+def _cannot_run_row(arm: AblationArm, why: str, target_groups: int) -> dict[str, Any]:
+    """The row of an arm the trace cannot fill a step of: its knobs and the reason, no numbers."""
+    return {**_row(arm, {}, target_groups), "cannot_run": why}
 
 
 def _curve_note(path: Path) -> dict[str, Any]:
@@ -311,6 +387,7 @@ def _row(arm: AblationArm, m: dict[str, Any], target_groups: int) -> dict[str, A
         "wasted_tokens": m.get("wasted_tokens"),
         "rollout_time_per_step_s": m.get("rollout_time_per_step_s"),
         "failures": m.get("failures"),
+        "cannot_run": None,  # or why this trace cannot fill a step of the arm
     }
 
 
@@ -363,6 +440,12 @@ def render_whatif(result: dict[str, Any]) -> str:
 
     for row in result["rows"]:
         ratio = "-" if row["n_prime_over_n"] is None else f"{row['n_prime_over_n']:.2g}"
+        if row.get("cannot_run"):
+            lines.append(
+                f"| {row['arm']} | {row['driver']} | {ratio} | cannot run here: {row['cannot_run']} "
+                "| - | - | - | - | - | simulated |"
+            )
+            continue
         share = "n/a" if row["off_policy_share"] is None else f"{row['off_policy_share']:.0%}"
         step = "n/a" if row["step_time_per_step_s"] is None else f"{row['step_time_per_step_s']:.1f}"
         lines.append(
@@ -378,7 +461,8 @@ def render_whatif(result: dict[str, Any]) -> str:
     ]
     from april_bench.results.faults import failure_lines
 
-    return "\n".join(lines + failure_lines(result["rows"], kind="simulated"))
+    ran = [row for row in result["rows"] if not row.get("cannot_run")]
+    return "\n".join(lines + failure_lines(ran, kind="simulated"))
 
 
 def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
@@ -404,7 +488,9 @@ def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
         ax.barh(
             [y + 0.27 * (i - 1) for y in ys], [100 * (r.get(key) or 0.0) for r in rows], 0.27, label=label
         )
-    ax.set_yticks(ys, [r["arm"] for r in rows], fontsize=7)
+    ax.set_yticks(
+        ys, [r["arm"] + (" (cannot run here)" if r.get("cannot_run") else "") for r in rows], fontsize=7
+    )
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel(f"% against {result['baseline']} (simulated)")

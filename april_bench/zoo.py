@@ -11,8 +11,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from april_bench.config import ConfigError
+from april_bench.workload import Workload
 
-__all__ = ["ASYNC_STRATEGIES", "DEFAULT_DRIVERS", "ZOO", "AblationArm", "grid_arms", "parse_drivers"]
+__all__ = [
+    "ASYNC_STRATEGIES",
+    "DEFAULT_DRIVERS",
+    "ZOO",
+    "AblationArm",
+    "GroupDraw",
+    "SegmentFit",
+    "draw_groups",
+    "fit_segments",
+    "grid_arms",
+    "parse_drivers",
+    "segment_fit_rows",
+]
 
 #: The default base strategies: the paper's arms and the zoo.
 ZOO = (
@@ -150,4 +163,150 @@ def parse_drivers(text: str) -> list[dict[str, Any]]:
                 "expected one-step-off, stale:ETA or lookahead:K (or none), like "
                 f"one-step-off,stale:1,stale:2,lookahead:2; got {v!r}"
             )
+    return out
+
+
+# ---------------------------------------------------------------- segments the workload can fill
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDraw:
+    """One prompt group of the workload as drawn: its longest response and whether it passes the filter."""
+
+    longest: int
+    passes: bool
+
+
+def draw_groups(
+    workload: Workload, *, groups: int, n_samples: int, max_response_len: int, dynamic_sampling: bool
+) -> list[GroupDraw] | None:
+    """The first ``groups`` prompt groups of ``workload``'s stream (the prompts every arm's step 0 takes,
+    in order): each group's longest response and whether it passes DAPO's filter (rewards not all
+    equal; a response past the limit is truncated).  ``None`` when the lengths are not known before
+    generation (a real engine's model decides them)."""
+    from april_bench.algorithms.filters import keep_group
+    from april_bench.types import Sample, SampleStatus
+
+    out = []
+    for prompt in workload.prompt_stream().take(groups):
+        lengths = [workload.replay_len(prompt, i, 0) for i in range(n_samples)]
+        known = [n for n in lengths if n is not None]
+        if len(known) < len(lengths):
+            return None
+        rewards = [
+            workload.reward(
+                Sample(
+                    prompt=prompt,
+                    index=i,
+                    status=SampleStatus.TRUNCATED if n >= max_response_len else SampleStatus.COMPLETED,
+                )
+            )
+            for i, n in enumerate(known)
+        ]
+        passes = keep_group(rewards) if dynamic_sampling else True
+        out.append(GroupDraw(longest=max(known), passes=passes))
+    return out
+
+
+def step_zero_launches(
+    draws: Sequence[GroupDraw], segment: int, *, target_groups: int, wave: int
+) -> int | None:
+    """Groups the segment strategy launches in its first step before ``target_groups`` pass: it launches
+    waves of ``wave`` groups, each back whole before the next, and a group passes when every response
+    ends within one segment and the filter takes it.  ``None``: ``draws`` run out first."""
+    passed = 0
+    for i, draw in enumerate(draws):
+        passed += draw.longest <= segment and draw.passes
+        if passed >= target_groups:
+            return -(-(i + 1) // wave) * wave
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFit:
+    """The segment lengths a grid runs, and the lengths it leaves out with the reason for each."""
+
+    segments: list[int]
+    left_out: dict[int, str]
+    #: One line per default that was raised to a length the workload fills (for the user).
+    notes: list[str]
+
+
+#: A derived segment must fill step 0 within this share of the step's launch cap: room for the filter's
+#: draws and for the groups that later steps resume before fresh ones.
+DERIVED_CAP_SHARE = 0.5
+
+
+def fit_segments(
+    segments: Sequence[int],
+    draws: Sequence[GroupDraw] | None,
+    *,
+    target_groups: int,
+    wave: int,
+    cap: int,
+    max_response_len: int,
+    derive: bool,
+) -> SegmentFit:
+    """Which segment lengths can fill a step under the workload (``draws``; ``None``: unknown, all kept).
+
+    A segment whose first step cannot gather ``target_groups`` within ``cap`` launches (the loop's
+    ``max_groups_per_step``) would stop the run.  With ``derive`` (the grid's defaults, fractions of
+    the limit) such a length is raised to the shortest one whose first step fills within half of
+    the cap, rounded up to a multiple of 128; otherwise (lengths the user chose) it is left out with
+    the reason.  A length no segment up to the limit makes workable is left out either way."""
+    if draws is None:
+        return SegmentFit(list(segments), {}, [])
+
+    def launches(segment: int) -> int | None:
+        return step_zero_launches(draws, segment, target_groups=target_groups, wave=wave)
+
+    def why(segment: int) -> str:
+        fits = sum(d.longest <= segment and d.passes for d in draws)
+        return (
+            f"only {fits:,} of the workload's first {len(draws):,} groups finish every response within one "
+            f"segment of {segment:,} tokens and pass the filter, so step 0 cannot gather {target_groups} "
+            f"groups in {cap:,} launches"
+        )
+
+    workable = None
+    if derive:
+        budget = max(wave, int(cap * DERIVED_CAP_SHARE))
+        candidates = sorted({d.longest for d in draws if d.passes and d.longest <= max_response_len})
+        for length in candidates:
+            found = launches(length)
+            if found is not None and found <= budget:
+                workable = min(max_response_len, -(-length // 128) * 128)
+                break
+    kept: list[int] = []
+    left_out: dict[int, str] = {}
+    notes: list[str] = []
+    for segment in segments:
+        found = launches(segment)
+        if derive and (found is None or found > max(wave, int(cap * DERIVED_CAP_SHARE))):
+            if workable is None:
+                left_out[segment] = why(segment)
+                continue
+            notes.append(f"segment_len {segment:,}: {why(segment)}; the grid uses {workable:,} instead")
+            segment = max(segment, workable)
+        elif found is None or found > cap:
+            left_out[segment] = why(segment)
+            continue
+        if segment not in kept:
+            kept.append(segment)
+    return SegmentFit(kept, left_out, notes)
+
+
+def segment_fit_rows(
+    fit: SegmentFit, *, target_groups: int, ratio: float | None
+) -> list[tuple[AblationArm, str]]:
+    """The segment arms the fit left out, as :func:`grid_arms` would have built them (at the first
+    N'/N ratio, ``None``: no ratio axis), each with the reason."""
+    over = None if ratio is None else max(target_groups, round(ratio * target_groups))
+    out = []
+    for segment, why in fit.left_out.items():
+        knobs = {_SEGMENT: segment} if over is None else {_RATIO: over, _SEGMENT: segment}
+        label = _label("segment", knobs)
+        out.append(
+            (AblationArm(label=label, strategy="segment", over_sampling=over, segment_len=segment), why)
+        )
     return out

@@ -193,3 +193,51 @@ def test_a_malformed_trace_is_one_error_line_with_exit_2(
     assert main(["whatif", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {path}, line 2: response_tokens must be >= 0, got -4"]
+
+
+def _long_trace(path: Path, reward: float | None = None) -> Path:
+    """4 steps of 8 groups x 4 samples, every response longer than a quarter of the 8,192 limit; group g's
+    longest is 3,600 + 300 g.  Rewards alternate per sample unless ``reward`` sets them all."""
+    rows = [
+        TraceRow(
+            step,
+            f"s{step}p{g}",
+            j,
+            120,
+            2100 + 500 * j + 300 * g,
+            "stop",
+            reward if reward is not None else float(j % 2),
+        )
+        for step in range(4)
+        for g in range(8)
+        for j in range(4)
+    ]
+    header = TraceHeader(source="test", evidence="per-sample", token_counts="exact", max_response_len=8192)
+    write_trace(path, header, rows)
+    return path
+
+
+def test_the_default_zoo_replays_responses_longer_than_a_quarter_of_the_limit(tmp_path: Path) -> None:
+    said: list[str] = []
+    result = run_whatif(
+        _long_trace(tmp_path / "t.jsonl"), WhatIf(drivers=()), tmp_path / "o", echo=said.append
+    )
+    rows = {row["strategy"]: row for row in result["rows"]}
+    # a segment of 2,048 finishes no group; the shortest group (3,600) fills step 0, rounded up to 3,712
+    assert rows["segment"]["arm"] == "segment[over_sampling_batch_size=16,segment_len=3712]"
+    assert rows["segment"]["cannot_run"] is None and rows["segment"]["generated_gain"] is not None
+    assert all(row["cannot_run"] is None for row in result["rows"])
+    assert any(line.startswith("whatif: segment_len 2,048: only 0 of") for line in said)
+
+
+def test_a_baseline_that_cannot_replay_names_whatifs_own_flags(tmp_path: Path, capsys) -> None:
+    trace = _long_trace(tmp_path / "t.jsonl", reward=0.0)  # every reward equal: DAPO's filter takes none
+    argv = ["whatif", str(trace), "--algo", "dapo", "--strategies", "sync,april", "--drivers", "none"]
+    assert main([*argv, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith("error: the baseline arm sync cannot replay this trace: step 0 launched")
+    assert "--algo grpo" in errors[0]
+    for flag in ("--no-dynamic-sampling", "--task-arg", "--rollout-arg"):  # run's flags, not whatif's
+        assert flag not in errors[0]

@@ -21,13 +21,16 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from april_bench.cli.output import echo
 from april_bench.config import ConfigError
 from april_bench.results.episodes import EPISODE_COLUMNS, episode_table
 from april_bench.results.table import md_cell, render_markdown
 from april_bench.zoo import DEFAULT_DRIVERS, ZOO, AblationArm, grid_arms, parse_drivers
+
+if TYPE_CHECKING:
+    from april_bench.experiment_config import ExperimentConfig
 
 __all__ = ["ZOO", "AblationArm", "add_parsers", "cmd_ablate", "grid_arms"]
 
@@ -150,6 +153,12 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     strategies = ZOO if args.strategies is None else base.strategies
     max_len = base.rollout.max_response_len
     segments = args.segments or [max(1, max_len // 4), max(1, max_len // 8), max(1, max_len // 2)]
+    ratio = args.ratios[0] if args.ratios else None
+    cannot_run: list[tuple[AblationArm, str]] = []  # arms this workload cannot fill a step of, and why
+    if "segment" in strategies:
+        segments, cannot_run = _workable_segments(base, segments, ratio, derive=args.segments is None)
+        if not segments:  # no length this workload can fill: the segment arms are rows that say why
+            strategies = tuple(name for name in strategies if name != "segment")
     arms = grid_arms(
         strategies,
         target_groups=base.rollout.rollout_batch_size,
@@ -180,12 +189,17 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             "kind": _PLAN_KIND,
             "schema_version": SCHEMA_VERSION,
             "arms": [dataclasses.asdict(arm) for arm in arms],
+            "cannot_run": [[dataclasses.asdict(arm), why] for arm, why in cannot_run],
             "baseline": baseline,
             "configs": {mode: config.to_dict() for mode, config in configs.items()},
         }
         write_json_atomic(out / PLAN_NAME, plan)  # before any mode runs: an interruption can be finished
         _echo(f"ablation: {len(arms)} arms x {len(modes)} off-policy mode(s) -> {out}")
-        return _run_modes(out, arms, configs, baseline, components=components, progress=not args.no_progress)
+        for arm, why in cannot_run:
+            _echo(f"ablation: {arm.label} cannot run here: {why}")
+        return _run_modes(
+            out, arms, configs, baseline, cannot_run, components=components, progress=not args.no_progress
+        )
     finally:
         lock.release()  # a caller in this process may claim the directory again
 
@@ -232,10 +246,8 @@ def _resume(args: argparse.Namespace) -> int:
         if (out / "ablation.json").exists():
             raise ConfigError(f"{out} is already complete; its table is {out / 'ablation.md'}")
         try:
-            arms = [
-                AblationArm(**{**a, "driver": tuple((str(k), v) for k, v in a.get("driver", ()))})
-                for a in plan["arms"]
-            ]
+            arms = [_arm(a) for a in plan["arms"]]
+            cannot_run = [(_arm(a), str(why)) for a, why in plan.get("cannot_run", [])]
             configs = {str(mode): load_config(c) for mode, c in plan["configs"].items()}
             baseline = str(plan["baseline"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -248,11 +260,17 @@ def _resume(args: argparse.Namespace) -> int:
             arms,
             configs,
             baseline,
+            cannot_run,
             components=None,
             progress=not args.no_progress,
             resume=True,
             allow_dirty=args.allow_dirty,
         )
+
+
+def _arm(data: dict[str, Any]) -> AblationArm:
+    """An arm of the plan, as ``dataclasses.asdict`` wrote it."""
+    return AblationArm(**{**data, "driver": tuple((str(k), v) for k, v in data.get("driver", ()))})
 
 
 def _grid_default(args: argparse.Namespace, flag: str) -> bool:
@@ -275,13 +293,16 @@ def _run_modes(
     arms: list[AblationArm],
     configs: dict[str, Any],
     baseline: str,
+    cannot_run: list[tuple[AblationArm, str]],
     *,
     components: dict[str, Any] | None,
     progress: bool,
     resume: bool = False,
     allow_dirty: bool = False,
 ) -> int:
-    """Run (or, with ``resume``, finish) every mode, then write the ablation's outputs."""
+    """Run (or, with ``resume``, finish) every mode, then write the ablation's outputs.  An arm the
+    workload cannot fill (``cannot_run``, known up front; or one that stalls in a mode's run, which
+    then goes on without it: ``runner.execute_grid``) is a row that says why, never the end of it."""
     from april_bench import runner
     from april_bench.cli.commands import print_outcome
     from april_bench.results.rundir import start_run_dir
@@ -295,12 +316,13 @@ def _run_modes(
         state = _mode_state(run_dir) if resume else None
         tick = time.monotonic()
         outcome = None
+        stalled: dict[str, str] = {}
         if state is None:
             prepared = (
                 components[mode] if components is not None else runner.prepare(config, progress=progress)
             )
             status = start_run_dir(run_dir, default_name=mode, overwrite=resume)
-            outcome = runner.execute(config, prepared, run_dir, status, progress=progress, echo=_echo)
+            outcome, _, stalled = runner.execute_grid(config, prepared, status, progress=progress, echo=_echo)
         elif state != "complete":
             outcome = runner.resume(run_dir, progress=progress, echo=_echo, allow_dirty=allow_dirty)
         if outcome is not None:
@@ -312,7 +334,16 @@ def _run_modes(
         run = load_run(run_dir)
         simulated = simulated and run.simulated
         summary = run.summary()
-        rows += [_row(arm, mode, summary[arm.label], first.rollout.rollout_batch_size) for arm in arms]
+        target = first.rollout.rollout_batch_size
+        for arm in arms:
+            if arm.label in summary:
+                rows.append(_row(arm, mode, summary[arm.label], target))
+            else:  # left out of the mode's run: it could not gather a step's groups
+                why = stalled.get(
+                    arm.label, "it could not gather a step's groups (left out of this mode's run)"
+                )
+                rows.append(_cannot_run_row(arm, mode, why, target))
+        rows += [_cannot_run_row(arm, mode, why, target) for arm, why in cannot_run]
     from april_bench.results.schema import SCHEMA_VERSION
 
     result = {
@@ -337,6 +368,45 @@ def _run_modes(
         f"\nablation directory: {out}" + (f"; figure: {figure}" if figure else " (no matplotlib: no figure)")
     )
     return 0
+
+
+def _workable_segments(
+    base: ExperimentConfig, segments: list[int], ratio: float | None, *, derive: bool
+) -> tuple[list[int], list[tuple[AblationArm, str]]]:
+    """The segment lengths the workload can fill (:func:`april_bench.zoo.fit_segments`): the defaults
+    raised to a workable length, lengths the user chose that cannot fill a step left out (by label)."""
+    from april_bench import runner
+    from april_bench.zoo import draw_groups, fit_segments, segment_fit_rows
+
+    rollout = base.rollout_config()  # the filter as the algorithm sets it
+    target = rollout.rollout_batch_size
+    cap = rollout.max_groups_per_step or 16 * rollout.over_sampling_batch_size
+    draws = draw_groups(
+        runner.prepare(base.replace(strategies=("sync",), baseline=None)).workload,
+        groups=cap,
+        n_samples=rollout.n_samples_per_prompt,
+        max_response_len=rollout.max_response_len,
+        dynamic_sampling=rollout.dynamic_sampling,
+    )
+    fit = fit_segments(
+        segments,
+        draws,
+        target_groups=target,
+        wave=max(target, round((ratio or 1.0) * target)),
+        cap=cap,
+        max_response_len=rollout.max_response_len,
+        derive=derive,
+    )
+    for note in fit.notes:
+        _echo(f"ablation: {note}")
+    return fit.segments, segment_fit_rows(fit, target_groups=target, ratio=ratio)
+
+
+def _cannot_run_row(arm: AblationArm, mode: str, why: str, target_groups: int) -> dict[str, Any]:
+    """The row of an arm that cannot fill a step under this workload: its knobs and the reason, no numbers."""
+    row = _row(arm, mode, {}, target_groups)
+    row["cannot_run"] = why
+    return row
 
 
 def _echo(line: str) -> None:
@@ -365,6 +435,7 @@ def _row(arm: AblationArm, mode: str, m: dict[str, Any], target_groups: int) -> 
         "accuracy_improvement": m.get("accuracy_improvement"),
         "failures": m.get("failures"),
         "episodes": m.get("episodes"),  # multi-turn runs (docs/agents.md)
+        "cannot_run": None,  # or why this workload cannot fill a step of the arm
     }
 
 
@@ -391,6 +462,13 @@ def render_ablation(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         ratio = "-" if r["n_prime_over_n"] is None else f"{r['n_prime_over_n']:.2g}"
         span = "none" if r["max_version_span_bound"] is None else str(r["max_version_span_bound"])
+        if r.get("cannot_run"):
+            lines.append(
+                f"| {r['off_policy_mode']} | {r['arm']} | {r.get('driver', 'sync')} | {ratio} | {span} "
+                f"| {r['segment_len'] or '-'} | cannot run here: {r['cannot_run']} "
+                "| - | - | - | - | - | - | - | - | - |"
+            )
+            continue
         accuracy = "n/a (simulated)" if kind == "simulated" else _accuracy(r)
         lines.append(
             f"| {md_cell(r['off_policy_mode'])} | {md_cell(r['arm'])} | {md_cell(r.get('driver', 'sync'))} "
@@ -402,13 +480,14 @@ def render_ablation(result: dict[str, Any]) -> str:
             f"| {r['rollout_time_per_step_s']:.1f} | {_seconds(r.get('step_time_per_step_s'))} "
             f"| {accuracy} | {kind} |"
         )
-    episodes = episode_table({r["arm"]: r for r in result["rows"]})
+    episodes = episode_table({r["arm"]: r for r in result["rows"] if not r.get("cannot_run")})
     if episodes:
         lines += ["", "### Episodes (trained multi-turn episodes; docs/agents.md)", ""]
         lines.append(render_markdown(EPISODE_COLUMNS, episodes))
     from april_bench.results.faults import failure_lines
 
-    return "\n".join(lines + failure_lines(result["rows"], kind=kind))
+    ran = [r for r in result["rows"] if not r.get("cannot_run")]
+    return "\n".join(lines + failure_lines(ran, kind=kind))
 
 
 def _seconds(value: float | None) -> str:
@@ -434,7 +513,12 @@ def _figure(result: dict[str, Any], path: Path) -> Path | None:
 
     rows = result["rows"]
     labels = [
-        f"{r['arm']} ({r['off_policy_mode']})" if len({x["off_policy_mode"] for x in rows}) > 1 else r["arm"]
+        (
+            f"{r['arm']} ({r['off_policy_mode']})"
+            if len({x["off_policy_mode"] for x in rows}) > 1
+            else r["arm"]
+        )
+        + (" (cannot run here)" if r.get("cannot_run") else "")
         for r in rows
     ]
     with matplotlib.rc_context(dict(PAPER_RC)):  # type: ignore[arg-type]

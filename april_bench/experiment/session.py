@@ -23,7 +23,7 @@ from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRec
 from april_bench.results.resume import RunStatus
 from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
-from april_bench.rollout.loop import RolloutLoop
+from april_bench.rollout.loop import RolloutLoop, RolloutStalled
 from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
 from april_bench.vtime import VirtualTimeLoop
@@ -203,6 +203,13 @@ class ArmSession:
         )
 
     async def run_steps(self, steps: range, bars: Bars) -> None:
+        try:
+            await self._run_steps(steps, bars)
+        except RolloutStalled as exc:  # say which arm, so a grid (ablate, whatif) can leave it out
+            exc.arm = self.arm.label
+            raise
+
+    async def _run_steps(self, steps: range, bars: Bars) -> None:
         if self._pipeline is not None:
             await self._run_pipelined(steps, bars)
             return

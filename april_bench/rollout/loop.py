@@ -73,7 +73,17 @@ MAX_REQUESTS_PER_WAVE = 1 << 20
 
 
 class RolloutStalled(ConfigError):
-    """A step cannot gather N groups (every group keeps failing the filter); the message says why."""
+    """A step cannot gather N groups (every group keeps failing the filter, or no group finishes).
+
+    The message is ``reason`` then ``fix`` (the ``run`` flags that change it); a command with other
+    flags (``whatif``) or one that can leave the arm out (``ablate``) shows ``reason`` with its own
+    advice.  ``arm``: the label of the arm that stalled, set by the session that ran it."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(f"{reason}. {fix}")
+        self.reason = reason
+        self.fix = fix
+        self.arm: str | None = None
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -287,12 +297,21 @@ class RolloutLoop(Configurable):
         if count > 0 and st.launched + count > cap:
             if st.in_flight:
                 return  # wait for what is out; the check repeats when it comes back
-            raise RolloutStalled(
+            unfinished = st.launched - len(st.accepted) - st.rejected  # back unfinished: buffered
+            reason = (
                 f"step {st.step} launched {st.launched} groups and only {len(st.accepted)} of "
-                f"{self.config.rollout_batch_size} passed; {st.rejected} were rejected by dynamic sampling "
-                "(all rewards equal: does the grader score every response the same?). Check the grader "
-                "(--task-arg grader=), turn the filter off (--no-dynamic-sampling), or raise "
-                "--rollout-arg max_groups_per_step"
+                f"{self.config.rollout_batch_size} passed"
+            )
+            if unfinished > 0:
+                reason += f"; {unfinished} came back unfinished (buffered for a later step)"
+            if st.rejected or not unfinished:
+                reason += f"; {st.rejected} were rejected by dynamic sampling (all rewards equal" + (
+                    ": does the grader score every response the same?)" if st.rejected >= unfinished else ")"
+                )
+            raise RolloutStalled(
+                reason,
+                "Check the grader (--task-arg grader=), turn the filter off (--no-dynamic-sampling), or "
+                "raise --rollout-arg max_groups_per_step",
             )
         chosen = self._select(count, view) if count > 0 else []
         if not chosen:
