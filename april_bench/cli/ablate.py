@@ -331,7 +331,8 @@ def _run_modes(
                 _echo(f"ablation: continue every mode with `{runner._prog()} ablate --resume {out}`")
                 return code
             _echo(f"ablation: mode {mode} done in {time.monotonic() - tick:.0f} s")
-        run = load_run(run_dir)
+        # a mode just run holds its summary, accumulated as the rows streamed: no table read back
+        run = outcome.stored if outcome is not None and outcome.stored is not None else load_run(run_dir)
         simulated = simulated and run.simulated
         summary = run.summary()
         target = first.rollout.rollout_batch_size

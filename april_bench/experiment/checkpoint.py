@@ -63,7 +63,7 @@ def save(
         "engine": stateful.export_state() if (stateful := STATE.of(engine)) else None,
         "trainer_file": trainer_file,
     }
-    write_json_atomic(path, saved)
+    write_json_atomic(path, saved, indent=None)  # written every step, read by the code alone: compact
     status.step_done(arm, repeat, done, full=full or last or not stateful_trainer)
     _remove_unneeded(status, arm, repeat)
     return saved
@@ -78,7 +78,7 @@ def add_trainer_state(
     done = int(saved["completed_steps"])
     path = state_path(status.path.parent, arm, repeat, done)
     saved = {**saved, "trainer_file": _save_trainer(trainer, path)}
-    write_json_atomic(path, saved)
+    write_json_atomic(path, saved, indent=None)
     status.step_done(arm, repeat, done, full=True)
     _remove_unneeded(status, arm, repeat)
 
