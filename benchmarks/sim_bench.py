@@ -49,10 +49,16 @@ UNCAPPED = 262_144  # a response limit the sweep's lengths (almost) never reach
 
 
 def _summary(config: ExperimentConfig) -> tuple[dict[str, Any], float]:
-    start = time.perf_counter()
+    summary, elapsed, _ = _timed(config)
+    return summary, elapsed
+
+
+def _timed(config: ExperimentConfig) -> tuple[dict[str, Any], float, float]:
+    """The run's summary, its wall seconds, and its CPU microseconds per simulated request."""
+    start, cpu = time.perf_counter(), time.process_time()
     rec = run(config, progress=False).recorder
-    elapsed = time.perf_counter() - start
-    return rec.summary(), elapsed
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return rec.summary(), elapsed, 1e6 * cpu / max(1, len(rec.tables["requests"]))
 
 
 def _config(steps: int, **kw: Any) -> ExperimentConfig:
@@ -63,11 +69,13 @@ def _config(steps: int, **kw: Any) -> ExperimentConfig:
 
 def speed(steps: int, repeats: int) -> dict[str, Any]:
     per_arm: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    per_request: dict[str, list[float]] = {arm: [] for arm in ARMS}
     bookkeeping: dict[str, float] = {}
     for _ in range(repeats):
         for arm in ARMS:
-            summary, elapsed = _summary(_config(steps, strategies=(arm,)))
+            summary, elapsed, us = _timed(_config(steps, strategies=(arm,)))
             per_arm[arm].append(elapsed)
+            per_request[arm].append(us)
             m = summary[arm]
             bookkeeping[arm] = m["bookkeeping_share_of_engine_time"]
             bookkeeping[f"{arm}_ms_per_step"] = 1e3 * m["bookkeeping_s_per_step"]
@@ -76,6 +84,8 @@ def speed(steps: int, repeats: int) -> dict[str, Any]:
         "steps": steps,
         "repeats": repeats,
         "seconds_per_arm_median": medians,
+        # the simulator's cost: CPU microseconds per simulated request (fastest run: least disturbed)
+        "cpu_us_per_request_min": {arm: min(us) for arm, us in per_request.items()},
         "seconds_all_arms": sum(medians.values()),
         "bookkeeping": bookkeeping,
     }
@@ -182,6 +192,7 @@ def render(result: dict[str, Any]) -> str:
             (
                 "Arm",
                 f"Wall s (median of {sp['repeats']})",
+                "CPU us / simulated request (min)",
                 "Bookkeeping ms/step",
                 "Bookkeeping / engine time",
             ),
@@ -189,12 +200,13 @@ def render(result: dict[str, Any]) -> str:
                 [
                     arm,
                     f"{sp['seconds_per_arm_median'][arm]:.2f}",
+                    f"{sp['cpu_us_per_request_min'][arm]:.0f}",
                     f"{sp['bookkeeping'][f'{arm}_ms_per_step']:.2f}",
                     f"{sp['bookkeeping'][arm]:.4%}",
                 ]
                 for arm in ARMS
             ]
-            + [["all three", f"{sp['seconds_all_arms']:.2f}", "", ""]],
+            + [["all three", f"{sp['seconds_all_arms']:.2f}", "", "", ""]],
         ),
         "",
         "## Sanity: no tail, no gain (simulated)",
