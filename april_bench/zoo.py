@@ -262,10 +262,16 @@ def fit_segments(
 
     def why(segment: int) -> str:
         fits = sum(d.longest <= segment and d.passes for d in draws)
+        found = launches(segment)
+        share = (
+            f"step 0 cannot gather {target_groups} groups in {cap:,} launches"
+            if found is None or found > cap
+            else f"step 0 needs {found:,} of its {cap:,} launches to gather {target_groups} groups "
+            f"(more than {DERIVED_CAP_SHARE:.0%}: little room for the later steps)"
+        )
         return (
             f"only {fits:,} of the workload's first {len(draws):,} groups finish every response within one "
-            f"segment of {segment:,} tokens and pass the filter, so step 0 cannot gather {target_groups} "
-            f"groups in {cap:,} launches"
+            f"segment of {segment:,} tokens and pass the filter, so {share}"
         )
 
     workable = None

@@ -48,6 +48,7 @@ def test_default_segments_are_raised_to_the_shortest_length_that_fills_half_the_
     assert fit.segments == [896, 1000] and fit.left_out == {}
     assert [note.split(":")[0] for note in fit.notes] == ["segment_len 250", "segment_len 350"]
     assert all(note.endswith("the grid uses 896 instead") for note in fit.notes)
+    assert "so step 0 needs 6 of its 8 launches to gather 2 groups (more than 50%" in fit.notes[1]
     # no length up to the limit fills the step: the default is left out, not raised
     none = fit_segments([250], DRAWS, target_groups=5, wave=2, cap=8, max_response_len=1000, derive=True)
     assert none.segments == [] and list(none.left_out) == [250]
