@@ -37,6 +37,7 @@ arrival or an abort) are priced in closed form by :class:`CostModel`.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
@@ -128,6 +129,9 @@ class SimReplica:
         self._version = engine_version  # shared one-element list: the engine's policy version
         self.waiting: deque[_Req] = deque()
         self.running: dict[int, _Req] = {}
+        #: ``max_new_tokens - g0 + d0`` of every running request, sorted: a request's tokens still to
+        #: come are this minus ``D``, so the reserve sums a slice instead of walking every request.
+        self._budget_keys: list[int] = []
         self._heap: list[tuple[int, int, _Req]] = []
         self._seq = 0
         self.chunked: _Req | None = None
@@ -201,6 +205,7 @@ class SimReplica:
         self.waiting.clear()
         self.running.clear()
         self.pinned = 0
+        self._budget_keys.clear()
         self._heap.clear()
         self._in_batch = []
         self.chunked = None
@@ -467,11 +472,19 @@ class SimReplica:
         return batch
 
     def _running_reserve(self) -> float:
-        remaining = sum(
-            min(r.request.max_new_tokens - (r.g0 + self.D - r.d0), CLIP_MAX_NEW_TOKENS)
-            for r in self.running.values()
-        )
+        # sum over running requests of min(tokens to come, CLIP): the keys below D + CLIP count their
+        # own, the rest CLIP each (integers: the same sum as request by request)
+        keys, d = self._budget_keys, self.D
+        below = bisect.bisect_left(keys, d + CLIP_MAX_NEW_TOKENS)
+        remaining = sum(keys[:below]) - d * below + CLIP_MAX_NEW_TOKENS * (len(keys) - below)
         return remaining * self.ratio
+
+    def _budget_key(self, req: _Req) -> int:
+        return req.request.max_new_tokens - req.g0 + req.d0
+
+    def _drop_budget(self, req: _Req) -> None:
+        keys = self._budget_keys
+        del keys[bisect.bisect_left(keys, self._budget_key(req))]
 
     def _complete_prefill(self, batch: _Batch, now: float) -> None:
         for req, _, n in batch.chunks:
@@ -502,6 +515,7 @@ class SimReplica:
         req.admitted = self._seq + 1
         self.running[id(req)] = req
         self.pinned += req.request.policy_version is not None
+        bisect.insort(self._budget_keys, self._budget_key(req))
         self.ctx_base += req.request.input_len + req.g0 - req.d0
         self._seq += 1
         heapq.heappush(self._heap, (req.d_finish, self._seq, req))
@@ -510,6 +524,7 @@ class SimReplica:
     def _finish_running(self, req: _Req, now: float) -> None:
         del self.running[id(req)]
         self.pinned -= req.request.policy_version is not None
+        self._drop_budget(req)
         req.generated = req.g0 + (self.D - req.d0)
         self.ctx_base -= req.request.input_len + req.g0 - req.d0
         self.kv_used -= req.context
@@ -577,6 +592,7 @@ class SimReplica:
                 break
             del self.running[id(req)]
             self.pinned -= req.request.policy_version is not None
+            self._drop_budget(req)
             req.generated = req.g0 + (self.D - req.d0)
             self.ctx_base -= req.request.input_len + req.g0 - req.d0
             self.kv_used -= req.context
