@@ -113,7 +113,8 @@ def add_parsers(sub: Any) -> None:
         type=_ints,
         default=None,
         metavar="LIST",
-        help="segment_len values (default: 1/4, 1/8 and 1/2 of --max-response-len)",
+        help="segment_len values; one the workload cannot fill a step with is a 'cannot run here' row "
+        "(default: 1/4, 1/8 and 1/2 of --max-response-len, each raised to a length the workload can fill)",
     )
     grid.add_argument(
         "--drivers",
