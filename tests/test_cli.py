@@ -94,6 +94,8 @@ def test_paper_command_runs_without_a_gpu_and_writes_a_run_directory(tmp_path: P
     assert "is not a run directory (missing config.json" in _run("report", str(tmp_path)).stderr
 
 
+@pytest.mark.slow  # a warm start from an empty cache and a measured run (about 20 s); tox's measured gate
+# runs an embedded run too
 def test_embedded_default_measures_throughput_and_accuracy(tmp_path: Path) -> None:
     out = tmp_path / "embedded"
     env = {**__import__("os").environ, "APRIL_BENCH_CACHE": str(tmp_path / "cache")}

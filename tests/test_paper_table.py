@@ -237,6 +237,7 @@ def test_the_agent_row_covers_every_open_value_on_every_gpu_with_its_error(commi
             assert c["sync_turns_per_episode"] > 1
 
 
+@pytest.mark.slow  # one agent cell is about 15 s; a setting cell re-simulates in the fast tier
 def test_an_agent_cell_re_simulates_to_the_committed_numbers(committed):
     cell = next(
         c for c in committed["agent_row"] if (c["hardware"], c["calls"], c["latency_s"]) == ("h100", 1.0, 0.1)

@@ -65,7 +65,10 @@ def _check_nothing_lost(out: Path) -> None:
     assert trained == {"sync": 3 * 4 * 4, "april": 3 * 4 * 4}
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+# seed 0 in the fast tier; the other schedules (about 10 s each) in the slow one
+@pytest.mark.parametrize(
+    "seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
+)
 def test_killed_replicas_lose_no_prompt_in_sync_and_april(seed: int, tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = [*RUN, *_args(replicas=3, chaos_seed=seed, chaos_faults=3, chaos_window_tokens=400000)]
@@ -165,6 +168,7 @@ def test_bad_fault_options_are_one_line_errors() -> None:
         ENGINES.get("fake-pool").check(settings, {"token_time_s": -1})
 
 
+@pytest.mark.slow  # three chaos runs (about 10 s); resume itself is covered by the fast tier
 def test_a_resumed_chaos_run_does_not_kill_again_at_the_same_token_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
