@@ -496,7 +496,7 @@ def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
     ax.set_xlabel(f"% against {result['baseline']} (simulated)")
     ax.legend(loc="lower right", fontsize=7)
     ax2.barh(ys, [100 * (r.get("off_policy_share") or 0.0) for r in rows], color="grey")
-    ax2.set_xlabel("off-policy share of trained tokens, %")
+    ax2.set_xlabel("off-policy share, %\n(of trained tokens)")
     fig.suptitle(
         f"What-if (simulated): {result['trace']['source']} replayed on "
         f"{result['model']} / {result['hardware']}",
@@ -505,7 +505,11 @@ def whatif_figure(result: dict[str, Any], path: Path) -> Path | None:
     fig.tight_layout()
     from april_bench.fsio import write_atomic
 
-    write_atomic(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=110))
+    # bbox_inches="tight": the saved image grows to hold every label (long arm names were cut)
+    write_atomic(
+        path,
+        lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight"),
+    )
     plt.close(fig)
     return path
 

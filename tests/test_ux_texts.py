@@ -274,3 +274,24 @@ def test_a_simulated_table_shows_tokens_per_gpu_per_second(tmp_path, capsys) -> 
     header = next(line for line in out.splitlines() if line.startswith("| Strategy ") and "Rollout" in line)
     cells = [c.strip() for c in header.strip("|").split("|")]
     assert cells[cells.index("Gen tok/s") + 1] == "Gen tok/s/GPU"
+
+
+def test_the_whatif_figure_holds_every_label(tmp_path) -> None:
+    """Long arm names and the right axis label were cut off at the figure's edges."""
+    import matplotlib.image
+
+    from april_bench.whatif import whatif_figure
+
+    row = {"generated_gain": 0.5, "useful_gain": 0.2, "end_to_end_gain": 0.1, "off_policy_share": 0.4}
+    long_name = "segment[over_sampling_batch_size=32,segment_len=48,max_version_span=1]" * 2
+    result = {
+        "rows": [{"arm": "sync", **row}, {"arm": long_name, **row}],
+        "baseline": "sync",
+        "trace": {"source": "a test"},
+        "model": "tiny",
+        "hardware": "cpu",
+    }
+    path = whatif_figure(result, tmp_path / "whatif.png")
+    assert path is not None
+    width = matplotlib.image.imread(path).shape[1]
+    assert width > 11 * 110  # grown past the 11-inch canvas to hold the long label
