@@ -14,6 +14,7 @@ Nothing here prints tables: the CLI renders :attr:`RunOutcome.stored`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import sys
 import threading
@@ -69,6 +70,9 @@ class RunOutcome:
     #: The signal that stopped the run (``"SIGINT"`` for Ctrl-C), or :data:`ENGINE_LOST`; ``None``: it
     #: completed.
     interrupted_by: str | None = None
+    #: A completed paper row's other readings, as the section added to its ``table.md``
+    #: (:func:`other_readings`); ``None`` for any other run.
+    readings: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -146,7 +150,7 @@ def run_into(
     lock = RunLock()  # taken by the claim and held for the whole run: a second process is refused
     try:
         status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock)
-        return execute(
+        outcome = execute(
             config,
             components,
             status.path.parent,
@@ -156,6 +160,8 @@ def run_into(
             metadata=metadata,
             trackers=trackers,
         )
+        # the library and the CLI write the same directory: a paper row's other readings too
+        return dataclasses.replace(outcome, readings=other_readings(outcome))
     finally:
         lock.release()
 
@@ -196,7 +202,8 @@ def resume(
                 )
         status.state, status.message = "running", ""  # the interrupt's message is history now
         status.save()
-        return execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+        outcome = execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+        return dataclasses.replace(outcome, readings=other_readings(outcome))
 
 
 def stored_config(out: Path) -> ExperimentConfig:

@@ -4,6 +4,7 @@ says running (not the old interrupt) while the run goes on."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ def test_resume_shows_saved_steps_and_a_running_status(
 
     monkeypatch.setattr(experiment.ArmSession, "_step", watched)
     capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # bars are drawn on a terminal only
     assert main(["run", "--resume", str(out)]) == 0  # progress bars on
     err = capsys.readouterr().err
     assert "resuming" in err and "4 of 6 steps saved: sync 3/3, april 1/3" in err

@@ -25,6 +25,10 @@ def _untimed(value: object) -> object:
     return value
 
 
+#: result.json's fields that differ between two directories of the same run.
+_PER_DIRECTORY = ("run", "date", "provenance_sha256")
+
+
 def _contents(run: Path) -> dict[str, object]:
     """Every file of a run directory, rows without wall-clock measurements; provenance's keys only (its
     clock differs per run)."""
@@ -33,6 +37,9 @@ def _contents(run: Path) -> dict[str, object]:
         name, text = str(path.relative_to(run)), path.read_text()
         if name == "provenance.json":
             found[name] = sorted(json.loads(text))
+        elif name == "result.json":  # the directory's name, its end time and its provenance's digest
+            result = json.loads(text)
+            found[name] = _untimed({k: v for k, v in result.items() if k not in _PER_DIRECTORY})
         elif name.endswith(".jsonl"):
             found[name] = [_untimed(json.loads(line)) for line in text.splitlines()]
         elif name.endswith(".json"):

@@ -55,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             },
         )
     if outcome.stored is not None:
-        print(run_report(outcome.stored, outcome.out, extra=runner.other_readings(outcome)))
+        print(run_report(outcome.stored, outcome.out, extra=outcome.readings))
     return outcome.exit_code
 
 
