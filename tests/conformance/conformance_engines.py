@@ -45,6 +45,10 @@ class EngineKind:
     #: ``metrics()["generation_tokens"]`` counts tokens as they are decoded (not when a request ends):
     #: a test can wait for decoding progress instead of sleeping a guess.
     live_token_count: bool = False
+    #: ``abort(None)`` stops every request at once.  vLLM's server adapter hangs up each request's
+    #: stream in turn and the server aborts each as it sees its client go, so a slot an aborted request
+    #: frees can go to a queued request for a few steps before that one's own hang-up lands.
+    atomic_abort: bool = True
     #: The registry entry (``ENGINES``) and ``--engine-arg`` options that build this engine: what the
     #: registry says of it (``updates_in_flight``) is checked on it.
     spec: str = ""
@@ -132,6 +136,7 @@ KINDS = {
         real_weights=True,
         float32=True,
         live_token_count=True,
+        atomic_abort=False,
         spec="vllm",
         args=(("server", True),),
     ),

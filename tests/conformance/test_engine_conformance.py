@@ -255,11 +255,15 @@ def test_abort_returns_partials_of_running_and_nothing_of_queued_requests(host: 
         assert all((c.finish_reason, c.num_tokens) == (FinishReason.STOP, budget) for c in finished)
         assert all(0 <= c.num_tokens < budget for c in aborted)  # a partial, or nothing
         started = [c for c in done.values() if c.num_tokens > 0]
-        # a queued request decodes only in a slot a finished one left: the others return nothing
-        assert len(started) <= MAX_RUNNING + len(finished), sorted(c.num_tokens for c in done.values())
         assert started, "no request returned a token"  # the running ones returned their partials
-        if not finished:
-            assert sorted(c.num_tokens for c in done.values())[:queued] == [0] * queued
+        # a queued request decodes only in a slot a finished one left: the others return nothing (where
+        # the abort is not atomic, a queued request may take an aborted one's slot before its own
+        # hang-up lands: vLLM's server, EngineKind.atomic_abort)
+        if host.kind.atomic_abort:
+            lengths = sorted(c.num_tokens for c in done.values())
+            assert len(started) <= MAX_RUNNING + len(finished), lengths
+            if not finished:
+                assert lengths[:queued] == [0] * queued
         if not aborted:  # every request finished before the hang-ups landed: nothing was aborted
             print(f"{host.kind.name}: all {len(requests)} requests finished before the abort landed")
         if before is not None and generated is not None:
