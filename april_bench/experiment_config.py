@@ -32,7 +32,8 @@ class ExperimentConfig(BaseConfig):
     dataset: str = param("dapo-math-17k", help="synthetic, dapo-math-17k, deepscaler or deepmath-103k")
     model: str = param(
         "qwen3-4b",
-        help="policy model: a named architecture (ls models), a checkpoint dir or a hub id (Qwen/Qwen3-4B)",
+        help="policy model: a named architecture (ls models: what the simulator takes), or on a real "
+        "engine a checkpoint dir or a hub id (Qwen/Qwen3-4B)",
     )
     engine: str = param("auto", help="auto (a real engine when it can run the hardware here, else sim)")
     trainer: str = param(

@@ -295,3 +295,10 @@ def test_the_whatif_figure_holds_every_label(tmp_path) -> None:
     assert path is not None
     width = matplotlib.image.imread(path).shape[1]
     assert width > 11 * 110  # grown past the 11-inch canvas to hold the long label
+
+
+def test_a_hub_id_on_the_simulator_names_the_profile_to_use(capsys) -> None:
+    assert main(["validate", "--engine", "sim", "--hw", "h100", "--model", "Qwen/Qwen3-4B"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --model Qwen/Qwen3-4B") and "--model qwen3-4b" in err
+    assert len(err.strip().splitlines()) == 1

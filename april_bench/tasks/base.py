@@ -66,9 +66,14 @@ def check_model(config: ExperimentConfig) -> str:
     """``--model``: a named architecture, or a checkpoint directory that exists (returned as given)."""
     model = config.model
     if looks_like_path(model) and not Path(model).expanduser().is_dir():
+        from april_bench.profiles.models import MODELS
+
+        named = model.rsplit("/", 1)[-1].lower()
+        hint = f" (here: --model {named})" if named in MODELS else ""
         raise ConfigError(
-            f"--model {model}: no such checkpoint directory (a named architecture is one of "
-            "`python -m april_bench ls models`)"
+            f"--model {model}: no such checkpoint directory; a hub id or checkpoint needs a real engine "
+            f"(--engine hf or vllm), the simulator takes a named architecture{hint}: "
+            "`python -m april_bench ls models`"
         )
     return model
 
