@@ -235,7 +235,6 @@ def run_whatif(
     ``whatif.md`` and, with matplotlib, ``whatif.png``).  An interruption is saved, then re-raised as
     ``KeyboardInterrupt``."""
     from april_bench import runner
-    from april_bench.profiles.hardware import hardware_profile
     from april_bench.results.lock import RunLock
     from april_bench.results.rundir import start_run_dir
     from april_bench.rollout.loop import RolloutStalled
@@ -277,9 +276,7 @@ def run_whatif(
         "result_kind": "simulated",
         "hardware": config.hardware,
         "model": config.model,
-        "num_gpus": 1
-        if setup.cost_curve is not None
-        else config.num_gpus or hardware_profile(config.hardware).gpus_per_node,
+        "num_gpus": _rollout_gpus(config.hardware, config.num_gpus, dict(config.engine_args)),
         "cost_curve": None if setup.cost_curve is None else _curve_note(setup.cost_curve),
         "algorithm": config.algorithm,
         "baseline": config.baseline,

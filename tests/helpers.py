@@ -160,3 +160,22 @@ def fake_arm(
 
     loop = run_virtual(main())
     return outcomes, recorder, loop
+
+
+def one_error(err: str) -> str:
+    """The one ``error:`` line of a refused command's stderr (no traceback, exactly one such line)."""
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+def refused(capsys: Any, argv: list[str], message: str) -> str:
+    """Run ``argv`` through the CLI, expect exit 2 with one ``error:`` line holding ``message``."""
+    from april_bench.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = one_error(capsys.readouterr().err)
+    assert message in line, line
+    return line

@@ -15,27 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sim_flags
+from helpers import refused, sim_flags
 
 from april_bench.cli import main
 from april_bench.cli.args import key_value, metadata_pair
 from april_bench.results.compare import Rule, _compare
-
-
-def _one_error(err: str) -> str:
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    return errors[0]
-
-
-def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2
-    line = _one_error(capsys.readouterr().err)
-    assert message in line, line
-    return line
-
 
 SIM = ["--engine", "sim", "--hw", "h100"]
 
@@ -61,7 +45,7 @@ def test_bad_numbers_are_refused_before_the_run_directory_exists(
     tmp_path: Path, capsys, command: str, flags: list[str], message: str
 ) -> None:
     out = tmp_path / "run"
-    _refused(capsys, [command, *SIM, *flags, "--out", str(out)], message)
+    refused(capsys, [command, *SIM, *flags, "--out", str(out)], message)
     assert not out.exists()
 
 
@@ -117,7 +101,7 @@ def test_a_yaml_alias_bomb_does_not_hang_validate(
     path = tmp_path / "bomb.yaml"
     path.write_text(_alias_bomb(levels, width))
     assert len(path.read_bytes()) < 600
-    _refused(capsys, ["validate", "--config", str(path)], message)
+    refused(capsys, ["validate", "--config", str(path)], message)
 
 
 @pytest.mark.parametrize(
@@ -140,20 +124,20 @@ def test_a_hostile_config_file_is_one_line(
 ) -> None:
     path = tmp_path / name
     path.write_bytes(content)
-    _refused(capsys, ["validate", "--config", str(path)], message)
+    refused(capsys, ["validate", "--config", str(path)], message)
 
 
 def test_a_config_that_is_a_fifo_is_refused_not_read(tmp_path: Path, capsys) -> None:
     fifo = tmp_path / "c.yaml"
     os.mkfifo(fifo)
-    _refused(capsys, ["validate", "--config", str(fifo)], "not a regular file")
+    refused(capsys, ["validate", "--config", str(fifo)], "not a regular file")
 
 
 def test_trace_show_of_a_device_or_a_fifo_is_refused(tmp_path: Path, capsys) -> None:
     """The `trace show /dev/zero` probe, on a FIFO in tmp_path: refused at once, nothing read."""
     fifo = tmp_path / "t.jsonl"
     os.mkfifo(fifo)
-    _refused(capsys, ["trace", "show", str(fifo)], "not a regular file")
+    refused(capsys, ["trace", "show", str(fifo)], "not a regular file")
 
 
 def test_a_trace_line_longer_than_the_bound_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -162,7 +146,7 @@ def test_a_trace_line_longer_than_the_bound_is_one_line(tmp_path: Path, capsys, 
     monkeypatch.setattr(bounded, "MAX_LINE_BYTES", 1000)
     path = tmp_path / "t.jsonl"
     path.write_text("x" * 5000)  # no line break: /dev/zero's shape
-    _refused(capsys, ["trace", "show", str(path)], "a line longer than 1,000 characters")
+    refused(capsys, ["trace", "show", str(path)], "a line longer than 1,000 characters")
 
 
 def _bare(name: str) -> Any:

@@ -14,24 +14,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import sim_flags
+from helpers import refused, sim_flags
 
 from april_bench.cli import main
-
-
-def _one_error(err: str) -> str:
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    return errors[0]
-
-
-def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2
-    line = _one_error(capsys.readouterr().err)
-    assert message in line, line
-    return line
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +38,13 @@ _STATS = ["--groups-per-step", "2", "--samples-per-prompt", "2", "--max-response
 def test_a_verl_dump_that_is_not_utf8_is_one_line(tmp_path: Path, capsys) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "1.jsonl").write_bytes(b'{"input": "p", "output": "\xff\xfe", "score": 1}\n')
-    _refused(capsys, ["trace", "import-verl", str(tmp_path / "d"), "-o", str(tmp_path / "t")], "not UTF-8")
+    refused(capsys, ["trace", "import-verl", str(tmp_path / "d"), "-o", str(tmp_path / "t")], "not UTF-8")
 
 
 def test_a_lone_surrogate_in_a_verl_row_is_one_line(tmp_path: Path, capsys) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "1.jsonl").write_text('{"input": "\\ud800", "output": "a", "score": 1}\n')
-    _refused(
+    refused(
         capsys, ["trace", "import-verl", str(tmp_path / "d"), "-o", str(tmp_path / "t")], "lone surrogate"
     )
 
@@ -67,12 +52,12 @@ def test_a_lone_surrogate_in_a_verl_row_is_one_line(tmp_path: Path, capsys) -> N
 def test_a_verl_file_named_with_a_superscript_digit_is_one_line(tmp_path: Path, capsys) -> None:
     path = tmp_path / "².jsonl"
     path.write_text('{"input": "p", "output": "a", "score": 1}\n')
-    _refused(
+    refused(
         capsys, ["trace", "import-verl", str(path), "-o", str(tmp_path / "t")], "cannot tell this file's step"
     )
     (tmp_path / "d").mkdir()
     shutil.move(path, tmp_path / "d" / "².jsonl")
-    _refused(
+    refused(
         capsys, ["trace", "import-verl", str(tmp_path / "d"), "-o", str(tmp_path / "t")], "no {step}.jsonl"
     )
 
@@ -94,18 +79,18 @@ def test_a_hostile_stats_csv_is_one_line(
 ) -> None:
     path = tmp_path / "s.csv"
     path.write_bytes(content)
-    _refused(capsys, ["trace", "import-stats", str(path), *flags, "-o", str(tmp_path / "t")], message)
+    refused(capsys, ["trace", "import-stats", str(path), *flags, "-o", str(tmp_path / "t")], message)
 
 
 def test_a_text_file_named_pt_is_one_line(tmp_path: Path, capsys) -> None:
     path = tmp_path / "x.pt"
     path.write_text("not a pickle\n")
-    _refused(capsys, ["trace", "import-slime", str(path), "-o", str(tmp_path / "t")], str(path))
+    refused(capsys, ["trace", "import-slime", str(path), "-o", str(tmp_path / "t")], str(path))
 
 
 def test_ablate_ratios_inf_is_one_line(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ab"
-    _refused(
+    refused(
         capsys,
         ["ablate", "--engine", "sim", "--ratios", "inf", "--out", str(out)],
         "must be >= 1 (and finite)",
@@ -115,9 +100,7 @@ def test_ablate_ratios_inf_is_one_line(tmp_path: Path, capsys) -> None:
 
 def test_an_out_symlink_loop_is_one_line(tmp_path: Path, capsys) -> None:
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    _refused(
-        capsys, ["run", "--engine", "sim", "--out", str(tmp_path / "loop" / "x")], "choose another --out"
-    )
+    refused(capsys, ["run", "--engine", "sim", "--out", str(tmp_path / "loop" / "x")], "choose another --out")
 
 
 def test_report_on_a_config_without_steps_is_one_line(complete_run: Path, tmp_path: Path, capsys) -> None:
@@ -125,7 +108,7 @@ def test_report_on_a_config_without_steps_is_one_line(complete_run: Path, tmp_pa
     config = json.loads((run / "config.json").read_text())
     del config["steps"]
     (run / "config.json").write_text(json.dumps(config))
-    _refused(capsys, ["report", str(run)], "field 'steps' must be a whole number")
+    refused(capsys, ["report", str(run)], "field 'steps' must be a whole number")
 
 
 def test_text_in_a_numeric_row_field_is_one_line(complete_run: Path, tmp_path: Path, capsys) -> None:
@@ -135,8 +118,8 @@ def test_text_in_a_numeric_row_field_is_one_line(complete_run: Path, tmp_path: P
     row["generated_tokens"] = "lots"
     lines[0] = json.dumps(row)
     (run / "steps.jsonl").write_text("\n".join(lines) + "\n")
-    _refused(capsys, ["report", str(run)], "steps.jsonl, line 1: generated_tokens must be a number")
-    _refused(capsys, ["compare", str(complete_run), str(run)], "generated_tokens must be a number")
+    refused(capsys, ["report", str(run)], "steps.jsonl, line 1: generated_tokens must be a number")
+    refused(capsys, ["compare", str(complete_run), str(run)], "generated_tokens must be a number")
 
 
 def test_a_provenance_that_is_not_utf8_is_one_line_for_every_reader(
@@ -144,8 +127,8 @@ def test_a_provenance_that_is_not_utf8_is_one_line_for_every_reader(
 ) -> None:
     run = _copy(complete_run, tmp_path)
     (run / "provenance.json").write_bytes(b"\xff\xfe{}")
-    _refused(capsys, ["report", str(run)], "provenance.json: not UTF-8")
-    _refused(capsys, ["trace", "show", str(run)], "provenance.json")
+    refused(capsys, ["report", str(run)], "provenance.json: not UTF-8")
+    refused(capsys, ["trace", "show", str(run)], "provenance.json")
 
 
 def test_markdown_cells_escape_the_column_bar() -> None:

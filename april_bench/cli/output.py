@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-__all__ = ["LEVELS", "echo", "setup", "show_progress"]
+__all__ = ["LEVELS", "echo", "setup"]
 
 LEVELS = ("debug", "info", "warning", "error")
 #: The environment variable a user sets once instead of passing ``--log-level`` every time.
@@ -55,7 +55,3 @@ def echo(line: str) -> None:
     from april_bench.redact import redact_text
 
     log.info(redact_text(line))
-
-
-def show_progress(args: argparse.Namespace) -> bool:
-    return not getattr(args, "no_progress", True)
