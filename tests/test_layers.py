@@ -85,7 +85,11 @@ TYPED_GRAPH = {_module_name(p): _imports(p, type_only=True, strings=False) for p
 #: What a module outside ``april_bench.engines`` may import of it: the registry, the protocol and the
 #: helpers engines share (a stream of completions, routing over replicas), and an engine package's
 #: face (its ``__init__``), never a module inside an engine package (``engines.hf.engine``, ...).
-ENGINE_SURFACE = ("april_bench.engines", "april_bench.engines.protocol", "april_bench.engines.stream")
+ENGINE_SURFACE: tuple[str, ...] = (
+    "april_bench.engines",
+    "april_bench.engines.protocol",
+    "april_bench.engines.stream",
+)
 ENGINE_SURFACE += ("april_bench.engines.routing",)
 
 # (importer prefix, imported prefix, why it is forbidden)
@@ -101,9 +105,14 @@ FORBIDDEN = [
     ("april_bench.engines.vllm", "april_bench.engines.sim", "real engines do not import the simulator"),
     ("april_bench.sim", "april_bench.engines", "the simulator's models are below the engines"),
     ("april_bench.sim", "april_bench.trainers", "the simulator's models are below the trainers"),
-    ("april_bench.tasks", "april_bench.rollout.loop", "tasks do not import the loop"),
+    ("april_bench.tasks", "april_bench.rollout", "tasks do not import the loop"),
     ("april_bench.results", "april_bench.engines", "results are computed from rows only"),
-    ("april_bench.results", "april_bench.rollout.loop", "results are computed from rows only"),
+    ("april_bench.results", "april_bench.rollout", "results are computed from rows only"),
+    ("april_bench.results", "april_bench.trainers", "results are computed from rows only"),
+    ("april_bench.results", "april_bench.tasks", "results are computed from rows only"),
+    ("april_bench.results", "april_bench.backends", "results are computed from rows only"),
+    ("april_bench.results", "april_bench.runner", "results are computed from rows only"),
+    ("april_bench.results", "april_bench.cli", "results are computed from rows only"),
     ("april_bench.profiles", "april_bench.sim", "profiles are facts the simulator reads"),
     ("april_bench.seeding", "april_bench.rollout", "seeds are a neutral fact"),
     ("april_bench.machine", "april_bench.engines", "accelerator detection is a neutral fact"),
@@ -123,6 +132,18 @@ FORBIDDEN = [
     ("april_bench.experiment", "april_bench.cli", "the driver does not know the CLI"),
     ("april_bench.runner", "april_bench.cli", "the run lifecycle does not know the CLI"),
     ("april_bench.results", "april_bench.experiment", "results are computed from rows only"),
+    ("april_bench.experiment_config", "april_bench.backends", "the run's config is below the wiring"),
+    ("april_bench.experiment_config", "april_bench.experiment", "the run's config is below the wiring"),
+    ("april_bench.experiment_config", "april_bench.runner", "the run's config is below the wiring"),
+    ("april_bench.experiment_config", "april_bench.cli", "the run's config is below the wiring"),
+    ("april_bench.recipes", "april_bench.backends", "the run's config is below the wiring"),
+    ("april_bench.recipes", "april_bench.experiment", "the run's config is below the wiring"),
+    ("april_bench.recipes", "april_bench.runner", "the run's config is below the wiring"),
+    ("april_bench.recipes", "april_bench.cli", "the run's config is below the wiring"),
+    ("april_bench.config_files", "april_bench.backends", "the run's config is below the wiring"),
+    ("april_bench.config_files", "april_bench.experiment", "the run's config is below the wiring"),
+    ("april_bench.config_files", "april_bench.runner", "the run's config is below the wiring"),
+    ("april_bench.config_files", "april_bench.cli", "the run's config is below the wiring"),
     ("april_bench.cli", "april_bench.backends", "the CLI parses and prints: it calls the runner"),
     ("april_bench.cli", "april_bench.experiment", "the CLI parses and prints: it calls the runner"),
     ("april_bench.cli", "april_bench.models", "the CLI parses and prints: it calls the runner"),
@@ -175,7 +196,12 @@ def test_an_injected_import_of_the_replica_router_is_caught() -> None:
 
 
 #: docs/architecture.md's facts and records: they import nothing of the package but one another.
-FACTS = ("april_bench.config", "april_bench.types", "april_bench.profiles", "april_bench.seeding")
+FACTS: tuple[str, ...] = (
+    "april_bench.config",
+    "april_bench.types",
+    "april_bench.profiles",
+    "april_bench.seeding",
+)
 FACTS += ("april_bench.machine", "april_bench.vtime", "april_bench.registry", "april_bench.data.specs")
 FACTS += ("april_bench.results.records", "april_bench.telemetry.records", "april_bench.quantiles")
 
@@ -197,6 +223,154 @@ def test_facts_and_records_import_only_one_another() -> None:
     assert not _facts_importing_more(FULL_GRAPH), _facts_importing_more(FULL_GRAPH)
     looped = {**FULL_GRAPH, "april_bench.results.records": {"april_bench.results.summary"}}
     assert _facts_importing_more(looped) == [("april_bench.results.records", "april_bench.results.summary")]
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+#: The helpers that sit with the facts: whole-file I/O, bounded reading, redaction, torch threads and
+#: hub model ids.
+HELPERS: tuple[str, ...] = (
+    "april_bench.fsio",
+    "april_bench.bounded",
+    "april_bench.redact",
+    "april_bench.threads",
+)
+HELPERS += ("april_bench.hub",)
+#: The protocols every layer above implements or calls.
+PROTOCOLS: tuple[str, ...] = (
+    "april_bench.engines.protocol",
+    "april_bench.trainers.protocol",
+    "april_bench.workload",
+)
+PROTOCOLS += ("april_bench.evaluation", "april_bench.rollout.strategy", "april_bench.envs")
+#: docs/architecture.md's "imports only ..." claims, one per layer: (the layer's modules, what it may
+#: import besides its own modules, the claim).
+ONLY = [
+    (HELPERS, FACTS, "the I/O helpers import only the facts"),
+    (("april_bench.data",), FACTS, "data sets import only the facts"),
+    (("april_bench.graders",), (*FACTS, "april_bench.data"), "graders import only data/ and the facts"),
+    (PROTOCOLS, FACTS, "the protocols import only the facts and one another"),
+    (("april_bench.models",), FACTS, "models import only the facts"),
+    (("april_bench.algorithms",), FACTS, "algorithms import only the facts"),
+    (("april_bench.telemetry",), FACTS, "telemetry imports only the facts"),
+    (("april_bench.trace",), (*FACTS, *HELPERS), "the trace format imports only the facts and helpers"),
+    (
+        ("april_bench.engines",),
+        (*FACTS, *HELPERS, "april_bench.models"),
+        "engines import only their own modules, models/, the helpers and the facts",
+    ),
+    (
+        ("april_bench.trainers",),
+        (*FACTS, *HELPERS, "april_bench.models", "april_bench.algorithms"),
+        "trainers import only their own modules, models/, algorithms/, the helpers and the facts",
+    ),
+    (
+        ("april_bench.sim",),
+        (*FACTS, *HELPERS, *PROTOCOLS, "april_bench.data", "april_bench.trace"),
+        "the simulator's workload models import only data/, trace/, the protocols, helpers and facts",
+    ),
+    (
+        ("april_bench.rollout",),
+        (*FACTS, *PROTOCOLS, "april_bench.algorithms", "april_bench.results.recorder"),
+        "the loop imports only the protocols, algorithms/, the recorder and the facts",
+    ),
+    (
+        ("baselines", "april_impl"),
+        (*FACTS, "april_bench.rollout.strategy"),
+        "the strategy zoo imports only rollout.strategy and the facts",
+    ),
+]
+
+
+def _imports_beyond(
+    graph: dict[str, set[str]], layer: tuple[str, ...], allowed: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    return sorted(
+        (mod, dep)
+        for mod, deps in graph.items()
+        if _within(mod, layer)
+        for dep in deps
+        if not _within(dep, layer + allowed)
+    )
+
+
+@pytest.mark.parametrize(("layer", "allowed", "claim"), ONLY, ids=[claim for _, _, claim in ONLY])
+def test_each_layer_imports_only_what_the_doc_says(
+    layer: tuple[str, ...], allowed: tuple[str, ...], claim: str
+) -> None:
+    assert not _imports_beyond(GRAPH, layer, allowed), f"{claim}: {_imports_beyond(GRAPH, layer, allowed)}"
+    # The check can fail: the layer's first module importing the CLI is caught.
+    first = min(mod for mod in GRAPH if _within(mod, layer))
+    injected = {**GRAPH, first: GRAPH[first] | {"april_bench.cli.commands"}}
+    assert _imports_beyond(injected, layer, allowed) == [(first, "april_bench.cli.commands")]
+
+
+#: The folders of ``engines/`` that are engine packages (``server/`` is shared by the adapters).
+ENGINE_PACKAGES = tuple(
+    f"april_bench.engines.{d.name}"
+    for d in sorted((PACKAGE / "engines").iterdir())
+    if (d / "__init__.py").is_file() and d.name != "server"
+)
+
+
+def _engine_packages_crossing(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """An engine package's module importing another engine package (its face or its modules)."""
+    return sorted(
+        (mod, dep)
+        for mod, deps in graph.items()
+        for dep in deps
+        for own in ENGINE_PACKAGES
+        if _within(mod, (own,)) and _within(dep, ENGINE_PACKAGES) and not _within(dep, (own,))
+    )
+
+
+def test_no_engine_package_imports_another() -> None:
+    assert {"april_bench.engines.hf", "april_bench.engines.sim", "april_bench.engines.vllm"} <= set(
+        ENGINE_PACKAGES
+    )
+    assert not _engine_packages_crossing(GRAPH), _engine_packages_crossing(GRAPH)
+    injected = {**GRAPH, "april_bench.engines.vllm.engine": {"april_bench.engines.sglang.wire"}}
+    assert _engine_packages_crossing(injected) == [
+        ("april_bench.engines.vllm.engine", "april_bench.engines.sglang.wire")
+    ]
+
+
+def _naming(graph: dict[str, set[str]], module: str, outside: str) -> list[str]:
+    return sorted(mod for mod, deps in graph.items() if module in deps and not _within(mod, (outside,)))
+
+
+def test_only_the_registry_names_the_simulators_engine() -> None:
+    """Outside ``engines/sim/``, only ``ENGINES`` (a registry string) names ``engines.sim.engine``;
+    the tools that read the cost curve import the package's face."""
+    sim_engine = "april_bench.engines.sim.engine"
+    assert _naming(GRAPH, sim_engine, "april_bench.engines.sim") == ["april_bench.engines"]
+    injected = {**GRAPH, "april_bench.whatif": GRAPH["april_bench.whatif"] | {sim_engine}}
+    assert _naming(injected, sim_engine, "april_bench.engines.sim") == [
+        "april_bench.engines",
+        "april_bench.whatif",
+    ]
+
+
+#: A composite and the registry that names it: the composite gets its parts as ``Spec.parts``.
+COMPOSITES = [
+    ("april_bench.engines.ray_pool", "april_bench.engines"),
+    ("april_bench.engines.fake_pool", "april_bench.engines"),
+    ("april_bench.trainers.ray_actor", "april_bench.trainers.registry"),
+]
+
+
+def _composites_importing_their_registry(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return [(composite, registry) for composite, registry in COMPOSITES if registry in graph[composite]]
+
+
+def test_a_composite_never_imports_the_registry_that_names_it() -> None:
+    assert all(composite in GRAPH[registry] for composite, registry in COMPOSITES)  # named by string
+    assert not _composites_importing_their_registry(GRAPH), _composites_importing_their_registry(GRAPH)
+    pool = "april_bench.engines.ray_pool"
+    injected = {**GRAPH, pool: GRAPH[pool] | {"april_bench.engines"}}
+    assert _composites_importing_their_registry(injected) == [(pool, "april_bench.engines")]
 
 
 def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -306,7 +480,7 @@ def test_no_import_circle_between_modules(graph: dict[str, set[str]]) -> None:
 
 
 #: Imports at run time, for type checking and by registry string: the strictest graph.
-FULL_GRAPH = {_module_name(p): _imports(p, type_only=True) for p in FILES}
+FULL_GRAPH = GRAPH
 
 
 def _folder(module: str) -> str:
@@ -391,3 +565,38 @@ def test_an_injected_loop_is_caught() -> None:
     }
     graph = {m: {d for d in deps if d in module_looped and d != m} for m, deps in module_looped.items()}
     assert _circles(graph)
+
+
+def _capability_probes(path: Path) -> list[tuple[str, str]]:
+    """``isinstance``/``issubclass`` calls in ``path`` that test an optional engine protocol."""
+    from april_bench.engines.protocol import CAPABILITIES
+
+    names = {c.protocol.__name__ for c in CAPABILITIES}
+    found: list[tuple[str, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+        ):
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            for kind in kinds:
+                name = kind.attr if isinstance(kind, ast.Attribute) else getattr(kind, "id", "")
+                if name in names:
+                    found.append((f"{path.name}:{node.lineno}", name))
+    return found
+
+
+def test_capabilities_are_read_from_the_info_never_probed(tmp_path: Path) -> None:
+    """docs/architecture.md: an engine's optional capabilities are declared once in
+    ``EngineInfo.capabilities`` and read there (``ACCOUNTING.of(engine)``), never probed with
+    ``isinstance`` (the conformance suite, in tests/, checks that declarations match)."""
+    probes = [probe for path in FILES for probe in _capability_probes(path)]
+    assert not probes, f"read the capability from engine.info (ACCOUNTING.of(engine)): {probes}"
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from april_bench.engines import protocol\n"
+        "def work(engine):\n    return isinstance(engine, (int, protocol.EngineAccounting))\n"
+    )
+    assert _capability_probes(source) == [("probe.py:3", "EngineAccounting")]
