@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.config import ConfigError
-from april_bench.engines.protocol import Engine
+from april_bench.engines.protocol import HISTOGRAM, ITERATIONS, METRICS, Engine
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.redact import redact
 from april_bench.results.store import write_json_atomic, write_text_atomic
@@ -298,14 +298,18 @@ def _measured_arms(
         mine = [e for j, e in enumerate(engines) if per_arm and _session_arm(j, labels) == i]
         histogram: dict[int, int] = {}
         for engine in mine:
-            for batch, n in (getattr(engine, "decode_histogram", lambda: {})() or {}).items():
+            if (counter := HISTOGRAM.of(engine)) is None:
+                continue
+            for batch, n in counter.decode_histogram().items():
                 histogram[int(batch)] = histogram.get(int(batch), 0) + int(n)
         entry["decode_batch_histogram"] = _sorted_histogram(histogram) if histogram else None
         preempted = [_preemptions(e) for e in mine]
         entry["preemptions_per_step"] = (
             sum(p or 0.0 for p in preempted) / len(rows) if mine and rows and None not in preempted else None
         )
-        entry["iteration_log"] = [r for e in mine for r in (getattr(e, "iteration_log", lambda: [])() or [])]
+        entry["iteration_log"] = [
+            r for e in mine if (logged := ITERATIONS.of(e)) for r in logged.iteration_log()
+        ]
         entry["throughput_gain"] = m.get("throughput_gain")
         entry["paired_throughput"] = m.get("paired_gains", {}).get("throughput", {})
         arms[label] = entry
@@ -316,8 +320,7 @@ def _measured_arms(
 def _preemptions(engine: Any) -> float | None:
     """A real engine's preemption counter (vLLM's stat logger), ``None`` when it keeps none (hf's
     slots are reserved whole: it never preempts)."""
-    metrics = getattr(engine, "metrics", None)
-    value = metrics().get("preemptions") if callable(metrics) else None
+    value = reported.metrics().get("preemptions") if (reported := METRICS.of(engine)) else None
     return None if value is None else float(value)
 
 

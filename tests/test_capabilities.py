@@ -42,7 +42,8 @@ def test_the_simulator_and_the_pools_declare_exactly_what_they_implement() -> No
     for name in ("sim", "fake", "fake-pool", "ray-fake"):
         engine = ENGINES.get(name).build(settings, {})
         assert _declared(engine) == _implemented(engine), name
-    assert _declared(ENGINES.get("sim").build(settings, {})) == {"faults", "state", "saturation", "versions"}
+    sim = {"faults", "histogram", "state", "saturation", "versions"}
+    assert _declared(ENGINES.get("sim").build(settings, {})) == sim
     assert _declared(ENGINES.get("ray-fake").build(settings, {})) == {"faults", "placement", "state"}
 
 
@@ -120,4 +121,5 @@ def test_capabilities_travel_with_the_info() -> None:
         "kill",
         "iterations",
         "versions",
+        "histogram",
     }

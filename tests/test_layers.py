@@ -567,36 +567,53 @@ def test_an_injected_loop_is_caught() -> None:
     assert _circles(graph)
 
 
+#: Objects a ``getattr`` may ask for a member an engine capability also names: they are no engine.
+NOT_ENGINES = {"done.train_result": "a trainer's step result (its metrics)"}
+
+
 def _capability_probes(path: Path) -> list[tuple[str, str]]:
-    """``isinstance``/``issubclass`` calls in ``path`` that test an optional engine protocol."""
+    """Calls in ``path`` that probe an engine for an optional protocol: ``isinstance``/``issubclass``
+    with the protocol, or ``getattr``/``hasattr`` with one of its members' names."""
     from april_bench.engines.protocol import CAPABILITIES
 
-    names = {c.protocol.__name__ for c in CAPABILITIES}
+    protocols = {c.protocol.__name__ for c in CAPABILITIES}
+    members = {
+        name
+        for c in CAPABILITIES
+        for name, member in vars(c.protocol).items()
+        if not name.startswith("_") and (callable(member) or isinstance(member, property))
+    }
     found: list[tuple[str, str]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in ("isinstance", "issubclass")
-            and len(node.args) == 2
-        ):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+            continue
+        if node.func.id in ("isinstance", "issubclass"):
             kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
             for kind in kinds:
                 name = kind.attr if isinstance(kind, ast.Attribute) else getattr(kind, "id", "")
-                if name in names:
+                if name in protocols:
                     found.append((f"{path.name}:{node.lineno}", name))
+        elif (
+            node.func.id in ("getattr", "hasattr")
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in members
+            and ast.unparse(node.args[0]) not in NOT_ENGINES
+        ):
+            found.append((f"{path.name}:{node.lineno}", str(node.args[1].value)))
     return found
 
 
 def test_capabilities_are_read_from_the_info_never_probed(tmp_path: Path) -> None:
     """docs/architecture.md: an engine's optional capabilities are declared once in
     ``EngineInfo.capabilities`` and read there (``ACCOUNTING.of(engine)``), never probed with
-    ``isinstance`` (the conformance suite, in tests/, checks that declarations match)."""
+    ``isinstance``, ``getattr`` or ``hasattr`` (the conformance suite, in tests/, checks that the
+    declarations match what each engine implements)."""
     probes = [probe for path in FILES for probe in _capability_probes(path)]
     assert not probes, f"read the capability from engine.info (ACCOUNTING.of(engine)): {probes}"
     source = tmp_path / "probe.py"
     source.write_text(
         "from april_bench.engines import protocol\n"
         "def work(engine):\n    return isinstance(engine, (int, protocol.EngineAccounting))\n"
+        "def preempted(engine):\n    return getattr(engine, 'metrics', None)\n"
     )
-    assert _capability_probes(source) == [("probe.py:3", "EngineAccounting")]
+    assert _capability_probes(source) == [("probe.py:3", "EngineAccounting"), ("probe.py:5", "metrics")]

