@@ -1,7 +1,8 @@
 """The import layering of docs/architecture.md, checked on the source (ast): lazy imports, imports
-only for type checking, and ``"module:attr"`` registry strings (an import made later by
-:func:`april_bench.registry.load`) all count, and ``from package import module`` is an import of the
-module (and of the package, whose ``__init__`` runs first)."""
+only for type checking, ``"module:attr"`` registry strings (an import made later by
+:func:`april_bench.registry.load`) and module names in strings (``importlib.import_module``) all
+count, and ``from package import module`` is an import of the module (and of the package, whose
+``__init__`` runs first)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "april_bench"
 #: The packages whose modules the graph holds: the library and the strategy zoo.
 PACKAGES = ("april_bench", "baselines", "april_impl")
-#: A registry entry ``"module:Attr"`` naming a module of these packages.
-REGISTRY_STRING = re.compile(r"^((?:april_bench|baselines|april_impl)(?:\.\w+)+):\w+$")
+#: A registry entry ``"module:Attr"`` naming a module of these packages, or a module's name alone
+#: (``importlib.import_module("april_bench.engines.vllm.engine")``, a server's launch module).
+REGISTRY_STRING = re.compile(r"^((?:april_bench|baselines|april_impl)(?:\.\w+)+)(?::\w+)?$")
 
 
 def _module_name(path: Path) -> str:
@@ -48,8 +50,14 @@ def _imports(
                 found.update(m for a in node.names if (m := _submodule(target, a.name)))
         elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
             match = REGISTRY_STRING.match(node.value)
-            found.update(match.groups() if match else ())
+            if match and (":" in node.value or _is_module(match.group(1))):
+                found.add(match.group(1))
     return found
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _submodule(package: str, name: str) -> str | None:
@@ -391,10 +399,11 @@ def test_an_injected_upward_import_is_caught(tmp_path: Path) -> None:
     source.write_text(
         "def build():\n    from april_bench.engines.hf.engine import HFEngine\n    return HFEngine\n"
         "FACTORY = 'april_bench.rollout.loop:RolloutLoop'\n"
+        "LAZY = importlib.import_module('april_bench.trainers.sim')\nNOTE = 'april_bench.no_such_module'\n"
     )
     injected = "april_bench.models.injected"
     found = _imports(source, name=injected)
-    assert found == {"april_bench.engines.hf.engine", "april_bench.rollout.loop"}
+    assert found == {"april_bench.engines.hf.engine", "april_bench.rollout.loop", "april_bench.trainers.sim"}
     graph = {**GRAPH, injected: found}
     assert _upward(GRAPH) == []
     assert (injected, "april_bench.engines.hf.engine") in _upward(graph)
