@@ -361,7 +361,8 @@ def test_only_the_registry_names_the_simulators_engine() -> None:
     ]
 
 
-#: A composite and the registry that names it: the composite gets its parts as ``Spec.parts``.
+#: A composite and the registry that names it: it is handed its parts (``Spec.parts``) or builds them
+#: itself, and never looks up the registry.
 COMPOSITES = [
     ("april_bench.engines.ray_pool", "april_bench.engines"),
     ("april_bench.engines.fake_pool", "april_bench.engines"),
