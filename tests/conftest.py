@@ -7,8 +7,14 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from april_bench.machine import detect_accelerators
+
+# Property tests run on loaded, shared machines: no per-example deadline (hypothesis's default of
+# 200 ms fails a correct test when the CPU is busy) and no too-slow health check.
+settings.register_profile("shared-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-machine")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

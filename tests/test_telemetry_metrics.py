@@ -16,6 +16,7 @@ from april_bench.telemetry.metrics import (
     merge_windows,
     phase_windows,
     tail_windows,
+    window_metrics,
 )
 
 
@@ -243,9 +244,21 @@ def test_two_pointer_integral_equals_the_brute_force_overlap_sum(
 
 
 def test_window_metrics_merges_overlapping_windows_before_integrating() -> None:
-    from april_bench.telemetry.metrics import window_metrics
 
     m = window_metrics(TELEMETRY, [(0.5, 3.5), (3.0, 4.5)])  # = [0.5, 4.5]
     assert m["busy_share"] == pytest.approx(2.1 / 4)  # 1.5 (rollout) + 0.6 (train)
     assert m["energy_j"] == 50.0  # E(4.5) - E(0.5) = 55 - 5
     assert (m["coverage"], m["gpus"], m["energy_source"]) == (1.0, 1, "counter")
+
+
+def test_gpm_shares_are_time_weighted_over_the_samples_that_have_them() -> None:
+    # Device 0 has GPM: SM activity 20% on (0,1], 80% on (1,2]; device 1 (older GPU, or rows written
+    # before the field existed) has none and so does not dilute the mean.
+    rows = [sample(t, 100, 1000, 10, None) for t in range(3)]
+    for row, (sm, dram) in zip(rows, [(None, None), (20.0, 10.0), (80.0, 70.0)], strict=True):
+        row["sm_active_pct"], row["dram_bw_pct"] = sm, dram
+    old = [sample(t, 50, 1000, 10, None, device=1) for t in range(3)]
+    m = window_metrics(rows + old, [(0.5, 2.0)])
+    assert m["sm_active"] == pytest.approx((0.5 * 0.2 + 1.0 * 0.8) / 1.5)
+    assert m["dram_bw"] == pytest.approx((0.5 * 0.1 + 1.0 * 0.7) / 1.5)
+    assert window_metrics(old, [(0.5, 2.0)])["sm_active"] is None  # no GPM samples: not a zero

@@ -36,7 +36,8 @@ RUN = [
 def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gpu = fake_pynvml.FakeNvidiaGpu(util=(75, 20), power_mw=300_000)
+    # Hopper's GPM: 30% of SMs active and 45% of DRAM bandwidth, while utilisation reads 75%
+    gpu = fake_pynvml.FakeNvidiaGpu(util=(75, 20), power_mw=300_000, gpm=(30.0, 12.0, 45.0))
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make([gpu]))
     out = tmp_path / "run"
     assert main([*RUN, "--telemetry", "nvml", "--telemetry-rate", "50", "--out", str(out)]) == 0
@@ -52,12 +53,15 @@ def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
         assert gpu["gpus"] == 1 and gpu["rollout_coverage"] == 1.0
         assert gpu["rollout_busy_share"] == pytest.approx(0.75)  # a constant 75% utilisation
         assert gpu["rollout_energy_j"] == 0.0  # the fake's energy counter never moves
+        assert (gpu["rollout_sm_active"], gpu["rollout_dram_bw"]) == pytest.approx((0.30, 0.45))
     # the GPU table of table.md (and of the printed report: the same text), one row per arm and phase
     table = (out / "table.md").read_text()
     assert "### GPU: busy share, idle GPU-seconds and energy per arm and phase (simulated" in table
     gpu_rows = [line for line in table.splitlines() if line.startswith(("| sync ", "| april "))]
     rollout = [r.split("|")[3].strip() for r in gpu_rows if r.split("|")[2].strip() == "rollout"]
     assert rollout == ["75%", "75%"]  # the fake GPU's constant utilisation, for both arms
+    gpm = [(r.split("|")[8].strip(), r.split("|")[9].strip()) for r in gpu_rows if "rollout" in r]
+    assert gpm == [("30%", "45%"), ("30%", "45%")]  # SM active and DRAM BW beside the busy share
     steps = [r for r in gpu_rows if r.split("|")[2].strip() == "step"]
     assert len(steps) == 2 and all(r.split("|")[6].strip() == "0.0000" for r in steps)  # no energy moved
     assert "### GPU" in capsys.readouterr().out

@@ -395,3 +395,40 @@ def test_importing_the_telemetry_package_loads_no_vendor_module_or_torch() -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_gpm_metrics_cover_the_interval_since_the_previous_sample_and_free_their_buffers() -> None:
+    # Hopper: SM activity, occupancy and DRAM bandwidth per interval; the first sample has no interval.
+    gpu = FakeNvidiaGpu(gpm=Script((12.5, 3.0, 20.0), (97.0, 41.0, 88.5)))
+    sampler, sink, nvml = nvml_sampler([gpu], [0.0, 1.0, 2.0])
+    sampler.start()
+    sampler.sample_once()
+    sampler.stop()
+    assert [(r.sm_active_pct, r.sm_occupancy_pct, r.dram_bw_pct) for r in sink] == [
+        (None, None, None),
+        (12.5, 3.0, 20.0),
+        (97.0, 41.0, 88.5),
+    ]
+    assert nvml.state.gpm_samples == 0  # type: ignore[attr-defined]
+
+
+def test_a_gpu_without_gpm_reads_none_and_reports_no_field_error() -> None:
+    sampler, sink, nvml = nvml_sampler([FakeNvidiaGpu(name="NVIDIA A100-SXM4-80GB")], [0.0, 1.0])
+    with sampler:
+        pass
+    assert {(r.sm_active_pct, r.sm_occupancy_pct, r.dram_bw_pct) for r in sink} == {(None, None, None)}
+    assert sampler.field_errors() == [] and nvml.state.gpm_samples == 0  # type: ignore[attr-defined]
+
+
+def test_a_failed_gpm_sample_loses_only_its_interval() -> None:
+    gpu = FakeNvidiaGpu(gpm=Script((50.0, 10.0, 30.0), (60.0, 11.0, 31.0)))
+    sampler, sink, nvml = nvml_sampler([gpu], [0.0, 1.0, 2.0, 3.0])
+    sampler.start()
+    fail = nvml.nvmlGpmSampleGet  # type: ignore[attr-defined]
+    nvml.nvmlGpmSampleGet = lambda h, s: (_ for _ in ()).throw(RuntimeError("lost"))  # type: ignore[attr-defined]
+    sampler.sample_once()
+    nvml.nvmlGpmSampleGet = fail  # type: ignore[attr-defined]
+    sampler.sample_once()
+    sampler.stop()
+    assert [r.sm_active_pct for r in sink] == [None, None, None, 50.0]
+    assert nvml.state.gpm_samples == 0  # type: ignore[attr-defined]

@@ -227,6 +227,8 @@ GPU_COLUMNS = (
     "Energy (J)",
     "J per trained token",
     "SM clock (MHz)",
+    "SM active",
+    "DRAM BW",
     "Coverage",
 )
 #: Phases of the GPU table, in order (``april_bench.telemetry.metrics.PHASES`` less ``drain``, which
@@ -238,8 +240,9 @@ def gpu_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
     """Where GPU time and energy go, per arm and phase, from the run's telemetry samples
     (``summary[arm]["gpu"]``, :mod:`april_bench.telemetry.metrics`): busy share (NVML/AMD SMI
     utilisation: a kernel ran, not how full the GPU was), idle GPU-seconds, energy, energy per trained
-    token (whole steps), SM clock and the share of the phase the samples cover.  Empty without
-    telemetry."""
+    token (whole steps), SM clock, GPM's SM activity and DRAM bandwidth share where the GPU has them
+    (blank elsewhere: they, not the busy share, drop in a batch-1 tail) and the share of the phase the
+    samples cover.  Empty without telemetry."""
     rows = []
     for arm, m in summary.items():
         gpu = m.get("gpu")
@@ -257,6 +260,8 @@ def gpu_table(summary: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
                     _num(gpu.get(f"{phase}_energy_j"), "{:,.0f}"),
                     _num(gpu.get("energy_per_trained_token_j"), "{:.4f}") if phase == "step" else "",
                     _num(gpu.get(f"{phase}_sm_clock_mhz"), "{:,.0f}"),
+                    _num(gpu.get(f"{phase}_sm_active"), "{:.0%}"),
+                    _num(gpu.get(f"{phase}_dram_bw"), "{:.0%}"),
                     _num(gpu.get(f"{phase}_coverage"), "{:.0%}"),
                 ]
             )

@@ -103,11 +103,26 @@ def scalars(table: str, row: Mapping[str, Any], *, telemetry_index: int = 0) -> 
                 points.append(Point(f"{axis}/engine/{phase}/{_KEY_CHARS.sub('_', name)}", number, axis, step))
     elif table == "telemetry":
         axis = f"telemetry/gpu{int(row['device'])}"
-        for field in ("util_gpu", "util_mem", "sm_clock_mhz", "mem_used_bytes", "power_w", "energy_j", "t"):
+        for field in _TELEMETRY_FIELDS:
             number = _number(row.get(field))
             if number is not None:
                 points.append(Point(f"{axis}/{field}", number, axis, telemetry_index))
     return points
+
+
+#: Telemetry fields sent to trackers (GPM's only where the GPU has them: ``None`` is skipped).
+_TELEMETRY_FIELDS = (
+    "util_gpu",
+    "util_mem",
+    "sm_clock_mhz",
+    "mem_used_bytes",
+    "power_w",
+    "energy_j",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "dram_bw_pct",
+    "t",
+)
 
 
 def _summary_scalars(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

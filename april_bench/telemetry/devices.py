@@ -55,6 +55,11 @@ class DeviceReading:
     power_w: float | None = None
     #: The driver's cumulative energy counter, in J, on the driver's own origin (not reset by us).
     energy_counter_j: float | None = None
+    #: GPM (NVIDIA Hopper and newer, :mod:`.gpm`) over the interval since the previous reading: share of
+    #: SMs busy, active warps over the maximum, DRAM bandwidth over the peak (%).  None elsewhere.
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    dram_bw_pct: float | None = None
 
 
 class DeviceReader(Protocol):

@@ -37,6 +37,10 @@ clock measures; evaluation excluded).  Per phase and arm:
     energy summed over devices (counter; power integral only where a device has no counter).
 ``{phase}_coverage``
     covered device-seconds of utilisation over (phase seconds x devices).
+``{phase}_sm_active``, ``{phase}_dram_bw``
+    GPM's share of SMs busy and of the DRAM bandwidth used (NVIDIA Hopper and newer), time-weighted
+    over the device-seconds they cover (``None`` without GPM samples).  Unlike the busy share, these
+    fall when a few long sequences decode alone: the tail's waste made visible.
 
 plus ``energy_per_trained_token_j`` (step energy / trained response tokens),
 ``energy_source`` (``counter``, ``power``, or ``mixed`` when only some devices have a
@@ -238,6 +242,7 @@ def _window_metrics(series: Mapping[int, list[Row]], windows: list[Window]) -> d
         sources.add("counter" if has_counter else "power")
         energy += integrate(_counter_power(rows) if has_counter else _held(rows, "power_w"), windows)[0]
     return {
+        **{name: _field_mean(series, field, windows) for name, field in _GPM_FIELDS},
         "busy_share": busy / covered if covered else None,
         "idle_gpu_s": covered - busy if covered else None,
         "sm_clock_mhz": clock / clock_covered if clock_covered else None,
@@ -248,12 +253,26 @@ def _window_metrics(series: Mapping[int, list[Row]], windows: list[Window]) -> d
     }
 
 
+#: (metric name, telemetry field) of the GPM shares, as fractions of 1.
+_GPM_FIELDS = (("sm_active", "sm_active_pct"), ("dram_bw", "dram_bw_pct"))
+
+
+def _field_mean(series: Mapping[int, list[Row]], field: str, windows: list[Window]) -> float | None:
+    """Time-weighted mean of ``field`` (a %) as a fraction, over the device-seconds it covers."""
+    total = covered = 0.0
+    for rows in series.values():
+        t, c = integrate(_held(rows, field, 0.01), windows)
+        total, covered = total + t, covered + c
+    return total / covered if covered else None
+
+
 def _held(rows: Sequence[Row], field: str, scale: float = 1.0) -> list[Segment]:
-    """Each sample's value held back to the previous sample: (t_{k-1}, t_k] -> value_k."""
+    """Each sample's value held back to the previous sample: (t_{k-1}, t_k] -> value_k.  Rows written
+    before a field existed (GPM's) count as not covered."""
     return [
         (prev["t"], row["t"], row[field] * scale)
         for prev, row in itertools.pairwise(rows)
-        if row[field] is not None and row["t"] > prev["t"]
+        if row.get(field) is not None and row["t"] > prev["t"]
     ]
 
 

@@ -27,6 +27,7 @@ from april_bench.telemetry.devices import (
     import_vendor,
     parse_visible,
 )
+from april_bench.telemetry.gpm import GpmCounters
 
 __all__ = ["INSTALL_HINT", "NvmlReader", "load_nvml"]
 
@@ -44,7 +45,8 @@ def load_nvml(loader: ModuleLoader | None = None) -> ModuleType:
 
 
 class NvmlReader:
-    """Reads utilisation, SM clock, memory, power and the energy counter of a fixed set of GPUs."""
+    """Reads utilisation, SM clock, memory, power, the energy counter and, where the GPU has them (Hopper
+    and newer), GPM's SM activity, SM occupancy and DRAM bandwidth of a fixed set of GPUs."""
 
     backend = "nvml"
 
@@ -53,6 +55,7 @@ class NvmlReader:
         self._handles = dict(handles)
         self.devices: Sequence[tuple[int, str]] = [(index, names[index]) for index in self._handles]
         self.errors = FieldErrors()
+        self._gpm = GpmCounters(nvml)
 
     @classmethod
     def open(
@@ -82,6 +85,7 @@ class NvmlReader:
         clock = call(device, "sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
         power_mw = call(device, "power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
         energy_mj = call(device, "energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
+        gpm = self._gpm.read(device, h)
         return DeviceReading(
             util_gpu=as_number(util.gpu) if util is not None else None,
             util_mem=as_number(util.memory) if util is not None else None,
@@ -90,9 +94,13 @@ class NvmlReader:
             mem_total_bytes=int(memory.total) if memory is not None else None,
             power_w=power_mw / 1e3 if power_mw is not None else None,
             energy_counter_j=energy_mj / 1e3 if energy_mj is not None else None,
+            sm_active_pct=gpm.sm_active_pct,
+            sm_occupancy_pct=gpm.sm_occupancy_pct,
+            dram_bw_pct=gpm.dram_bw_pct,
         )
 
     def close(self) -> None:
+        self._gpm.close()
         _shutdown(self._nvml)
 
 

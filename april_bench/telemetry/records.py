@@ -40,6 +40,12 @@ class TelemetryRecord:
     power_w: float | None
     #: Energy since this sampler's first reading of the device, from the driver's energy counter (J).
     energy_j: float | None
+    #: GPM (NVIDIA Hopper and newer) over the interval since the previous sample (%): the share of SMs
+    #: busy, active warps over the maximum, and DRAM bandwidth over the peak.  Unlike ``util_gpu`` these
+    #: fall when one sequence decodes alone.  ``None`` where the GPU or driver has no GPM (and on AMD).
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    dram_bw_pct: float | None = None
 
 
 @runtime_checkable

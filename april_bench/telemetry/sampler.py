@@ -201,6 +201,9 @@ class TelemetrySampler(Configurable):
                     mem_total_bytes=r.mem_total_bytes,
                     power_w=r.power_w,
                     energy_j=self._accumulate(reader, index, r.energy_counter_j),
+                    sm_active_pct=r.sm_active_pct,
+                    sm_occupancy_pct=r.sm_occupancy_pct,
+                    dram_bw_pct=r.dram_bw_pct,
                 )
             )
         self.samples += 1

@@ -59,6 +59,9 @@ class FakeNvidiaGpu:
     persistence: Any = 1
     compute_mode: Any = 0
     mig_children: dict[str, Any] = field(default_factory=dict)
+    #: GPM (Hopper and newer): None for a GPU without it, else a Script or constant of
+    #: (sm_util %, sm_occupancy %, dram_bw %) that each metrics call returns for its interval.
+    gpm: Any = None
 
 
 def _value(v: Any) -> Any:
@@ -154,6 +157,7 @@ def make(
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return _value(gpu(handle).max_sm_clock_mhz)
 
+    _gpm(m, gpu, state)
     m.nvmlInit = nvmlInit  # type: ignore[attr-defined]
     m.nvmlShutdown = nvmlShutdown  # type: ignore[attr-defined]
     m.nvmlDeviceGetCount = nvmlDeviceGetCount  # type: ignore[attr-defined]
@@ -175,6 +179,59 @@ def make(
     m.nvmlSystemGetDriverVersion = lambda: (require_init(), driver)[1]  # type: ignore[attr-defined]
     m.nvmlSystemGetCudaDriverVersion = lambda: (require_init(), cuda)[1]  # type: ignore[attr-defined]
     return m
+
+
+def _gpm(m: ModuleType, gpu: Any, state: SimpleNamespace) -> None:
+    """GPM as pynvml exposes it: opaque sample buffers, a ctypes request struct filled by the caller,
+    per-metric return codes.  ``state.gpm_samples`` counts live buffers (a leak shows as > 0)."""
+    m.NVML_GPM_METRIC_SM_UTIL, m.NVML_GPM_METRIC_SM_OCCUPANCY = 2, 3  # type: ignore[attr-defined]
+    m.NVML_GPM_METRIC_DRAM_BW_UTIL = 10  # type: ignore[attr-defined]
+    m.NVML_GPM_METRICS_GET_VERSION = 1  # type: ignore[attr-defined]
+    state.gpm_samples = 0
+    order = {2: 0, 3: 1, 10: 2}
+
+    class Metric:
+        def __init__(self) -> None:
+            self.metricId, self.nvmlReturn, self.value = 0, 0, 0.0
+
+    class MetricsGet:  # c_nvmlGpmMetricsGet_t
+        def __init__(self) -> None:
+            self.version = self.numMetrics = 0
+            self.sample1: Any = None
+            self.sample2: Any = None
+            self.metrics = [Metric() for _ in range(98)]
+
+    def query_support(handle: Any) -> Any:
+        return SimpleNamespace(version=1, isSupportedDevice=int(gpu(handle).gpm is not None))
+
+    def alloc() -> Any:
+        state.gpm_samples += 1
+        return SimpleNamespace(device=None, taken=0)
+
+    def free(sample: Any) -> None:
+        state.gpm_samples -= 1
+
+    def sample_get(handle: Any, sample: Any) -> Any:
+        if gpu(handle).gpm is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        sample.device, sample.taken = handle.index, sample.taken + 1
+        return sample
+
+    def metrics_get(request: Any) -> Any:
+        if request.version != 1 or request.sample1.device != request.sample2.device:
+            raise NVMLError(2)  # INVALID_ARGUMENT
+        values = _value(gpus_of(request.sample2.device).gpm)
+        for metric in request.metrics[: request.numMetrics]:
+            metric.value, metric.nvmlReturn = float(values[order[metric.metricId]]), 0
+        return request
+
+    gpus_of = lambda index: gpu(SimpleNamespace(index=index))  # noqa: E731
+    m.c_nvmlGpmMetricsGet_t = MetricsGet  # type: ignore[attr-defined]
+    m.nvmlGpmQueryDeviceSupport = query_support  # type: ignore[attr-defined]
+    m.nvmlGpmSampleAlloc = alloc  # type: ignore[attr-defined]
+    m.nvmlGpmSampleFree = free  # type: ignore[attr-defined]
+    m.nvmlGpmSampleGet = sample_get  # type: ignore[attr-defined]
+    m.nvmlGpmMetricsGet = metrics_get  # type: ignore[attr-defined]
 
 
 #: Every pynvml name the fake defines that april-bench may call (checked against the real module).
@@ -206,4 +263,14 @@ API = (
     "nvmlDeviceGetComputeMode",
     "nvmlSystemGetDriverVersion",
     "nvmlSystemGetCudaDriverVersion",
+    "NVML_GPM_METRIC_SM_UTIL",
+    "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    "NVML_GPM_METRICS_GET_VERSION",
+    "c_nvmlGpmMetricsGet_t",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
 )
