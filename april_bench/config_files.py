@@ -81,20 +81,29 @@ def config_from_file(
 ) -> ExperimentConfig:
     """The configuration in ``path`` over the recipe of its hardware (``hardware``: the --hw flag, used
     when the file names none; a different one is a conflict)."""
-    from april_bench.experiment_config import ExperimentConfig
+    from april_bench.experiment_config import CONFIG_VERSION, ExperimentConfig, engine_rules
     from april_bench.recipes import default_hardware, recipe_for
 
     data = read_config_file(path)
+    version = data.pop("config_version", CONFIG_VERSION)  # a run's config.yaml names its version
+    if version != CONFIG_VERSION:
+        raise ConfigError(
+            f"{path}: config_version {version!r} is not {CONFIG_VERSION}; drop the field to read the file "
+            "as this april-bench's configuration"
+        )
     named = data.get("hardware")
     if named is not None and hardware is not None and named != hardware:
         raise ConfigError(f"--hw {hardware} and --config {path} (hardware = {named!r}) disagree; drop one")
     base = recipe_for(str(named or hardware or default_hardware(recipe)), recipe).to_dict()
+    del base["config_version"]  # the file's fields over the recipe's; the version is checked above
     merged = dict(base)
     for key, value in data.items():
         if key in _NESTED and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
             merged[key] = {**base[key], **value}
         else:
             merged[key] = value
+    if data.get("engine", base["engine"]) != base["engine"]:  # the file's engine: its recipe rules
+        merged.update(engine_rules(str(merged["engine"]), str(merged["model"]), given=data))
     if isinstance(merged.get("telemetry"), Mapping):
         from april_bench.telemetry.sampler import TelemetryConfig
 

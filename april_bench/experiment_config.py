@@ -3,10 +3,17 @@
 ``ExperimentConfig`` holds every choice; recipes (:mod:`april_bench.recipes`)
 return complete ones and the CLI applies the user's flags on top.  Its field
 help texts are the CLI's help texts.
+
+``ExperimentConfig(**given)`` starts where ``run --hw HARDWARE`` starts: the
+embedded run on the CPU (the default hardware, as on the command line), APRIL's
+published setting on a GPU (:func:`hardware_defaults`); a named engine's recipe
+rules (:meth:`april_bench.engines.EngineSpec.recipe_changes`) apply to what was
+not given, for every caller (Python, flags, a ``--config`` file).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,20 +25,49 @@ from april_bench.rollout.loop import RolloutConfig
 from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.telemetry.sampler import TelemetryConfig
 
-__all__ = ["ExperimentConfig", "load_config"]
+__all__ = [
+    "CONFIG_VERSION",
+    "DEFAULT_HARDWARE",
+    "ExperimentConfig",
+    "engine_rules",
+    "hardware_defaults",
+    "load_config",
+    "paper_defaults",
+]
 
 #: More steps or repeats than any run takes: a config.json holding 1e308 steps is damaged, not a plan.
 MAX_STEPS = 1_000_000
 MAX_REPEATS = 10_000
 
+#: The hardware the command line (``--hw``) and ``ExperimentConfig()`` default to: this CPU.
+DEFAULT_HARDWARE = "cpu"
+#: The version of a run's ``config.json`` (its ``config_version`` field).  1: no version field, the
+#: defaults of before version 2 (H100, Qwen3-4B, three arms, 20 steps) for fields a file lacks.
+CONFIG_VERSION = 2
+
+# The field defaults are the embedded run (recipes.embedded): a tiny Qwen3 learning the synthetic task on
+# the CPU with GRPO (the paper's headline setting; --algo dapo adds dynamic sampling, whose sync baseline
+# then refills whole waves and throws most away: see the README), sync vs APRIL.  Measured on a shared
+# machine, so the arms alternate every 5 steps (ABBA) and a burst of load lands on both; the gain is the
+# median of 12 paired blocks per repeat, and each arm's first step (allocator, first kernels) is left out.
+_DEFAULT_WARMUP = 1
+#: The embedded default's rollout: 16 groups x 8 of up to 192 tokens (two cores, about five minutes).
+_EMBEDDED_ROLLOUT = RolloutConfig(
+    rollout_batch_size=16,
+    n_samples_per_prompt=8,
+    over_sampling_batch_size=32,
+    max_response_len=192,
+    temperature=1.0,
+)
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig(BaseConfig):
-    hardware: str = param("h100", help="hardware to run or simulate: cpu, h100, h200, mi300x")
+    hardware: str = param(DEFAULT_HARDWARE, help="hardware to run or simulate: cpu, h100, h200, mi300x")
     algorithm: str = param("grpo", help="grpo, dapo (adds dynamic sampling) or gspo")
-    dataset: str = param("dapo-math-17k", help="synthetic, dapo-math-17k, deepscaler or deepmath-103k")
+    dataset: str = param("synthetic", help="synthetic, dapo-math-17k, deepscaler or deepmath-103k")
     model: str = param(
-        "qwen3-4b",
+        "tiny",
         help="policy model: a named architecture (ls models: what the simulator takes), or on a real "
         "engine a checkpoint dir or a hub id (Qwen/Qwen3-4B)",
     )
@@ -40,7 +76,7 @@ class ExperimentConfig(BaseConfig):
         "auto", help="auto (torch on a token engine, sim on the simulator) or a trainer (ls trainers)"
     )
     strategies: tuple[str, ...] = param(
-        ("sync", "oversample-discard", "april"),
+        ("sync", "april"),
         help="arms to compare: NAME or NAME[key=value,...], e.g. april[max_version_span=2]; any arm "
         "takes driver=sync|one-step-off|stale|lookahead (with max_staleness=ETA or steps_ahead=K, "
         "weight_update=inflight|drain, train_gpus=G on the simulator), "
@@ -49,21 +85,21 @@ class ExperimentConfig(BaseConfig):
     baseline: str | None = param(
         None, help="arm every gain is measured against (default: sync, else the first)"
     )
-    steps: int = param(20, help="training steps per arm")
+    steps: int = param(60, help="training steps per arm")
     repeats: int = param(1, help="runs of every arm, interleaved with the others (measured runs)")
     block_steps: int | None = param(
-        None, help="steps per interleaved block, arms alternating ABBA (unset: all steps in one block)"
+        5, help="steps per interleaved block, arms alternating ABBA (unset: all steps in one block)"
     )
-    warmup_steps: int = param(0, help="first steps left out of the paired gain statistics")
+    warmup_steps: int = param(_DEFAULT_WARMUP, help="first steps left out of the paired gain statistics")
     seed: int = param(0, help="seed of the workload draws and of sampling")
-    rollout: RolloutConfig = param(help="rollout batch settings", default_factory=RolloutConfig)
+    rollout: RolloutConfig = param(help="rollout batch settings", default_factory=lambda: _EMBEDDED_ROLLOUT)
     dynamic_sampling: bool | None = param(None, help="override the algorithm's DAPO dynamic sampling")
     strategy_args: Mapping[str, Mapping[str, Any]] = param(
         help="options of each strategy, by strategy name (e.g. april: max_version_span)", default_factory=dict
     )
     num_gpus: int | None = param(None, help="GPUs to simulate (default: one node of the hardware)")
     eval_every: int | None = param(
-        None, help="held-out evaluation every this many steps (and at 0 and the end)"
+        10, help="held-out evaluation every this many steps (and at 0 and the end)"
     )
     off_policy: str = param("as-is", help="tokens of older policies in the loss: as-is (paper), mask or tis")
     engine_args: Mapping[str, Any] = param(
@@ -71,7 +107,7 @@ class ExperimentConfig(BaseConfig):
     )
     workload_args: Mapping[str, Any] = param(help="simulated-workload overrides", default_factory=dict)
     trainer_args: Mapping[str, Any] = param(
-        help="trainer settings (lr, mini_batches, ...)", default_factory=dict
+        help="trainer settings (lr, mini_batches, ...)", default_factory=lambda: {"lr": 3e-4}
     )
     task_args: Mapping[str, Any] = param(
         help="task settings: the synthetic task's, or a math run's (grader, template, eval_samples ...)",
@@ -103,10 +139,41 @@ class ExperimentConfig(BaseConfig):
     )
 
     def __post_init__(self) -> None:
+        self._validate(None)
+
+    def replace(self, **changes: Any) -> ExperimentConfig:
+        """A copy with ``changes``, checked where they matter: only the checks that read a changed field
+        run again (a new model does not rebuild every arm).  A new ``engine`` brings its recipe rules for
+        what ``changes`` does not set, as ``ExperimentConfig(engine=...)`` does."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise TypeError(f"ExperimentConfig has no field {', '.join(unknown)}")
+        if "engine" in changes and changes["engine"] != self.engine:
+            model = changes.get("model", self.model)
+            changes = {**engine_rules(changes["engine"], model, given=changes), **changes}
+        changes.update(_warmup_rule(self.warmup_steps, changes))
+        copy = object.__new__(type(self))
+        for name in names:
+            object.__setattr__(copy, name, changes[name] if name in changes else getattr(self, name))
+        copy._validate(frozenset(changes))
+        return copy
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready, with the ``config_version`` that :func:`load_config` reads."""
+        return {"config_version": CONFIG_VERSION, **BaseConfig.to_dict(self)}
+
+    def _validate(self, changed: frozenset[str] | None) -> None:
+        """Raise ``ConfigError`` naming the fix; ``changed``: the fields a :meth:`replace` set (``None``:
+        all), so the costly checks (every arm's strategy, the length profile) run only when they must."""
+
+        def touched(*fields: str) -> bool:
+            return changed is None or not changed.isdisjoint(fields)
+
         from april_bench.data import DATASETS as DATA_SETS  # light: no pyarrow or datasets on import
         from april_bench.profiles.hardware import hardware_names
 
-        if self.hardware not in hardware_names():
+        if touched("hardware") and self.hardware not in hardware_names():
             raise ConfigError(
                 f"unknown hardware {self.hardware!r}; choose from {', '.join(hardware_names())}"
             )
@@ -116,15 +183,16 @@ class ExperimentConfig(BaseConfig):
         labels = [ArmSpec.parse(s).label for s in self.strategies]
         if len(set(labels)) != len(labels):
             raise ConfigError(f"--strategies lists an arm twice: {','.join(self.strategies)}")
-        used = {arm.strategy for arm in self.arms}
-        for name in self.strategy_args:
-            if name not in used:
-                raise ConfigError(
-                    f"options are given for strategy {name!r} but no arm runs it; add it to --strategies "
-                    "or drop its --strategy-arg"
-                )
-        for arm in self.arms:
-            build_strategy(arm, self.strategy_args)  # unknown or ill-typed options fail here
+        if touched("strategies", "strategy_args"):
+            used = {arm.strategy for arm in self.arms}
+            for name in self.strategy_args:
+                if name not in used:
+                    raise ConfigError(
+                        f"options are given for strategy {name!r} but no arm runs it; add it to "
+                        "--strategies or drop its --strategy-arg"
+                    )
+            for arm in self.arms:
+                build_strategy(arm, self.strategy_args)  # unknown or ill-typed options fail here
         if self.baseline is not None and self.baseline not in labels:
             raise ConfigError(f"--baseline {self.baseline!r} is not one of the arms: {', '.join(labels)}")
         for name, top in (("steps", MAX_STEPS), ("repeats", MAX_REPEATS)):
@@ -156,11 +224,11 @@ class ExperimentConfig(BaseConfig):
             )
         if self.num_gpus is not None and self.num_gpus < 1:
             raise ConfigError(f"--num-gpus must be >= 1 (or unset for one node), got {self.num_gpus}")
-        if self.length_oracle is not None:
+        if self.length_oracle is not None and touched("length_oracle"):
             from april_bench.sim.length_oracle import parse_profile
 
             parse_profile(self.length_oracle)  # a bad profile fails here, before anything runs
-        for name in (*self.data_paths, *self.eval_datasets):
+        for name in (*self.data_paths, *self.eval_datasets) if touched("data_paths", "eval_datasets") else ():
             if name not in DATA_SETS:
                 raise ConfigError(
                     f"unknown data set {name!r} in --data-path/--eval-datasets; known: {', '.join(DATA_SETS)}"
@@ -180,13 +248,87 @@ class ExperimentConfig(BaseConfig):
         return self.rollout.replace(dynamic_sampling=self.dynamic_sampling_on, seed=self.seed)
 
 
+def hardware_defaults(hardware: str) -> dict[str, Any]:
+    """What a config on ``hardware`` holds where a field is not given, as ``run --hw HARDWARE`` starts:
+    the field defaults (the embedded run, :func:`april_bench.recipes.embedded`) on the CPU, APRIL's
+    published setting (:func:`april_bench.recipes.paper`) on a GPU."""
+    return {} if hardware == DEFAULT_HARDWARE else paper_defaults()
+
+
+def paper_defaults() -> dict[str, Any]:
+    """APRIL's published setting where it differs from the field defaults (the embedded run)."""
+    from april_bench.sim.paper_settings import STEPS
+
+    return {**_PAPER, "steps": STEPS}
+
+
+#: APRIL's published setting where it differs from the embedded run: Qwen3-4B on DAPO-Math-17k, three
+#: arms, the scripts' rollout (``RolloutConfig``'s defaults), no held-out evaluation or ABBA blocks.
+_PAPER: dict[str, Any] = {
+    "dataset": "dapo-math-17k",
+    "model": "qwen3-4b",
+    "strategies": ("sync", "oversample-discard", "april"),
+    "block_steps": None,
+    "warmup_steps": 0,
+    "rollout": RolloutConfig(),
+    "eval_every": None,
+    "trainer_args": {},
+}
+#: What a version-1 config.json (no ``config_version``) meant by a field it lacks: the defaults then.
+_VERSION_1_DEFAULTS: dict[str, Any] = {**_PAPER, "hardware": "h100", "steps": 20}
+
+
+def engine_rules(engine: str, model: str, *, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A named engine's recipe rules (:meth:`~april_bench.engines.EngineSpec.recipe_changes`) for the
+    fields not in ``given``; nothing for ``auto`` or an unknown name (refused by the checks)."""
+    if engine == "auto" or engine not in ENGINES:
+        return {}
+    changes = ENGINES.get(engine).recipe_changes(model, model_given="model" in given)
+    return {name: value for name, value in changes.items() if name not in given}
+
+
+def _warmup_rule(warmup_steps: int, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A run shorter than the recipe's warm-up keeps every step (``warmup_steps`` 0) unless the warm-up
+    is given too: the recipe's warm-up is for its own length."""
+    steps = given.get("steps")
+    if isinstance(steps, int) and "warmup_steps" not in given and warmup_steps >= steps:
+        return {"warmup_steps": 0}
+    return {}
+
+
+_generated_init = ExperimentConfig.__init__
+
+
+def _init(self: ExperimentConfig, **given: Any) -> None:
+    """``ExperimentConfig(**given)``: :func:`hardware_defaults` for the hardware, then ``given``, then
+    the engine's recipe rules for what was not given (the command line's order)."""
+    defaults = hardware_defaults(given.get("hardware", DEFAULT_HARDWARE))
+    values = {**defaults, **given}
+    values.update(engine_rules(values.get("engine", "auto"), values.get("model", "tiny"), given=given))
+    values.update(_warmup_rule(defaults.get("warmup_steps", _DEFAULT_WARMUP), given))
+    _generated_init(self, **values)
+
+
+ExperimentConfig.__init__ = _init  # type: ignore[method-assign]
+
+
 #: Fields of older config.json files, and where they live now.
 _MOVED = {"max_version_span": "april", "max_aborts_per_sample": "april"}
 
 
 def load_config(data: Mapping[str, Any]) -> ExperimentConfig:
-    """Rebuild an :class:`ExperimentConfig` from its ``to_dict()`` form (a run's config.json)."""
+    """Rebuild an :class:`ExperimentConfig` from its ``to_dict()`` form (a run's config.json), migrating
+    an older version: version 1 (no ``config_version``) gets that version's defaults for the fields it
+    lacks and its April options moved into ``strategy_args``."""
     data = dict(data)
+    version = data.pop("config_version", 1)
+    if version not in (1, CONFIG_VERSION):
+        raise ConfigError(
+            f"config_version {version!r} is not one this april-bench reads (1 to {CONFIG_VERSION}); "
+            "a newer april-bench wrote it: upgrade april-bench"
+        )
+    if version == 1:
+        data = {**_VERSION_1_DEFAULTS, **data}
     strategy_args = {k: dict(v) for k, v in data.get("strategy_args", {}).items()}
     for key, strategy in _MOVED.items():
         value = data.pop(key, None)

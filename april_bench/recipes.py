@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from april_bench.experiment_config import ExperimentConfig
+from april_bench.experiment_config import DEFAULT_HARDWARE, ExperimentConfig, paper_defaults
 from april_bench.rollout.loop import RolloutConfig
 
 if TYPE_CHECKING:
@@ -46,33 +46,7 @@ def embedded(**overrides: Any) -> ExperimentConfig:
     Sized to finish in about five minutes on two cores, warm start included
     (about a minute, cached for later runs).
     """
-    settings: dict[str, Any] = {
-        "hardware": "cpu",
-        # GRPO, the paper's headline setting (--algo dapo adds dynamic sampling; its sync baseline
-        # then refills whole waves and throws most of them away - see the README).
-        "algorithm": "grpo",
-        "dataset": "synthetic",
-        "model": "tiny",
-        "engine": "auto",
-        "strategies": ("sync", "april"),
-        "steps": 60,
-        "eval_every": 10,
-        # Measured on a shared machine: the arms alternate every 5 steps (ABBA), so a burst of load
-        # lands on both, and the gain is the median of 12 paired blocks per repeat.  The first step
-        # of each arm pays one-off costs (allocator, first kernels) and is left out of the pairs.
-        "block_steps": 5,
-        "warmup_steps": 1,
-        "rollout": RolloutConfig(
-            rollout_batch_size=16,
-            n_samples_per_prompt=8,
-            over_sampling_batch_size=32,
-            max_response_len=192,
-            temperature=1.0,
-        ),
-        "trainer_args": {"lr": 3e-4},
-    }
-    settings.update(overrides)
-    return ExperimentConfig(**settings)
+    return ExperimentConfig(**{"hardware": DEFAULT_HARDWARE, **overrides})  # the field defaults: this
 
 
 def gpu_check(hardware: str = "h100", **overrides: Any) -> ExperimentConfig:
@@ -127,16 +101,7 @@ def paper(hardware: str = "mi300x", **overrides: Any) -> ExperimentConfig:
     rollout_batch_size, DAPO's filter when ``--algo dapo``), lengths from the (data set, model) profiles
     (``april_bench.sim.length_evidence``).  ``--algo``/``--dataset`` pick the paper's row (``--algo dapo``
     on the default data set is its DAPO-Math-17k row)."""
-    from april_bench.sim.paper_settings import STEPS
-
-    settings: dict[str, Any] = {
-        "hardware": hardware,
-        "model": "qwen3-4b",
-        "dataset": "dapo-math-17k",
-        "steps": STEPS,
-    }
-    settings.update(overrides)
-    return ExperimentConfig(**settings)
+    return ExperimentConfig(**{**paper_defaults(), "hardware": hardware, **overrides})
 
 
 def paper_experiment(setting: PaperSetting, hardware: str, **overrides: Any) -> ExperimentConfig:
@@ -164,7 +129,7 @@ def default_hardware(recipe: str | None) -> str:
     """The hardware a recipe runs on when ``--hw`` is not given: the CPU's embedded default, the paper's
     MI300X node for a paper row, one H100 for ``gpu-check``."""
     if recipe is None:
-        return "cpu"
+        return DEFAULT_HARDWARE
     return "h100" if recipe == GPU_CHECK else "mi300x"
 
 

@@ -169,6 +169,10 @@ def whatif_config(
         ),
         workload_args=workload,
         engine_args={**engine_args, **_failure_args(setup)},
+        # a replay on any hardware, the CPU's too: no held-out evaluation, ABBA blocks or warm-up
+        eval_every=None,
+        block_steps=None,
+        warmup_steps=0,
     )
     return config, arms
 

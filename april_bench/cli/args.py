@@ -375,19 +375,13 @@ def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
         base = config_from_file(args.config, hardware=args.hw, recipe=getattr(args, "recipe", None))
     else:
         base = recipe_for(run_hardware(args), getattr(args, "recipe", None))
-    if args.engine not in (None, "auto"):
-        from april_bench.engines import ENGINES
-
-        if args.engine in ENGINES:  # the engine's own rules (EngineSpec.recipe_changes)
-            rules = ENGINES.get(args.engine).recipe_changes(base.model, model_given=args.model is not None)
-            base = base.replace(**rules) if rules else base
+    if args.engine is not None:  # first: its recipe rules change the recipe, the flags then apply on top
+        base = base.replace(engine=args.engine)
     changes: dict[str, Any] = {
         k: getattr(args, a) for a, k in _TOP_LEVEL.items() if getattr(args, a) is not None
     }
     if strategies is not None:
         changes["strategies"] = strategies
-    if "steps" in changes and "warmup_steps" not in changes and base.warmup_steps >= changes["steps"]:
-        changes["warmup_steps"] = 0  # the recipe's warm-up is for its own length; a shorter run keeps all
     rollout = {k: getattr(args, k) for k in _ROLLOUT if getattr(args, k) is not None}
     rollout.update(dict(args.rollout_arg))
     if rollout:
