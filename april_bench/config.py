@@ -19,7 +19,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["BaseConfig", "ConfigError", "Configurable", "config_from", "param", "to_jsonable"]
+__all__ = [
+    "BaseConfig",
+    "ConfigError",
+    "Configurable",
+    "coerce_options",
+    "config_from",
+    "param",
+    "to_jsonable",
+]
 
 C = TypeVar("C", bound="BaseConfig")
 
@@ -116,6 +124,23 @@ def config_from(
     Values are checked against the field annotations and converted where the conversion is
     lossless (``"3"`` to 3 for an int, 3 to 3.0 for a float, a list to a tuple, a string to a Path).
     """
+    converted = coerce_options(cls, options, where=where, owner=owner, fixed=fixed)
+    try:
+        return cls(**converted)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def coerce_options(
+    cls: type[BaseConfig],
+    options: Mapping[str, Any],
+    *,
+    where: str,
+    owner: str = "",
+    fixed: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """``options`` checked against ``cls``'s fields and converted to their types, without building
+    ``cls`` (its other fields may be decided later): :func:`config_from`'s errors, naming ``where``."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - set(fields))
     if unknown:
@@ -132,10 +157,7 @@ def config_from(
             if _non_finite(value) and what.startswith(("a number", "an integer")):
                 what = "a finite " + what.removeprefix("a ").removeprefix("an ")
             raise ConfigError(f"{where} {name}={_short_repr(value)}: expected {what}") from None
-    try:
-        return cls(**converted)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    return converted
 
 
 def _coerce(value: Any, hint: Any) -> Any:

@@ -211,6 +211,8 @@ class ExperimentConfig(BaseConfig):
             raise ConfigError(f"--seed must be < 2**63 (a 64-bit seed), got {self.seed}")
         if self.engine != "auto" and self.engine not in ENGINES:
             ENGINES.get(self.engine)  # raises with did-you-mean
+        if touched("engine", "trainer", "engine_args", "trainer_args"):
+            self._parse_component_options()
         if self.off_policy not in OFF_POLICY_MODES:
             raise ConfigError(
                 f"--off-policy must be one of {', '.join(OFF_POLICY_MODES)}, got {self.off_policy!r}"
@@ -233,6 +235,23 @@ class ExperimentConfig(BaseConfig):
                 raise ConfigError(
                     f"unknown data set {name!r} in --data-path/--eval-datasets; known: {', '.join(DATA_SETS)}"
                 )
+
+    def _parse_component_options(self) -> None:
+        """The named engine's and trainer's options, parsed once from their registry entry's Config
+        (``Spec.parse_options``: unknown names and wrong types name the ``--engine-arg`` or
+        ``--trainer-arg``) and stored typed.  ``--engine auto`` is chosen by the machine a run starts
+        on, so its options (and an ``auto`` trainer's) are parsed when it is resolved."""
+        from april_bench.trainers.registry import TRAINERS, resolve_trainer
+
+        if self.engine == "auto":
+            trainer = None if self.trainer == "auto" else TRAINERS.get(self.trainer)
+        else:
+            spec = ENGINES.get(self.engine)
+            object.__setattr__(self, "engine_args", spec.parse_options(self.engine_args))
+            trains = spec.produces_tokens and not spec.simulated
+            trainer = resolve_trainer(self.trainer, engine=self.engine, produces_tokens=trains)
+        if trainer is not None:
+            object.__setattr__(self, "trainer_args", trainer.parse_options(self.trainer_args))
 
     @property
     def arms(self) -> list[ArmSpec]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
-from april_bench.config import ConfigError
+from april_bench.config import BaseConfig, ConfigError, coerce_options, config_from
 
 T = TypeVar("T")
 
@@ -24,44 +24,117 @@ __all__ = ["Registry", "Spec", "UnknownNameError", "load"]
 
 
 def load(target: str) -> Any:
-    """``"module:Attr"`` -> the object (the module imported now): the one lazy loader."""
+    """``"module:Attr"`` (or ``"module:Class.Attr"``) -> the object (the module imported now): the one lazy
+    loader."""
     module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return functools.reduce(getattr, attr.split("."), importlib.import_module(module_name))
 
 
 @dataclass(frozen=True, slots=True)
 class Spec:
     """A registered component that builds from ``(settings, args)`` without being imported until then.
 
+    With ``config`` (the component's typed ``Config``), the user's options are parsed once, generically,
+    from that Config's fields: :meth:`parse_options` when the experiment config is built,
+    :meth:`configure` with what the experiment decided (``settings``) when the component is built;
+    ``factory(config, settings)`` then builds it (none: ``config.build()``) and ``checker(config,
+    settings)`` checks what only the machine can say (a device, a package).  Without ``config`` (a
+    composite whose options nest another entry's), ``factory(settings, args)`` and ``checker(settings,
+    args)`` parse them.
+
     Subclasses (:class:`april_bench.engines.EngineSpec`, :class:`april_bench.trainers.registry.TrainerSpec`)
     add what the component is, so it can be checked before it is imported.
     """
 
     name: str
-    #: ``"module:function"``: ``function(settings, args) -> component``.
-    factory: str
-    #: ``"module:function"`` that checks ``(settings, args)`` without building (loading weights,
-    #: starting servers); ``None``: building is cheap, so :meth:`check` builds.
+    #: ``"module:function"``: builds the component (above); ``None`` with ``config``: ``config.build()``.
+    factory: str | None
+    #: ``"module:function"`` that checks without building (loading weights, starting servers); ``None``:
+    #: with ``config``, parsing is the check; without, building is cheap, so :meth:`check` builds.
     checker: str | None = field(default=None, kw_only=True)
     #: The registered entries a composite builds from (a Ray pool's replica engine, the Ray actor's
     #: trainers), handed to ``factory`` and ``checker`` as ``parts=``: the registry that names the
     #: composite gives it its parts, so the composite never looks that registry up (an import circle).
     parts: tuple[Spec, ...] = field(default=(), kw_only=True)
+    #: ``"module:Class.Config"``: the component's typed Config, whose fields are its options.
+    config: str | None = field(default=None, kw_only=True)
+    #: ``(Config field, settings attribute)``: what the experiment decides for it (context length,
+    #: stop tokens, seed ...); an option of the same name overrides it.
+    decided: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
+    #: ``(Config field, flag)``: fields only another flag sets (``--hw``); refused as options.
+    fixed: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
+    #: What errors call it ("the simulator"); default "the NAME KIND".
+    owner: str = field(default="", kw_only=True)
+
+    #: The flag its options come from (``--engine-arg``), named by errors.
+    option_flag: ClassVar[str] = "--option"
+    kind: ClassVar[str] = "component"
 
     def load(self, target: str) -> Any:
         """``factory`` or ``checker`` loaded, with :attr:`parts` bound when there are any."""
         function = load(target)
         return functools.partial(function, parts=self.parts) if self.parts else function
 
+    def parse_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The user's options checked against the Config's fields and converted to their types, before
+        anything is decided or built: unknown names, wrong types and fixed fields are a ``ConfigError``
+        naming the flag.  Unchanged without ``config``."""
+        if self.config is None:
+            return dict(options)
+        fixed = {name: flag for name, flag in self.fixed if name in options}
+        if fixed:
+            raise ConfigError(
+                f"{self.option_flag} {', '.join(fixed)} is set by {', '.join(dict(self.fixed).values())}"
+            )
+        return coerce_options(
+            load(self.config), options, where=self.option_flag, owner=self._owner(), fixed=self._fixed()
+        )
+
+    def configure(self, settings: Any, options: Mapping[str, Any]) -> BaseConfig:
+        """The component's Config: what the experiment decided (``settings``), the options on top."""
+        if self.config is None:
+            raise TypeError(f"{self.kind} {self.name!r} names no Config")
+        options = self.parse_options(options)
+        decided = {name: getattr(settings, attr) for name, attr in (*self.decided, *self.fixed_from())}
+        return config_from(
+            load(self.config),
+            {**decided, **options},
+            where=self.option_flag,
+            owner=self._owner(),
+            fixed=self._fixed(),
+        )
+
+    def fixed_from(self) -> tuple[tuple[str, str], ...]:
+        """``(Config field, settings attribute)`` of the fixed fields: the same names."""
+        return tuple((name, name) for name, _ in self.fixed)
+
     def build(self, settings: Any, args: Any) -> Any:
-        return self.load(self.factory)(settings, args)
+        if self.config is None:
+            return self.load(self._factory())(settings, args)
+        config = self.configure(settings, args)
+        return config.build() if self.factory is None else self.load(self.factory)(config, settings)
 
     def check(self, settings: Any, args: Any) -> None:
         """Raise ``ConfigError`` for anything :meth:`build` would reject, without the heavy work."""
-        if self.checker is None:
+        if self.config is not None:
+            config = self.configure(settings, args)
+            if self.checker is not None:
+                self.load(self.checker)(config, settings)
+        elif self.checker is None:
             self.build(settings, args)
         else:
             self.load(self.checker)(settings, args)
+
+    def _factory(self) -> str:
+        if self.factory is None:
+            raise TypeError(f"{self.kind} {self.name!r} has neither a factory nor a Config")
+        return self.factory
+
+    def _owner(self) -> str:
+        return self.owner or f"the {self.name} {self.kind}"
+
+    def _fixed(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.fixed)
 
 
 class UnknownNameError(ConfigError, KeyError):

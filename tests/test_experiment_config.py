@@ -51,9 +51,33 @@ def test_a_named_engines_recipe_rules_apply_to_every_caller() -> None:
     # a simulated engine pairs with the simulated trainer: the recipe's real-trainer settings go ...
     assert ExperimentConfig().trainer_args == {"lr": 3e-4}
     assert ExperimentConfig(engine="sim").trainer_args == _cli(["--engine", "sim"]).trainer_args == {}
-    # ... and settings a caller gives stay (the simulated trainer then names what it does not know)
-    assert ExperimentConfig(engine="sim", trainer_args={"x": 1}).trainer_args == {"x": 1}
-    assert _cli(["--engine", "sim", "--trainer-arg", "x=1"]).trainer_args == {"x": 1}
+    # ... and settings a caller gives stay, checked as the config is built
+    assert ExperimentConfig(engine="hf", trainer_args={"lr": 1}).trainer_args == {"lr": 1}
+    with pytest.raises(ConfigError, match="unknown --trainer-arg x for the simulated trainer"):
+        ExperimentConfig(engine="sim", trainer_args={"x": 1})
+    with pytest.raises(ConfigError, match="unknown --trainer-arg x for the simulated trainer"):
+        _cli(["--engine", "sim", "--trainer-arg", "x=1"])
+
+
+def test_component_options_are_parsed_from_their_config_when_the_experiment_config_is_built(
+    tmp_path: Path,
+) -> None:
+    assert ExperimentConfig(engine="sim", engine_args={"tp_size": "4"}).engine_args == {"tp_size": 4}
+    assert ExperimentConfig(engine="hf", trainer_args={"lr": "0.5"}).trainer_args == {"lr": 0.5}
+    with pytest.raises(ConfigError, match=r"--engine-arg tp_size='x': expected an integer"):
+        ExperimentConfig(engine="sim", engine_args={"tp_size": "x"})
+    with pytest.raises(ConfigError, match=r"unknown --engine-arg tp for the simulator; known: .*tp_size"):
+        _cli(["--engine", "sim", "--engine-arg", "tp=2"])
+    with pytest.raises(ConfigError, match="--engine-arg hardware is set by --hw"):
+        ExperimentConfig(engine="sim", engine_args={"hardware": "h100"})
+    with pytest.raises(ConfigError, match="unknown --trainer-arg lrr for the torch trainer"):
+        ExperimentConfig(engine="hf", trainer="torch", trainer_args={"lrr": 1})
+    path = tmp_path / "exp.toml"
+    path.write_text('engine = "sim"\n[engine_args]\ntp_size = "two"\n')
+    with pytest.raises(ConfigError, match="tp_size='two'"):
+        _cli(["--config", str(path)])
+    # --engine auto is chosen where the run starts: its options are parsed then
+    assert ExperimentConfig(engine_args={"anything": 1}).engine_args == {"anything": 1}
 
 
 def test_a_config_file_gets_the_engines_rules(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 from april_bench.config import ConfigError
 from april_bench.models.zoo import build_model
 from april_bench.trainers.fsdp import FSDPTrainer, PolicySpec
-from april_bench.trainers.registry import TRAINERS, TrainerSettings, check_fsdp
+from april_bench.trainers.registry import TRAINERS, TrainerSettings
 from april_bench.trainers.torch_trainer import TorchTrainer
 from april_bench.types import FinishReason, Group, Prompt, Segment
 
@@ -123,7 +123,7 @@ def test_fsdp_options_are_checked_without_starting_ranks() -> None:
     )
     spec = TRAINERS.get("fsdp")
     assert spec.needs_tokens
-    assert check_fsdp(settings, {"world_size": 2}).world_size == 2
+    assert spec.configure(settings, {"world_size": 2}).world_size == 2  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="world_size"):
         spec.check(settings, {"world_size": 0})
     with pytest.raises(ConfigError, match="kl_coef=0"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from april_bench.engines.protocol import (
     Completion,
@@ -50,8 +50,11 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec(Spec):
-    """A registered engine: how to build it (``factory``, ``checker``), and what it is, without importing
-    it."""
+    """A registered engine: how to build it (``config``, ``factory``, ``checker``), and what it is, without
+    importing it."""
+
+    option_flag: ClassVar[str] = "--engine-arg"
+    kind: ClassVar[str] = "engine"
 
     #: False for engines that produce lengths, not tokens (the simulator).
     produces_tokens: bool
@@ -121,7 +124,7 @@ class EngineSpec(Spec):
         return f"{names} is not installed here, so it cannot launch a server: {self.launch_install}"
 
     def build(self, settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
-        engine: Engine = self.load(self.factory)(settings, args)
+        engine: Engine = Spec.build(self, settings, args)
         return engine
 
 
@@ -134,7 +137,10 @@ ENGINES.register(
     "sim",
     EngineSpec(
         "sim",
-        "april_bench.engines.sim.engine:from_settings",
+        "april_bench.engines.sim.engine:build",
+        config="april_bench.engines.sim.engine:SimEngine.Config",
+        fixed=(("hardware", "--hw"), ("model", "--model"), ("num_gpus", "--num-gpus")),
+        owner="the simulator",
         produces_tokens=False,
         simulated=True,
         virtual_time=True,
@@ -148,11 +154,18 @@ ENGINES.register(
     "hf",
     EngineSpec(
         "hf",
-        "april_bench.engines.hf.engine:from_settings",
+        "april_bench.engines.hf.engine:build",
+        config="april_bench.engines.hf.engine:HFEngine.Config",
+        decided=(
+            ("max_context_len", "max_context_len"),
+            ("eos_token_ids", "eos_token_ids"),
+            ("seed", "seed"),
+        ),
+        fixed=(("model", "--model"),),
         produces_tokens=True,
         requires=("torch", "transformers"),
         install="pip install torch==2.13.0 transformers",
-        checker="april_bench.engines.hf.engine:check_settings",
+        checker="april_bench.engines.hf.engine:check",
         inflight_updates=True,
         holds_versions=True,
     ),
@@ -162,7 +175,8 @@ ENGINES.register(
     "fake",
     EngineSpec(
         "fake",
-        "april_bench.engines.fake:from_settings",
+        None,
+        config="april_bench.engines.fake:FakeEngine.Config",
         produces_tokens=True,
         simulated=True,
         virtual_time=True,
@@ -180,6 +194,7 @@ ENGINES.register(
         simulated=True,
         virtual_time=True,
         checker="april_bench.engines.fake_pool:check_fake_pool",
+        parts=(ENGINES.get("fake"),),
         inflight_updates=True,
         versions_missing="its replica router does not pass the versions to keep on to its replicas",
     ),

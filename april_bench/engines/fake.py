@@ -36,11 +36,11 @@ import asyncio
 import heapq
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     ACCOUNTING,
     SATURATION,
@@ -50,7 +50,6 @@ from april_bench.engines.protocol import (
     EngineError,
     EngineInfo,
     EngineLoad,
-    EngineSettings,
     EngineWork,
     GenerateRequest,
     WeightUpdate,
@@ -58,7 +57,7 @@ from april_bench.engines.protocol import (
 from april_bench.engines.stream import CompletionStream
 from april_bench.types import FinishReason
 
-__all__ = ["FakeEngine", "fake_token", "from_settings"]
+__all__ = ["FakeEngine", "fake_token"]
 
 VOCAB = 1000
 
@@ -331,8 +330,3 @@ class FakeEngine(Configurable):
         if self.config.max_running is not None:
             concurrency = min(concurrency, self.config.max_running)
         return concurrency / self.config.token_time_s
-
-
-def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> FakeEngine:
-    """A fake engine; ``args`` are its Config fields (``token_time_s``, ``max_running`` ...)."""
-    return config_from(FakeEngine.Config, args, where="--engine-arg", owner="the fake engine").build()

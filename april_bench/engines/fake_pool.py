@@ -35,6 +35,7 @@ from april_bench.engines.protocol import (
 from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront, split_options
 from april_bench.engines.routing import ROUTER_POLICIES
 from april_bench.engines.stream import CompletionStream
+from april_bench.registry import Spec
 
 __all__ = ["FakeReplicaPool", "InProcessReplica", "check_fake_pool", "fake_pool_from_settings"]
 
@@ -151,14 +152,12 @@ class FakeReplicaPool(RouterFront, Configurable):
             if self.router_policy not in ROUTER_POLICIES:
                 raise ConfigError(f"--engine-arg router_policy must be one of {', '.join(ROUTER_POLICIES)}")
 
-    def __init__(self, config: Config, *, settings: EngineSettings) -> None:
-        from april_bench.engines.fake import from_settings as fake
-
-        fake(settings, config.engine_args)  # options checked before anything starts
+    def __init__(self, config: Config, *, settings: EngineSettings, fake: Spec) -> None:
+        fake.check(settings, config.engine_args)  # options checked before anything starts
         self.config = config
 
         async def make(i: int) -> Engine:
-            replica = InProcessReplica(fake(settings, config.engine_args))
+            replica = InProcessReplica(fake.build(settings, config.engine_args))
             await replica.start()
             return replica
 
@@ -194,7 +193,10 @@ class FakeReplicaPool(RouterFront, Configurable):
         self._router.restore_state(state)
 
 
-def fake_pool_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> FakeReplicaPool:
+def fake_pool_from_settings(
+    settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]
+) -> FakeReplicaPool:
+    """The pool of ``parts[0]`` (the fake engine's registry entry) replicas."""
     pool, faults, inner = split_options(args, {"replicas", "router_policy"})
     fault_options = config_from(FaultOptions, faults, where="--engine-arg", owner="fake-pool")
     config = config_from(
@@ -203,9 +205,9 @@ def fake_pool_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -
         where="--engine-arg",
         owner="fake-pool",
     )
-    built: FakeReplicaPool = config.build(settings=settings)
+    built: FakeReplicaPool = config.build(settings=settings, fake=parts[0])
     return built
 
 
-def check_fake_pool(settings: EngineSettings, args: Mapping[str, Any]) -> None:
-    fake_pool_from_settings(settings, args)
+def check_fake_pool(settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> None:
+    fake_pool_from_settings(settings, args, parts=parts)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from april_bench.config import ConfigError, config_from
+from april_bench.config import ConfigError
 from april_bench.registry import Registry, Spec
 from april_bench.trainers.protocol import Trainer
 
@@ -40,15 +40,24 @@ class TrainerSettings:
 
 @dataclass(frozen=True, slots=True)
 class TrainerSpec(Spec):
-    """A registered trainer: how to build it (``factory``, ``checker``), and what it needs."""
+    """A registered trainer: how to build it (``config``, ``factory``, ``checker``), and what it needs."""
 
     #: True when it trains on token ids (the engine must produce them).
     needs_tokens: bool
 
+    option_flag: ClassVar[str] = "--trainer-arg"
+    kind: ClassVar[str] = "trainer"
+
     def build(self, settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-        trainer: Trainer = self.load(self.factory)(settings, args)
+        trainer: Trainer = Spec.build(self, settings, args)
         return trainer
 
+
+#: What the run decides for every torch-based trainer (``--algo``, ``--off-policy``, the rollout's
+#: temperature and response limit, the tokenizer's padding); a ``--trainer-arg`` of the same name wins.
+_TORCH_DECIDED = tuple(
+    (name, name) for name in ("algorithm", "off_policy", "temperature", "max_response_len", "pad_token_id")
+)
 
 TRAINERS: Registry[TrainerSpec] = Registry("trainer")
 TRAINERS.register(
@@ -56,8 +65,9 @@ TRAINERS.register(
     TrainerSpec(
         "torch",
         "april_bench.trainers.registry:build_torch",
+        config="april_bench.trainers.torch_trainer:TorchTrainer.Config",
+        decided=_TORCH_DECIDED,
         needs_tokens=True,
-        checker="april_bench.trainers.registry:check_torch",
     ),
     "one-process policy-gradient trainer (CPU or CUDA): GRPO, DAPO, GSPO",
 )
@@ -65,9 +75,10 @@ TRAINERS.register(
     "fsdp",
     TrainerSpec(
         "fsdp",
-        "april_bench.trainers.registry:build_fsdp",
+        "april_bench.trainers.registry:build_ranks",
+        config="april_bench.trainers.fsdp:FSDPTrainer.Config",
+        decided=_TORCH_DECIDED,
         needs_tokens=True,
-        checker="april_bench.trainers.registry:check_fsdp",
     ),
     "the torch trainer data-parallel over world_size processes with FSDP2 (gloo on CPU, nccl on CUDA)",
 )
@@ -76,6 +87,8 @@ TRAINERS.register(
     TrainerSpec(
         "megatron",
         "april_bench.trainers.registry:build_megatron",
+        config="april_bench.trainers.megatron_trainer:MegatronTrainer.Config",
+        decided=_TORCH_DECIDED,
         needs_tokens=True,
         checker="april_bench.trainers.registry:check_megatron",
     ),
@@ -95,7 +108,14 @@ TRAINERS.register(
 )
 TRAINERS.register(
     "sim",
-    TrainerSpec("sim", "april_bench.trainers.registry:build_sim", needs_tokens=False),
+    TrainerSpec(
+        "sim",
+        None,
+        config="april_bench.trainers.sim:SimTrainer.Config",
+        fixed=(("hardware", "--hw"), ("model", "--model"), ("num_gpus", "--num-gpus")),
+        owner="the simulated trainer",
+        needs_tokens=False,
+    ),
     "simulated: a step costs modelled time and changes nothing",
 )
 
@@ -112,18 +132,6 @@ def resolve_trainer(requested: str, *, engine: str, produces_tokens: bool) -> Tr
     return spec
 
 
-def _options(settings: TrainerSettings, args: Mapping[str, Any]) -> dict[str, Any]:
-    """What the run decides for every torch-based trainer, then the user's --trainer-arg options."""
-    return {
-        "algorithm": settings.algorithm,
-        "off_policy": settings.off_policy,
-        "temperature": settings.temperature,
-        "max_response_len": settings.max_response_len,
-        "pad_token_id": settings.pad_token_id,
-        **args,
-    }
-
-
 def _starting_module(settings: TrainerSettings) -> Any:
     """The seeded model with the task's starting weights loaded (what every torch trainer starts from)."""
     from april_bench.models.zoo import build_model
@@ -135,68 +143,27 @@ def _starting_module(settings: TrainerSettings) -> Any:
     return module
 
 
-def check_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
-    from april_bench.trainers.torch_trainer import TorchTrainer
-
-    return config_from(
-        TorchTrainer.Config, _options(settings, args), where="--trainer-arg", owner="the torch trainer"
-    )
-
-
-def build_torch(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-    config = check_torch(settings, args)
+def build_torch(config: Any, settings: TrainerSettings) -> Trainer:
     trainer: Trainer = config.build(module=_starting_module(settings))
     return trainer
 
 
-def check_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
-    from april_bench.trainers.fsdp import FSDPTrainer
-
-    return config_from(
-        FSDPTrainer.Config, _options(settings, args), where="--trainer-arg", owner="the fsdp trainer"
-    )
-
-
-def build_fsdp(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
+def build_ranks(config: Any, settings: TrainerSettings) -> Trainer:
+    """A trainer over rank processes (FSDP, Megatron): the ranks start where the one-process trainer
+    would, from the seeded model's state."""
     from april_bench.trainers.fsdp import PolicySpec
 
-    config = check_fsdp(settings, args)
-    module = _starting_module(settings)  # the ranks start where the one-process trainer would
+    module = _starting_module(settings)
     spec = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
     trainer: Trainer = config.build(model=spec)
     return trainer
 
 
-def check_megatron(settings: TrainerSettings, args: Mapping[str, Any]) -> Any:
-    from april_bench.trainers.megatron_trainer import MegatronTrainer
-
-    config = config_from(
-        MegatronTrainer.Config, _options(settings, args), where="--trainer-arg", owner="the megatron trainer"
-    )
+def check_megatron(config: Any, settings: TrainerSettings) -> None:
     if importlib.util.find_spec("megatron") is None:  # found, not imported: the ranks import it
         raise ConfigError("--trainer megatron needs megatron-core: pip install 'april-bench[megatron]'")
-    return config
 
 
-def build_megatron(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-    from april_bench.trainers.fsdp import PolicySpec
-
-    config = check_megatron(settings, args)
-    module = _starting_module(settings)  # the ranks start where the one-process trainer would
-    spec = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
-    trainer: Trainer = config.build(model=spec)
-    return trainer
-
-
-def build_sim(settings: TrainerSettings, args: Mapping[str, Any]) -> Trainer:
-    from april_bench.trainers.sim import SimTrainer
-
-    options = {"hardware": settings.hardware, "model": settings.model, "num_gpus": settings.num_gpus, **args}
-    trainer: Trainer = config_from(
-        SimTrainer.Config,
-        options,
-        where="--trainer-arg",
-        owner="the simulated trainer",
-        fixed=("hardware", "model", "num_gpus"),
-    ).build()
-    return trainer
+def build_megatron(config: Any, settings: TrainerSettings) -> Trainer:
+    check_megatron(config, settings)
+    return build_ranks(config, settings)

@@ -54,14 +54,14 @@ import copy
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.hf.cache import SlotKVCache
 from april_bench.engines.hf.sampling import position_uniform, sample, sample_sort_free
 from april_bench.engines.hf.static import EXTRA_STOPS, Admission, StaticDecoder
@@ -92,7 +92,7 @@ from april_bench.types import FinishReason
 if TYPE_CHECKING:
     from april_bench.engines.hf.fused import FusedQwen
 
-__all__ = ["HFEngine", "from_settings"]
+__all__ = ["HFEngine", "build", "check"]
 
 #: Scheduler rounds :meth:`HFEngine.iteration_log` keeps (about 50 MB at the limit).
 _ITERATION_LOG_MAX = 1_000_000
@@ -940,28 +940,17 @@ class HFEngine(Configurable):
         )
 
 
-def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> HFEngine.Config:
-    """The engine's Config for ``settings`` and ``args`` (its Config fields: ``device``, ``dtype``,
-    ``max_running_requests`` ...), checked: options, device and dtype names, and the KV cache's size."""
-    options = {
-        "model": settings.model,
-        "max_context_len": settings.max_context_len,
-        "eos_token_ids": settings.eos_token_ids,
-        "seed": settings.seed,
-        **args,
-    }
-    config = config_from(
-        HFEngine.Config, options, where="--engine-arg", owner="the hf engine", fixed=("model",)
-    )
+def check(config: HFEngine.Config, settings: EngineSettings) -> None:
+    """What only this machine can say about ``config``: its device and dtype names, and whether the KV
+    cache fits the device."""
     device = _device(config.device)
     _dtype(config.dtype, device)
     _check_kv_fits(config, settings.vocab_size, device)
-    return config
 
 
-def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> HFEngine:
-    """The embedded engine for ``settings``; ``args`` override the settings' context length and stops."""
-    config = check_settings(settings, args)
+def build(config: HFEngine.Config, settings: EngineSettings) -> HFEngine:
+    """The embedded engine for ``config``, starting from ``settings``' weights."""
+    check(config, settings)
     weights = settings.initial_weights() if settings.initial_weights is not None else None
     return config.build(vocab_size=settings.vocab_size, weights=weights)
 

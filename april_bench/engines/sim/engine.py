@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     FAULTS,
     HISTOGRAM,
@@ -49,7 +49,7 @@ from april_bench.engines.stream import CompletionStream
 from april_bench.profiles.hardware import HardwareProfile, hardware_names, hardware_profile
 from april_bench.profiles.models import MODELS, ModelProfile
 
-__all__ = ["SimEngine", "from_settings"]
+__all__ = ["SimEngine", "build"]
 
 RESUME_KV = ("recompute", "keep")
 
@@ -493,17 +493,9 @@ class SimEngine(Configurable):
         return self.num_replicas * self.cost.saturated_tokens_per_s(batch, mean_context)
 
 
-def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SimEngine:
-    """The simulated deployment of ``settings.model`` on ``settings.hardware``; ``args``: SGLang's knobs."""
-    fixed = {"hardware", "model", "num_gpus"}
-    if fixed & set(args):
-        raise ConfigError(
-            f"--engine-arg {', '.join(sorted(fixed & set(args)))} is set by --hw, --model and --num-gpus"
-        )
-    options = {"hardware": settings.hardware, "model": settings.model, "num_gpus": settings.num_gpus, **args}
-    config = config_from(
-        SimEngine.Config, options, where="--engine-arg", owner="the simulator", fixed=tuple(fixed)
-    )
+def build(config: SimEngine.Config, settings: EngineSettings) -> SimEngine:
+    """The simulated deployment of ``config`` (``settings``' model on its hardware, SGLang's knobs
+    from ``--engine-arg``), refused when the run's prompts and responses outgrow its context."""
     if settings.max_context_len > config.context_length:
         raise ConfigError(
             f"prompt + response need up to {settings.max_context_len} tokens but {config.model}'s context "
