@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from april_bench.algorithms import ALGORITHMS, OFF_POLICY_MODES
-from april_bench.config import BaseConfig, ConfigError, config_from, param
+from april_bench.config import BaseConfig, ConfigError, config_from, param, to_jsonable
 from april_bench.engines import ENGINES
 from april_bench.rollout.loop import RolloutConfig
 from april_bench.strategies import ArmSpec, build_strategy
@@ -213,6 +213,17 @@ class ExperimentConfig(BaseConfig):
             ENGINES.get(self.engine)  # raises with did-you-mean
         if touched("engine", "trainer", "engine_args", "trainer_args"):
             self._parse_component_options()
+        if self.workload_args and touched("workload_args"):
+            object.__setattr__(self, "workload_args", to_jsonable(_parse_workload_args(self.workload_args)))
+        if self.warmstart_args and touched("warmstart_args"):
+            from april_bench.config import coerce_options
+            from april_bench.registry import load
+
+            warm = load("april_bench.tasks.warmstart:WarmStart.Config")  # torch: only when options are given
+            parsed = coerce_options(
+                warm, self.warmstart_args, where="--warmstart-arg", fixed=("model", "seed")
+            )
+            object.__setattr__(self, "warmstart_args", to_jsonable(parsed))
         if self.off_policy not in OFF_POLICY_MODES:
             raise ConfigError(
                 f"--off-policy must be one of {', '.join(OFF_POLICY_MODES)}, got {self.off_policy!r}"
@@ -239,19 +250,20 @@ class ExperimentConfig(BaseConfig):
     def _parse_component_options(self) -> None:
         """The named engine's and trainer's options, parsed once from their registry entry's Config
         (``Spec.parse_options``: unknown names and wrong types name the ``--engine-arg`` or
-        ``--trainer-arg``) and stored typed.  ``--engine auto`` is chosen by the machine a run starts
-        on, so its options (and an ``auto`` trainer's) are parsed when it is resolved."""
+        ``--trainer-arg``) and stored as the JSON form of their typed values (``"4"`` becomes 4).
+        ``--engine auto`` is chosen by the machine a run starts on, so its options (and an ``auto``
+        trainer's) are parsed when it is resolved."""
         from april_bench.trainers.registry import TRAINERS, resolve_trainer
 
         if self.engine == "auto":
             trainer = None if self.trainer == "auto" else TRAINERS.get(self.trainer)
         else:
             spec = ENGINES.get(self.engine)
-            object.__setattr__(self, "engine_args", spec.parse_options(self.engine_args))
+            object.__setattr__(self, "engine_args", to_jsonable(spec.parse_options(self.engine_args)))
             trains = spec.produces_tokens and not spec.simulated
             trainer = resolve_trainer(self.trainer, engine=self.engine, produces_tokens=trains)
         if trainer is not None:
-            object.__setattr__(self, "trainer_args", trainer.parse_options(self.trainer_args))
+            object.__setattr__(self, "trainer_args", to_jsonable(trainer.parse_options(self.trainer_args)))
 
     @property
     def arms(self) -> list[ArmSpec]:
@@ -304,6 +316,23 @@ def engine_rules(engine: str, model: str, *, given: Mapping[str, Any]) -> dict[s
         return {}
     changes = ENGINES.get(engine).recipe_changes(model, model_given="model" in given)
     return {name: value for name, value in changes.items() if name not in given}
+
+
+def _parse_workload_args(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``--workload-arg`` options checked against the simulated workload's Config (the data set, model
+    and seed are the run's) and the ``agent_*`` tool-call shape, converted to their types."""
+    from april_bench.config import coerce_options
+    from april_bench.sim.agent_workload import AGENT_ARGS, ToolShape
+    from april_bench.sim.workload import SimWorkload
+
+    agent = {name: value for name, value in options.items() if name in AGENT_ARGS}
+    rest = {name: value for name, value in options.items() if name not in AGENT_ARGS}
+    fixed = ("dataset", "model", "seed")
+    try:
+        ToolShape.from_args(dict(agent))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--workload-arg {', '.join(agent)}: {exc}") from None
+    return {**coerce_options(SimWorkload.Config, rest, where="--workload-arg", fixed=fixed), **agent}
 
 
 def _warmup_rule(warmup_steps: int, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -251,6 +251,9 @@ def predict(measured: Any) -> dict[str, Any]:
                 "chunked_prefill_size": PREFILL_TOKENS,
             },
             workload_args={"length_trace": trace},
+            eval_every=None,  # the simulator replays the measured arm: no evaluation, blocks or warm-up
+            block_steps=None,
+            warmup_steps=0,
         )
         rec = run(sim_config, progress=False).recorder
         simulated = rec.summary(baseline=arm)[arm]

@@ -76,6 +76,12 @@ def test_component_options_are_parsed_from_their_config_when_the_experiment_conf
     path.write_text('engine = "sim"\n[engine_args]\ntp_size = "two"\n')
     with pytest.raises(ConfigError, match="tp_size='two'"):
         _cli(["--config", str(path)])
+    # the workload's and warm start's options too, against their Configs
+    assert ExperimentConfig(workload_args={"solve_rate": "0.25"}).workload_args == {"solve_rate": 0.25}
+    with pytest.raises(ConfigError, match=r"unknown --workload-arg solve; known: .*solve_rate"):
+        ExperimentConfig(workload_args={"solve": 0.25})
+    with pytest.raises(ConfigError, match="--warmstart-arg steps='many'"):
+        ExperimentConfig(warmstart_args={"steps": "many"})
     # --engine auto is chosen where the run starts: its options are parsed then
     assert ExperimentConfig(engine_args={"anything": 1}).engine_args == {"anything": 1}
 
