@@ -187,14 +187,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     strat = p.add_argument_group("strategy options and APRIL's off-policy tokens")
     strat.add_argument("--off-policy", choices=OFF_POLICY_MODES, help=exp["off_policy"])
-    strat.add_argument(
-        "--max-version-span",
-        type=_int,
-        help="APRIL: restart buffered samples whose oldest token is more than this many versions old",
-    )
-    strat.add_argument(
-        "--max-aborts-per-sample", type=_int, help="APRIL: restart samples aborted more than this often"
-    )
+    from april_bench.strategies import strategy_options
+
+    april = strategy_options("april")  # the flags' help is the April Config's own
+    for cap in _APRIL_CAPS:
+        strat.add_argument("--" + cap.replace("_", "-"), type=_int, help=f"APRIL: {april[cap]}")
     strat.add_argument(
         "--strategy-arg",
         action="append",
