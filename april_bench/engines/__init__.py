@@ -1,12 +1,15 @@
 """Inference engines behind one protocol, registered lazily by name.
 
-Each entry of :data:`ENGINES` names a factory ``"module:function"`` that takes
-:class:`EngineSettings` (what the experiment decided: model, context length,
-stop tokens, seed, starting weights) plus the user's native ``--engine-arg``
-options and returns an unstarted engine.  The module is imported only when the
-engine is built, so ``name in ENGINES`` validates without importing torch or an
-engine package.  A new engine is one module with a ``from_settings`` factory
-and one ``ENGINES.register`` line here.
+Each entry of :data:`ENGINES` names its typed ``Config`` (whose fields are its
+``--engine-arg`` options, parsed once when the experiment config is built) and
+what the experiment decides for it from :class:`EngineSettings` (context
+length, stop tokens, seed); its factory builds the unstarted engine from that
+Config (:class:`april_bench.registry.Spec`).  Composites whose options nest
+another engine's (the replica pools, vLLM's two adapters, the fake SGLang
+server) name a ``factory(settings, args)`` that parses them.  Modules are
+imported only when the engine is built, so ``name in ENGINES`` validates without
+importing torch or an engine package.  A new engine is one module with a
+``Configurable`` class and one ``ENGINES.register`` line here.
 """
 
 from __future__ import annotations
