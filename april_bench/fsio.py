@@ -11,9 +11,11 @@ The manifest lists the directory's top-level names.  A name may be a directory t
 run directory with its own manifest (an ablation's modes, simcheck's ``measured/``), or one of
 :data:`RUN_SUBDIRS` (checkpoints, tracker logs, figures), whose files are recorded under that name.
 
-Every file april-bench writes goes through :func:`write_atomic` (a whole file) or
-:func:`open_append` (rows streamed into a table): never through a symbolic link, never over anything
-but a regular file, and a whole file only after it was written, synced and (when asked) validated.
+Every file april-bench writes goes through :func:`write_atomic` (a whole file),
+:func:`replace_dir_atomic` (a whole directory: a model checkpoint) or :func:`open_append` (rows
+streamed into a table): never through a symbolic link, never over anything but a regular file (or,
+for a directory, a real directory), and a whole file only after it was written, synced and (when
+asked) validated.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable
@@ -40,6 +43,7 @@ __all__ = [
     "open_append",
     "read_manifest",
     "record",
+    "replace_dir_atomic",
     "start_manifest",
     "write_atomic",
 ]
@@ -67,17 +71,7 @@ def start_manifest(directory: Path, kind: str) -> None:
     record it in the manifest of the directory above when that is a run directory (an ablation's mode)."""
     record(directory)
     header = json.dumps({_HEADER_KEY: _VERSION, "kind": kind}) + "\n"
-    path = directory / MANIFEST_NAME
-    tmp = directory / f".{MANIFEST_NAME}.new"
-    _unlink_if_link_or_file(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        os.write(fd, header.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(directory)
+    write_atomic(directory / MANIFEST_NAME, header)
 
 
 def record(path: Path) -> None:
@@ -157,15 +151,6 @@ def _plain_name(name: object) -> bool:
         and "\0" not in name
         and name != MANIFEST_NAME
     )
-
-
-def _unlink_if_link_or_file(path: Path) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(mode):
-        os.unlink(path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -273,6 +258,74 @@ def open_append(path: Path | str, *, truncate: bool = False) -> IO[str]:
         check_target(path)
         raise ConfigError(f"{path} is not a regular file; choose another path")
     return io.TextIOWrapper(io.FileIO(fd, "a"), encoding="utf-8")
+
+
+def replace_dir_atomic(path: Path | str, fill: Callable[[Path], object]) -> Path:
+    """Write a whole directory (a model checkpoint): ``fill(temporary directory)`` writes it into a
+    uniquely named sibling, every file in it and the directory itself are fsynced, then it takes
+    ``path``'s place and the parent is fsynced; only then is the old directory removed.  A ``fill``
+    that fails leaves ``path`` as it was (the temporary directory is removed).  An existing ``path``
+    is first renamed aside (``.<name>.old.*``) and the new one renamed in, two renames with nothing
+    written between them: a crash there leaves the old checkpoint whole under that name, never a torn
+    one at ``path``.  ``path`` must be missing or a real directory (never a link), and is recorded in
+    its run directory's manifest (:func:`record`) before it exists.  Returns ``path``."""
+    path = Path(path)
+    _check_dir_target(path)
+    record(path)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a checkpoint is shared like any file
+        fill(tmp)
+        _fsync_tree(tmp)
+        _check_dir_target(path)  # again just before the swap: nothing put a link there meanwhile
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old: Path | None = None
+    if os.path.lexists(path):
+        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old.", suffix=".tmp"))
+        os.replace(path, old)  # an empty directory is replaced by the rename
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        if old is not None:
+            os.replace(old, path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def _check_dir_target(path: Path) -> None:
+    """Refuse to replace ``path`` unless it is missing or a real directory (a ``ConfigError``)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path} ({exc.strerror}); choose another path") from None
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(
+            f"{path} is not a directory (a link or a file); april-bench replaces only a directory it "
+            "wrote: choose another path"
+        )
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every regular file below ``root``, then every directory, deepest first."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            file = os.path.join(dirpath, name)
+            if not stat.S_ISREG(os.lstat(file).st_mode):
+                continue  # a link or a special file holds no data of its own to sync
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
 
 
 def fsync_dir(path: Path) -> None:

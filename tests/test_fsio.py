@@ -199,3 +199,70 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path: Pat
     assert main(["run", "--resume", str(run)]) == 2
     assert "cannot lock run directory" in _one_error(capsys.readouterr().err)
     assert victim.read_text() == "the user's file\n"
+
+
+class _Weights:
+    """A module's ``save_pretrained`` stand-in: one safetensors file; ``fail_after`` bytes in, it raises
+    (an interruption mid-write)."""
+
+    def __init__(self, value: float, *, fail_after: int | None = None) -> None:
+        self.value = value
+        self.fail_after = fail_after
+
+    def save_pretrained(self, directory: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        target = Path(directory) / "model.safetensors"
+        save_file({"w": torch.full((4,), self.value)}, str(target))
+        (Path(directory) / "config.json").write_text(json.dumps({"value": self.value}) + "\n")
+        if self.fail_after is not None:
+            with open(target, "r+b") as f:
+                f.truncate(self.fail_after)  # half the weights on disk ...
+            raise OSError("disk full")  # ... and the write stops
+
+
+def test_an_interrupted_checkpoint_save_leaves_the_old_checkpoint_loadable(tmp_path: Path) -> None:
+    import torch
+
+    from april_bench.models.checkpoint import load_state_dict, save_state_dict
+
+    path = tmp_path / "state" / "policy"
+    save_state_dict(_Weights(1.0), path)  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="disk full"):
+        save_state_dict(_Weights(2.0, fail_after=10), path)  # type: ignore[arg-type]
+    assert torch.equal(load_state_dict(path)["w"], torch.full((4,), 1.0))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["policy"]  # no temporary left behind
+    save_state_dict(_Weights(3.0), path)  # type: ignore[arg-type]
+    assert torch.equal(load_state_dict(path)["w"], torch.full((4,), 3.0))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["policy"]  # the old one removed once replaced
+
+
+def test_a_failed_swap_puts_the_old_checkpoint_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from april_bench import fsio
+
+    path = tmp_path / "ckpt"
+    fsio.replace_dir_atomic(path, lambda d: (d / "weights").write_text("old"))
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(dst)) == path and ".old." not in str(src):  # the new one's rename into place fails
+            raise OSError("interrupted")
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fsio.os, "replace", replace)
+    with pytest.raises(OSError, match="interrupted"):
+        fsio.replace_dir_atomic(path, lambda d: (d / "weights").write_text("new"))
+    monkeypatch.undo()
+    assert (path / "weights").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "dangling"])
+def test_a_checkpoint_never_replaces_a_link_or_a_special_file(tmp_path: Path, kind: str) -> None:
+    from april_bench.fsio import replace_dir_atomic
+
+    target = _specials(tmp_path)[kind]
+    with pytest.raises(ConfigError, match="not a directory"):
+        replace_dir_atomic(target, lambda d: (d / "weights").write_text("x"))
+    _unchanged(tmp_path)

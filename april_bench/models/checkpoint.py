@@ -69,17 +69,12 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def save_state_dict(module: torch.nn.Module, path: str | Path) -> Path:
     """Save ``module`` as a Hugging Face checkpoint directory (config + safetensors) and return it.
 
-    Written to a temporary sibling and renamed, so a reader never sees half a checkpoint.
+    Written through :func:`april_bench.fsio.replace_dir_atomic`: into a temporary sibling, fsynced,
+    then swapped in; an older checkpoint at ``path`` is removed only once the new one is in place, so
+    a save that fails or is interrupted leaves it loadable.
     """
-    import os
-    import shutil
-    import tempfile
+    from april_bench.fsio import replace_dir_atomic
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-    module.save_pretrained(tmp)  # type: ignore[operator]
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-    return path
+    return replace_dir_atomic(path, module.save_pretrained)  # type: ignore[arg-type]
