@@ -22,9 +22,9 @@ from typing import Any
 
 from april_bench.telemetry.devices import (
     DeviceReading,
-    FieldErrors,
     ModuleLoader,
     TelemetryUnavailable,
+    VendorReader,
     as_number,
     check_requested,
     import_vendor,
@@ -66,16 +66,10 @@ def energy_counter_j(counter: Mapping[str, Any]) -> float | None:
     return float(ticks) * resolution / 1e6
 
 
-class AmdSmiReader:
+class AmdSmiReader(VendorReader):
     """Reads GFX activity, UMC activity, GFX clock, VRAM, socket power and the energy counter."""
 
     backend = "amdsmi"
-
-    def __init__(self, smi: ModuleType, handles: Mapping[int, Any], names: Mapping[int, str]) -> None:
-        self._smi = smi
-        self._handles = dict(handles)
-        self.devices: Sequence[tuple[int, str]] = [(index, names[index]) for index in self._handles]
-        self.errors = FieldErrors()
 
     @classmethod
     def open(
@@ -86,17 +80,14 @@ class AmdSmiReader:
         loader: ModuleLoader | None = None,
     ) -> AmdSmiReader:
         smi, all_handles = load_amdsmi(loader)
-        try:
-            indices = _pick_devices(len(all_handles), devices, env or {})
-            handles = {i: all_handles[i] for i in indices}
-            names = {i: _name(smi, h, i) for i, h in handles.items()}
-        except BaseException:
-            _shutdown(smi)
-            raise
-        return cls(smi, handles, names)
+        return cls._opened(
+            smi,
+            lambda: {i: all_handles[i] for i in _pick_devices(len(all_handles), devices, env or {})},
+            lambda handle, index: _name(smi, handle, index),
+        )
 
     def read(self, device: int) -> DeviceReading:
-        smi, h, call = self._smi, self._handles[device], self.errors.call
+        smi, h, call = self._lib, self._handles[device], self.errors.call
         activity = call(device, "activity", lambda: smi.amdsmi_get_gpu_activity(h)) or {}
         clock = call(device, "gfx_clock", lambda: smi.amdsmi_get_clock_info(h, smi.AmdSmiClkType.GFX)) or {}
         vram = call(device, "vram", lambda: smi.amdsmi_get_gpu_vram_usage(h)) or {}
@@ -116,8 +107,9 @@ class AmdSmiReader:
             energy_counter_j=energy_counter_j(energy) if energy is not None else None,
         )
 
-    def close(self) -> None:
-        _shutdown(self._smi)
+    @staticmethod
+    def shutdown(lib: ModuleType) -> None:
+        _shutdown(lib)
 
 
 def _pick_devices(count: int, devices: Sequence[int] | None, env: Mapping[str, str]) -> list[int]:

@@ -19,6 +19,8 @@ from typing import Any, Protocol, TypeVar
 
 from april_bench.config import ConfigError
 
+ReaderT = TypeVar("ReaderT", bound="VendorReader")
+
 __all__ = [
     "DeviceReader",
     "DeviceReading",
@@ -79,6 +81,45 @@ class DeviceReader(Protocol):
     def close(self) -> None:
         """Release the library (``nvmlShutdown`` / ``amdsmi_shut_down``).  Never raises."""
         ...
+
+
+class VendorReader:
+    """What the NVML and AMD SMI readers share: the open library, the handles of the devices sampled
+    and their names, the field errors, opening (the library shut down again when picking the devices
+    fails) and closing.  A subclass sets ``backend``, :meth:`shutdown` and :meth:`read`."""
+
+    backend: str = ""
+
+    def __init__(self, lib: ModuleType, handles: Mapping[int, Any], names: Mapping[int, str]) -> None:
+        self._lib = lib
+        self._handles = dict(handles)
+        self.devices: Sequence[tuple[int, str]] = [(index, names[index]) for index in self._handles]
+        self.errors = FieldErrors()
+
+    @classmethod
+    def _opened(
+        cls: type[ReaderT],
+        lib: ModuleType,
+        pick: Callable[[], Mapping[int, Any]],
+        name: Callable[[Any, int], str],
+    ) -> ReaderT:
+        """A reader of the handles ``pick()`` returns, named by ``name(handle, index)``; when either
+        raises, the library is shut down before the error goes on."""
+        try:
+            handles = pick()
+            names = {index: name(handle, index) for index, handle in handles.items()}
+        except BaseException:
+            cls.shutdown(lib)
+            raise
+        return cls(lib, handles, names)
+
+    @staticmethod
+    def shutdown(lib: ModuleType) -> None:
+        """Release ``lib``; never raises."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.shutdown(self._lib)
 
 
 class FieldErrors:

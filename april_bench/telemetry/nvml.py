@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import Any
 
 from april_bench.telemetry.devices import (
     DeviceReading,
-    FieldErrors,
     ModuleLoader,
     TelemetryUnavailable,
+    VendorReader,
     as_number,
     check_requested,
     import_vendor,
@@ -44,17 +43,14 @@ def load_nvml(loader: ModuleLoader | None = None) -> ModuleType:
     return nvml
 
 
-class NvmlReader:
+class NvmlReader(VendorReader):
     """Reads utilisation, SM clock, memory, power, the energy counter and, where the GPU has them (Hopper
     and newer), GPM's SM activity, SM occupancy and DRAM bandwidth of a fixed set of GPUs."""
 
     backend = "nvml"
 
     def __init__(self, nvml: ModuleType, handles: Mapping[int, Any], names: Mapping[int, str]) -> None:
-        self._nvml = nvml
-        self._handles = dict(handles)
-        self.devices: Sequence[tuple[int, str]] = [(index, names[index]) for index in self._handles]
-        self.errors = FieldErrors()
+        super().__init__(nvml, handles, names)
         self._gpm = GpmCounters(nvml)
 
     @classmethod
@@ -69,17 +65,14 @@ class NvmlReader:
         ``CUDA_VISIBLE_DEVICES`` lists, else all.  Raises :class:`TelemetryUnavailable` (no library,
         driver or visible GPU) or :class:`ConfigError` (an explicit device that does not exist)."""
         nvml = load_nvml(loader)
-        try:
-            indices = _pick_devices(nvml, devices, env or {})
-            handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indices}
-            names = {i: _text(nvml.nvmlDeviceGetName(h)) for i, h in handles.items()}
-        except BaseException:
-            _shutdown(nvml)
-            raise
-        return cls(nvml, handles, names)
+        return cls._opened(
+            nvml,
+            lambda: {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in _pick_devices(nvml, devices, env or {})},
+            lambda handle, _index: _text(nvml.nvmlDeviceGetName(handle)),
+        )
 
     def read(self, device: int) -> DeviceReading:
-        nvml, h, call = self._nvml, self._handles[device], self.errors.call
+        nvml, h, call = self._lib, self._handles[device], self.errors.call
         util = call(device, "utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
         memory = call(device, "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
         clock = call(device, "sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
@@ -100,8 +93,12 @@ class NvmlReader:
         )
 
     def close(self) -> None:
-        self._gpm.close()
-        _shutdown(self._nvml)
+        self._gpm.close()  # the GPM sample buffers before nvmlShutdown
+        super().close()
+
+    @staticmethod
+    def shutdown(lib: ModuleType) -> None:
+        _shutdown(lib)
 
 
 def _pick_devices(nvml: ModuleType, devices: Sequence[int] | None, env: Mapping[str, str]) -> list[int]:
