@@ -108,7 +108,6 @@ class FakeEngine(Configurable):
         self.version = 0
         self._running: dict[str, _Request] = {}
         self._queued: deque[_Request] = deque()
-        self._started = False
         self._submitted = 0
         self._info = EngineInfo(
             name="fake",
@@ -136,10 +135,10 @@ class FakeEngine(Configurable):
         return self._info
 
     async def start(self) -> None:
-        self._started = True
+        """Nothing to start: the fake engine is a schedule in this process."""
 
     async def close(self) -> None:
-        self._started = False
+        """Nothing to release."""
 
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
         stream = CompletionStream(len(requests))

@@ -184,7 +184,6 @@ class TensorBoardTracker:
         self._writer = SummaryWriter(log_dir=str(self.dir))
         self._writer.add_text("config", "```\n" + json.dumps(dict(config), indent=1) + "\n```", 0)
         self._writer.add_text("metadata", json.dumps(dict(provenance.get("metadata", {}))), 0)
-        self._last_step = -1
 
     def log(self, points: Sequence[Point]) -> None:
         for p in points:

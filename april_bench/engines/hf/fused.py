@@ -327,16 +327,6 @@ class FusedQwen:
                 return False
         return True
 
-    def rebind(self) -> None:
-        """Merge again after the model's parameters were replaced (callers must drop captured graphs)."""
-        self._bind_weights()
-
-    @property
-    def extra_bytes(self) -> int:
-        """Memory held beyond the model's own parameters: the rotary tables (the merged weights replace
-        the parameters' storage, so they cost nothing once merged)."""
-        return self.cos.numel() * self.cos.element_size() * 2
-
     def splits_for(self, rows: int) -> int:
         """Split-KV factor for a batch of ``rows``: enough programs to fill the GPU about twice."""
         if self.device.type != "cuda":

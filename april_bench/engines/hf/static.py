@@ -317,11 +317,6 @@ class StaticDecoder:
         self._read_event = event
         return done.nonzero().flatten().tolist() if bool(done.any()) else []
 
-    @property
-    def unread(self) -> int:
-        """Launched steps whose ``done`` flags have not been read."""
-        return len(self._inflight)
-
     def _step(self, rows: int, view: int, nucleus: bool) -> None:
         """One decode step as device operations only (what a graph captures)."""
         pos = self.position[:rows]
