@@ -72,19 +72,23 @@ class AmdSmiReader(VendorReader):
     backend = "amdsmi"
 
     @classmethod
-    def open(
-        cls,
-        *,
-        devices: Sequence[int] | None = None,
-        env: Mapping[str, str] | None = None,
-        loader: ModuleLoader | None = None,
-    ) -> AmdSmiReader:
-        smi, all_handles = load_amdsmi(loader)
-        return cls._opened(
-            smi,
-            lambda: {i: all_handles[i] for i in _pick_devices(len(all_handles), devices, env or {})},
-            lambda handle, index: _name(smi, handle, index),
-        )
+    def _start(cls, loader: ModuleLoader | None) -> tuple[ModuleType, list[Any]]:
+        return load_amdsmi(loader)
+
+    @classmethod
+    def _select(
+        cls, lib: ModuleType, found: list[Any], devices: Sequence[int] | None, env: Mapping[str, str]
+    ) -> dict[int, Any]:
+        """``ROCR_VISIBLE_DEVICES``, then ``HIP_VISIBLE_DEVICES``, pick among the processor handles."""
+        return {i: found[i] for i in _pick_devices(len(found), devices, env)}
+
+    @staticmethod
+    def _name(lib: ModuleType, handle: Any, index: int) -> str:
+        with contextlib.suppress(Exception):
+            name = lib.amdsmi_get_gpu_asic_info(handle).get("market_name")
+            if name and name != "N/A":
+                return str(name)
+        return f"AMD GPU {index}"
 
     def read(self, device: int) -> DeviceReading:
         smi, h, call = self._lib, self._handles[device], self.errors.call
@@ -135,14 +139,6 @@ def _ordinals(entries: tuple[int | str, ...] | None, pool: list[int]) -> list[in
         if pool[entry] not in picked:
             picked.append(pool[entry])
     return picked
-
-
-def _name(smi: ModuleType, handle: Any, index: int) -> str:
-    with contextlib.suppress(Exception):
-        name = smi.amdsmi_get_gpu_asic_info(handle).get("market_name")
-        if name and name != "N/A":
-            return str(name)
-    return f"AMD GPU {index}"
 
 
 def _shutdown(smi: ModuleType) -> None:

@@ -85,8 +85,10 @@ class DeviceReader(Protocol):
 
 class VendorReader:
     """What the NVML and AMD SMI readers share: the open library, the handles of the devices sampled
-    and their names, the field errors, opening (the library shut down again when picking the devices
-    fails) and closing.  A subclass sets ``backend``, :meth:`shutdown` and :meth:`read`."""
+    and their names, the field errors, :meth:`open` (the library shut down again when picking the
+    devices fails) and :meth:`close`.  A subclass says how its library starts (:meth:`_start`), which
+    devices it samples (:meth:`_select`), what they are called (:meth:`_name`), how it shuts down
+    (:meth:`shutdown`) and what a reading is (``read``)."""
 
     backend: str = ""
 
@@ -97,21 +99,41 @@ class VendorReader:
         self.errors = FieldErrors()
 
     @classmethod
-    def _opened(
+    def open(
         cls: type[ReaderT],
-        lib: ModuleType,
-        pick: Callable[[], Mapping[int, Any]],
-        name: Callable[[Any, int], str],
+        *,
+        devices: Sequence[int] | None = None,
+        env: Mapping[str, str] | None = None,
+        loader: ModuleLoader | None = None,
     ) -> ReaderT:
-        """A reader of the handles ``pick()`` returns, named by ``name(handle, index)``; when either
-        raises, the library is shut down before the error goes on."""
+        """Start the library and pick the devices: ``devices`` (physical indices) if given, else the
+        ones the visibility variables list, else all.  Raises :class:`TelemetryUnavailable` (no
+        library, driver or visible GPU) or :class:`ConfigError` (an explicit device that does not
+        exist); the library is shut down again when picking fails."""
+        lib, found = cls._start(loader)
         try:
-            handles = pick()
-            names = {index: name(handle, index) for index, handle in handles.items()}
+            handles = cls._select(lib, found, devices, env or {})
+            names = {index: cls._name(lib, handle, index) for index, handle in handles.items()}
         except BaseException:
             cls.shutdown(lib)
             raise
         return cls(lib, handles, names)
+
+    @classmethod
+    def _start(cls, loader: ModuleLoader | None) -> tuple[ModuleType, Any]:
+        """The started library, and what it found at the start (passed on to :meth:`_select`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _select(
+        cls, lib: ModuleType, found: Any, devices: Sequence[int] | None, env: Mapping[str, str]
+    ) -> dict[int, Any]:
+        """The handle of every device to sample, by physical index."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _name(lib: ModuleType, handle: Any, index: int) -> str:
+        raise NotImplementedError
 
     @staticmethod
     def shutdown(lib: ModuleType) -> None:

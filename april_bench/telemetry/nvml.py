@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
 from april_bench.telemetry.devices import (
     DeviceReading,
@@ -54,22 +55,19 @@ class NvmlReader(VendorReader):
         self._gpm = GpmCounters(nvml)
 
     @classmethod
-    def open(
-        cls,
-        *,
-        devices: Sequence[int] | None = None,
-        env: Mapping[str, str] | None = None,
-        loader: ModuleLoader | None = None,
-    ) -> NvmlReader:
-        """Initialise NVML and pick the devices: ``devices`` (physical indices) if given, else the ones
-        ``CUDA_VISIBLE_DEVICES`` lists, else all.  Raises :class:`TelemetryUnavailable` (no library,
-        driver or visible GPU) or :class:`ConfigError` (an explicit device that does not exist)."""
-        nvml = load_nvml(loader)
-        return cls._opened(
-            nvml,
-            lambda: {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in _pick_devices(nvml, devices, env or {})},
-            lambda handle, _index: _text(nvml.nvmlDeviceGetName(handle)),
-        )
+    def _start(cls, loader: ModuleLoader | None) -> tuple[ModuleType, None]:
+        return load_nvml(loader), None
+
+    @classmethod
+    def _select(
+        cls, lib: ModuleType, found: None, devices: Sequence[int] | None, env: Mapping[str, str]
+    ) -> dict[int, Any]:
+        """``CUDA_VISIBLE_DEVICES`` (ordinals or UUIDs) picks among NVML's devices."""
+        return {i: lib.nvmlDeviceGetHandleByIndex(i) for i in _pick_devices(lib, devices, env)}
+
+    @staticmethod
+    def _name(lib: ModuleType, handle: Any, index: int) -> str:
+        return _text(lib.nvmlDeviceGetName(handle))
 
     def read(self, device: int) -> DeviceReading:
         nvml, h, call = self._lib, self._handles[device], self.errors.call
