@@ -175,13 +175,8 @@ def check_target(path: Path | str) -> None:
     device, a socket or a directory is never written through or replaced (``-o /dev/null`` run as
     root would otherwise replace the machine's ``/dev/null``).  A ``ConfigError`` naming the path."""
     path = Path(path)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path} ({exc.strerror}); choose another path") from None
-    if stat.S_ISREG(mode):
+    mode = _target_mode(path)
+    if mode is None or stat.S_ISREG(mode):
         return
     kind = (
         "a symbolic link"
@@ -198,6 +193,16 @@ def check_target(path: Path | str) -> None:
         f"{path} is {kind}; april-bench writes only regular files (never through a link or over a "
         "special file): choose another path"
     )
+
+
+def _target_mode(path: Path) -> int | None:
+    """``path``'s own mode (a link's, not its target's); ``None`` when it does not exist."""
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path} ({exc.strerror}); choose another path") from None
 
 
 def write_atomic(
@@ -300,13 +305,8 @@ def replace_dir_atomic(path: Path | str, fill: Callable[[Path], object]) -> Path
 
 def _check_dir_target(path: Path) -> None:
     """Refuse to replace ``path`` unless it is missing or a real directory (a ``ConfigError``)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path} ({exc.strerror}); choose another path") from None
-    if not stat.S_ISDIR(mode):
+    mode = _target_mode(path)
+    if mode is not None and not stat.S_ISDIR(mode):
         raise ConfigError(
             f"{path} is not a directory (a link or a file); april-bench replaces only a directory it "
             "wrote: choose another path"
