@@ -3,9 +3,10 @@ a rollout loop over the fake engine."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,13 @@ __all__ = [
     "embedded_flags",
     "fake_arm",
     "flags",
+    "interrupt_at",
+    "one_error",
     "read_jsonl",
+    "refused",
     "sim_flags",
     "table_rows",
+    "tiny_sim_flags",
 ]
 
 
@@ -62,6 +67,15 @@ SIM: dict[str, object] = {
     "no_progress": True,
 }
 
+#: The changes to :data:`SIM` for one step of the smallest batches.
+TINY: dict[str, object] = {
+    "steps": 1,
+    "rollout_batch_size": 2,
+    "n_samples_per_prompt": 2,
+    "over_sampling_batch_size": 4,
+    "max_response_len": 512,
+}
+
 #: A small embedded run (the hf engine on a tiny model warm-started for 20 steps): about a minute.
 EMBEDDED: dict[str, object] = {
     "steps": 3,
@@ -78,6 +92,12 @@ def sim_flags(**changes: object) -> list[str]:
     """:data:`SIM`'s flags with ``changes`` (``steps=4``; ``None`` drops a flag:
     ``over_sampling_batch_size=None``)."""
     return flags(**{**SIM, **changes})
+
+
+def tiny_sim_flags(**changes: object) -> list[str]:
+    """:data:`SIM`'s flags for one step of the smallest batches (a run that only has to finish), with
+    ``changes``."""
+    return sim_flags(**{**TINY, **changes})
 
 
 def embedded_flags(**changes: object) -> list[str]:
@@ -106,6 +126,28 @@ def comparable_rows(run: Path, table: str, *, drop: Collection[str] = ("bookkeep
     (by default the harness's own CPU seconds: measured, not simulated)."""
     rows = ({k: v for k, v in row.items() if k not in drop} for row in table_rows(run, table))
     return sorted(json.dumps(row, sort_keys=True) for row in rows)
+
+
+# ---------------------------------------------------------------------------------- interruptions
+@contextlib.contextmanager
+def interrupt_at(step: int, arm: str | None = None) -> Iterator[None]:
+    """Inside the block, a run stops as Ctrl-C would stop it when session ``arm`` (any arm: ``None``)
+    is about to run step ``step`` (``KeyboardInterrupt`` before the step; the steps before it are
+    complete and checkpointed).  The session's step is restored on leaving the block."""
+    from april_bench.experiment.session import ArmSession
+
+    original = ArmSession._step
+
+    async def interrupted(self: ArmSession, s: int) -> None:
+        if s == step and arm in (None, self.arm.label):
+            raise KeyboardInterrupt
+        await original(self, s)
+
+    ArmSession._step = interrupted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ArmSession._step = original  # type: ignore[method-assign]
 
 
 def fake_arm(

@@ -7,12 +7,11 @@ The replayed episodes (``--engine sim``) are deterministic, so an interrupted ru
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import comparable_rows, flags, table_rows
+from helpers import comparable_rows, flags, interrupt_at, table_rows
 
 from april_bench.cli import main
 from april_bench.tasks.agent import AgentTask, Calculator, ReplayedCalculator
@@ -142,27 +141,16 @@ def test_a_simulated_agent_run_resumes_episodes_across_steps(uninterrupted: Path
 
 @pytest.mark.parametrize(("arm", "step"), [("april", 1), ("sync", 2)])
 def test_interrupt_then_resume_an_agent_run_gives_the_samecomparable_rows(
-    arm: str, step: int, uninterrupted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    arm: str, step: int, uninterrupted: Path, tmp_path: Path
 ) -> None:
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def interrupted_step(self: Any, s: int) -> None:
-        if self.arm.label == arm and s == step:
-            raise KeyboardInterrupt
-        await original(self, s)
-
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted_step)
-    assert main(["run", *SIM, "--out", str(out)]) == 130
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
+    with interrupt_at(step, arm):
+        assert main(["run", *SIM, "--out", str(out)]) == 130
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     for table in ("requests", "samples", "steps", "events"):
         assert comparable_rows(out, table) == comparable_rows(uninterrupted, table), table
     fates: dict[tuple[str, int, int], int] = {}
-    for line in (out / "samples.jsonl").read_text().splitlines():
-        f = json.loads(line)
+    for f in table_rows(out, "samples"):
         key = (f["arm"], f["group_uid"], f["sample_index"])
         fates[key] = fates.get(key, 0) + 1
     assert set(fates.values()) == {1}  # no episode lost or doubled

@@ -10,7 +10,7 @@ import asyncio
 import math
 
 import pytest
-from helpers import fake_arm
+from helpers import fake_arm, sim_flags
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -299,10 +299,9 @@ def test_speculation_is_an_engine_option_every_arm_runs_with(tmp_path) -> None:
     import json
 
     def run(name: str, *extra: str) -> dict:
-        argv = ["run", "--hw", "h100", "--algo", "grpo", "--steps", "2", "--rollout-batch-size", "4"]
-        argv += ["--over-sampling-batch-size", "8", "--max-response-len", "4096", "--no-progress"]
+        argv = sim_flags(algo="grpo", steps=2, n_samples_per_prompt=None, max_response_len=4096)
         argv += ["--strategies", "sync,april,consistent", "--out", str(tmp_path / name), *extra]
-        assert main(argv) == 0
+        assert main(["run", *argv]) == 0
         return json.loads((tmp_path / name / "summary.json").read_text())["arms"]
 
     plain = run("plain")

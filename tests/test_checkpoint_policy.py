@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import embedded_flags, sim_flags, table_rows
+from helpers import embedded_flags, interrupt_at, sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.results.resume import RunStatus
@@ -156,22 +156,12 @@ def test_an_interruption_between_steps_saves_the_trainer_state_so_nothing_runs_a
     uninterrupted_run: tuple[Path, list[list[list[int]]]],
     stateful: StatefulSimTrainer,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from april_bench import experiment
-
     reference, histories = uninterrupted_run
-    original = experiment.ArmSession._step
-
-    async def stop_at_april_step_3(self: Any, s: int) -> None:
-        if self.arm.label == "april" and s == 3:
-            raise KeyboardInterrupt  # before step 3 trains: the trainer is at checkpoint 3
-        await original(self, s)
-
-    monkeypatch.setattr(experiment.ArmSession, "_step", stop_at_april_step_3)
     run = tmp_path / "run"
-    assert main(["run", *SIM, "--checkpoint-every", "2", "--out", str(run)]) == 130
+    with interrupt_at(3, "april"):  # before step 3 trains: the trainer is at checkpoint 3
+        assert main(["run", *SIM, "--checkpoint-every", "2", "--out", str(run)]) == 130
     status = _status(run)
     assert status["completed"]["april#0"] == 3 and status["full"]["april#0"]["steps"] == 3
     assert status["full"]["april#0"]["rows"] == status["rows"]["april#0"]
@@ -181,7 +171,6 @@ def test_an_interruption_between_steps_saves_the_trainer_state_so_nothing_runs_a
     assert json.loads((run / "state" / "april-r0-s3.trainer.pt").read_text()) == histories[1][:3]
     capsys.readouterr()
 
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
     stateful.made.clear()
     assert main(["run", "--resume", str(run), "--no-progress"]) == 0
     assert "run again" not in capsys.readouterr().err

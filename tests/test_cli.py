@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import embedded_flags, flags, table_rows
+from helpers import embedded_flags, flags, table_rows, tiny_sim_flags
 
 from april_bench.cli import build_parser, main
 
@@ -172,25 +172,7 @@ def test_validate_and_ls(capsys) -> None:
 
 @pytest.mark.parametrize("hw", ["h100", "h200", "mi300x"])
 def test_every_gpu_hardware_choice_simulates_here(hw: str, tmp_path: Path, capsys) -> None:
-    args = [
-        "run",
-        "--hw",
-        hw,
-        "--steps",
-        "1",
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "2",
-        "--over-sampling-batch-size",
-        "4",
-        "--max-response-len",
-        "512",
-        "--no-progress",
-        "--out",
-        str(tmp_path / hw),
-    ]
-    assert main(args) == 0
+    assert main(["run", *tiny_sim_flags(hw=hw), "--out", str(tmp_path / hw)]) == 0
     assert '"result_kind": "simulated"' in capsys.readouterr().out
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_jsonl
 
 from april_bench.data import (
     DATASETS,
@@ -34,10 +35,6 @@ from april_bench.data import (
 from april_bench.data.stats import answer_type, percentile
 
 CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f]")  # every control character but newline
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def accounted(ds: LoadedDataset) -> bool:

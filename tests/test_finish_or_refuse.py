@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sim_flags
+from helpers import one_error, sim_flags
 
 from april_bench.cli import main
 from april_bench.cli.ablate import PLAN_NAME
@@ -20,13 +20,6 @@ from april_bench.cli.ablate import PLAN_NAME
 SIM = sim_flags(over_sampling_batch_size=None)
 GRID = ["--strategies", "sync,april", "--ratios", "1,2", "--spans", "none", "--drivers", "none"]
 MODES = ["--off-policy-modes", "as-is,mask"]
-
-
-def _one_error(err: str) -> str:
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    return errors[0]
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
@@ -63,7 +56,7 @@ def test_an_interrupted_ablation_is_finished_by_ablate_resume(tmp_path: Path, ca
     assert (out / "ablation.md").read_text() == (reference / "ablation.md").read_text()
     capsys.readouterr()
     assert main(["ablate", "--resume", str(out)]) == 2
-    assert "already complete" in _one_error(capsys.readouterr().err)
+    assert "already complete" in one_error(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(
@@ -91,20 +84,20 @@ def test_a_plan_ablate_resume_cannot_trust_is_one_line(
     (out / PLAN_NAME).write_text(json.dumps(plan))
     capsys.readouterr()
     assert main(["ablate", "--resume", str(out)]) == 2
-    assert message in _one_error(capsys.readouterr().err)
+    assert message in one_error(capsys.readouterr().err)
 
 
 def test_ablate_resume_refuses_other_flags_and_a_directory_without_a_plan(tmp_path: Path, capsys) -> None:
     assert main(["ablate", "--resume", str(tmp_path), "--steps", "3"]) == 2
-    assert "drop --steps" in _one_error(capsys.readouterr().err)
+    assert "drop --steps" in one_error(capsys.readouterr().err)
     assert main(["ablate", "--resume", str(tmp_path)]) == 2
-    assert f"no {PLAN_NAME}" in _one_error(capsys.readouterr().err)
+    assert f"no {PLAN_NAME}" in one_error(capsys.readouterr().err)
 
 
 def test_simcheck_resume_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
     before = sorted(tmp_path.iterdir())
     assert main(["simcheck", "--resume", str(tmp_path)]) == 2
-    assert "simcheck cannot resume" in _one_error(capsys.readouterr().err)
+    assert "simcheck cannot resume" in one_error(capsys.readouterr().err)
     assert sorted(tmp_path.iterdir()) == before  # nothing started
 
 
@@ -120,7 +113,7 @@ def test_a_run_a_newer_april_bench_wrote_is_not_resumed(tmp_path: Path, capsys, 
     (out / name).write_text(json.dumps(data))
     capsys.readouterr()
     assert main(["run", "--resume", str(out)]) == 2
-    line = _one_error(capsys.readouterr().err)
+    line = one_error(capsys.readouterr().err)
     assert f"{out / name}: written by a newer april-bench (schema_version 99" in line
 
 
@@ -140,5 +133,5 @@ def test_whatif_failure_rate_is_bounded(tmp_path: Path, capsys, rate: str) -> No
         str(out),
     ]
     assert main(argv) == 2
-    assert "failure" in _one_error(capsys.readouterr().err)
+    assert "failure" in one_error(capsys.readouterr().err)
     assert not out.exists()

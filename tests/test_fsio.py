@@ -13,17 +13,11 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import one_error
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
 from april_bench.fsio import open_append, write_atomic
-
-
-def _one_error(err: str) -> str:
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    return errors[0]
 
 
 def _specials(tmp_path: Path) -> dict[str, Path]:
@@ -137,7 +131,7 @@ def test_trace_import_to_a_fifo_or_a_link_is_refused_untouched(tmp_path: Path, c
     target = _specials(tmp_path)[kind]
     source = _csv(tmp_path)
     assert main(["trace", "import-stats", str(source), *_STATS, "-o", str(target)]) == 2
-    line = _one_error(capsys.readouterr().err)
+    line = one_error(capsys.readouterr().err)
     assert str(target) in line and "regular files" in line
     _unchanged(tmp_path)
 
@@ -145,7 +139,7 @@ def test_trace_import_to_a_fifo_or_a_link_is_refused_untouched(tmp_path: Path, c
 def test_trace_export_to_a_link_is_refused(tmp_path: Path, capsys) -> None:
     target = _specials(tmp_path)["link"]
     assert main(["trace", "export", str(tmp_path / "no-run"), "-o", str(target)]) == 2
-    assert "symbolic link" in _one_error(capsys.readouterr().err)
+    assert "symbolic link" in one_error(capsys.readouterr().err)
     _unchanged(tmp_path)
 
 
@@ -154,7 +148,7 @@ def test_a_failed_import_names_the_inputs_line_and_keeps_the_old_output(tmp_path
     out.write_text("the previous trace\n")
     source = _csv(tmp_path, "step,response_length/mean\n1,400\n2,500\n1,450\n")  # step 1 twice
     assert main(["trace", "import-stats", str(source), *_STATS, "-o", str(out)]) == 2
-    line = _one_error(capsys.readouterr().err)
+    line = one_error(capsys.readouterr().err)
     assert f"{source}, line 4" in line and "repeats" in line and "line 2" in line, line
     assert out.read_text() == "the previous trace\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stats.csv", "trace.jsonl"]
@@ -171,7 +165,7 @@ def test_a_verl_step_below_zero_is_named_by_the_dump_line(tmp_path: Path, capsys
     (dump / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "t.jsonl"
     assert main(["trace", "import-verl", str(dump), "-o", str(out)]) == 2
-    line = _one_error(capsys.readouterr().err)
+    line = one_error(capsys.readouterr().err)
     assert f"{dump / '1.jsonl'}, line 2" in line and "step" in line, line
     assert not out.exists()
 
@@ -197,7 +191,7 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path: Pat
     victim.write_text("the user's file\n")
     (run / ".lock").symlink_to(victim)
     assert main(["run", "--resume", str(run)]) == 2
-    assert "cannot lock run directory" in _one_error(capsys.readouterr().err)
+    assert "cannot lock run directory" in one_error(capsys.readouterr().err)
     assert victim.read_text() == "the user's file\n"
 
 

@@ -190,14 +190,21 @@ def test_run_on_the_hf_engine_generates_the_profiles_lengths(tmp_path: Path) -> 
     from april_bench.cli import main
 
     out = tmp_path / "run"
-    code = main(
-        [
-            "run", "--engine", "hf", "--dataset", "synthetic", "--model", "tiny", "--length-oracle",
-            "deepscaler", "--steps", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
-            "--over-sampling-batch-size", "8", "--max-response-len", "48", "--eval-every", "100",
-            "--warmstart-arg", "steps=2", "--block-steps", "1", "--out", str(out), "--no-progress",
-        ]
-    )  # fmt: skip
+    from helpers import embedded_flags
+
+    argv = embedded_flags(
+        engine="hf",
+        dataset="synthetic",
+        model="tiny",
+        length_oracle="deepscaler",
+        steps=2,
+        n_samples_per_prompt=2,
+        eval_every=100,
+        warmstart_arg="steps=2",
+        block_steps=1,
+        out=out,
+    )
+    code = main(["run", *argv])
     assert code == 0
     o = oracle("deepscaler", n=2, cap=48)
     from april_bench.results.store import load_run

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import embedded_flags
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -126,33 +127,19 @@ def test_megatron_matches_the_torch_trainer_on_cuda(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_run_trains_the_embedded_task_with_the_megatron_trainer(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    argv = [
-        "run",
-        "--engine",
-        "hf",
-        "--trainer",
-        "megatron",
-        "--trainer-arg",
-        "tp=2",
-        "--steps",
-        "2",
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "2",
-        "--over-sampling-batch-size",
-        "4",
-        "--max-response-len",
-        "16",
-        "--warmstart-arg",
-        "steps=20",
-        "--task-arg",
-        "max_n=30",
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
-    assert main(argv) == 0
+    argv = embedded_flags(
+        engine="hf",
+        trainer="megatron",
+        trainer_arg="tp=2",
+        steps=2,
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=4,
+        max_response_len=16,
+        task_arg="max_n=30",
+        out=out,
+    )
+    assert main(["run", *argv]) == 0
     assert check_run(load_run(out)) == []
 
 

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import one_error, sim_flags
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -22,15 +23,7 @@ from april_bench.fsio import MANIFEST_NAME, read_manifest, record, start_manifes
 from april_bench.results.rundir import claim_run_dir, clear_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
-SIM = ["--engine", "sim", "--hw", "h100", "--steps", "2", "--no-progress"]
-SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--max-response-len", "2048"]
-
-
-def _one_error(err: str) -> str:
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    return errors[0]
+SIM = sim_flags(engine="sim", steps=2, over_sampling_batch_size=None)
 
 
 def _tree(path: Path) -> dict[str, bytes]:
@@ -63,7 +56,7 @@ def test_a_directory_of_user_files_is_refused_naming_the_first_file(
     before = _tree(out)
     capsys.readouterr()
     assert main(["run", *SIM, "--out", str(out), *(["--overwrite"] if overwrite else [])]) == 2
-    line = _one_error(capsys.readouterr().err)
+    line = one_error(capsys.readouterr().err)
     assert f"{out}/README.md" in line if overwrite else "README.md" in line
     assert "did not write" in line or "not written by april-bench" in line
     assert "--overwrite" not in line.split(";")[-1] or not overwrite  # never suggested for a user's files
@@ -84,7 +77,7 @@ def test_every_command_with_overwrite_keeps_a_users_files(tmp_path: Path, capsys
     before = _tree(out)
     capsys.readouterr()
     assert main([*command, "--out", str(out), "--overwrite"]) == 2
-    line = _one_error(capsys.readouterr().err)
+    line = one_error(capsys.readouterr().err)
     assert "README.md" in line
     assert _tree(out) == before
 
@@ -94,22 +87,22 @@ def test_every_command_with_overwrite_keeps_a_users_files(tmp_path: Path, capsys
 
 def test_overwrite_replaces_a_run_and_refuses_once_a_foreign_file_is_added(tmp_path: Path, capsys) -> None:
     out = tmp_path / "r"
-    assert main(["run", *SIM, *SMALL, "--out", str(out)]) == 0
+    assert main(["run", *SIM, "--out", str(out)]) == 0
     manifest = read_manifest(out)
     assert manifest is not None and manifest.kind == "run"
     assert {"status.json", "config.json", "provenance.json", "summary.json", "state"} <= manifest.names
     # every entry of the directory is the run's: listed, or its lock and manifest
     assert set(os.listdir(out)) - manifest.names <= {".lock", MANIFEST_NAME}
     (out / "state" / "old-r0-s9.json").write_text("{}")  # an old checkpoint: never resumed from
-    assert main(["run", *SIM, *SMALL, "--out", str(out), "--overwrite"]) == 0
+    assert main(["run", *SIM, "--out", str(out), "--overwrite"]) == 0
     assert not (out / "state" / "old-r0-s9.json").exists()
     assert json.loads((out / "status.json").read_text())["state"] == "complete"
 
     (out / "notes.txt").write_text("mine")
     before = _tree(out)
     capsys.readouterr()
-    assert main(["run", *SIM, *SMALL, "--out", str(out), "--overwrite"]) == 2
-    assert f"{out}/notes.txt" in _one_error(capsys.readouterr().err)
+    assert main(["run", *SIM, "--out", str(out), "--overwrite"]) == 2
+    assert f"{out}/notes.txt" in one_error(capsys.readouterr().err)
     assert _tree(out) == before  # refused before anything was removed
 
 
@@ -129,7 +122,7 @@ def test_a_users_file_inside_the_state_directory_is_refused(tmp_path: Path) -> N
 
 def test_an_ablation_is_replaced_with_its_mode_runs(tmp_path: Path, capsys) -> None:
     out = tmp_path / "abl"
-    argv = ["ablate", "--hw", "h100", "--steps", "2", "--no-progress", *SMALL, "--strategies", "sync,april"]
+    argv = ["ablate", *sim_flags(steps=2, over_sampling_batch_size=None), "--strategies", "sync,april"]
     argv += ["--ratios", "2", "--spans", "none", "--drivers", "none"]
     assert main([*argv, "--out", str(out)]) == 0
     manifest = read_manifest(out)
@@ -139,7 +132,7 @@ def test_an_ablation_is_replaced_with_its_mode_runs(tmp_path: Path, capsys) -> N
     (mode / "mine.csv").write_text("1,2\n")
     capsys.readouterr()
     assert main([*argv, "--out", str(out), "--overwrite"]) == 2
-    assert f"{mode.name}/mine.csv" in _one_error(capsys.readouterr().err)
+    assert f"{mode.name}/mine.csv" in one_error(capsys.readouterr().err)
     (mode / "mine.csv").unlink()
     assert main([*argv, "--out", str(out), "--overwrite"]) == 0
     assert (out / "ablation.json").exists()
@@ -265,7 +258,7 @@ def test_a_committed_run_with_a_hand_written_file_is_refused_whole(
 
 def test_a_committed_run_is_overwritten_by_the_cli(tmp_path: Path) -> None:
     target = _committed(tmp_path, "results/runs/sim-mi300x-dapo-dapo-math-17k")
-    assert main(["run", *SIM, *SMALL, "--out", str(target), "--overwrite"]) == 0
+    assert main(["run", *SIM, "--out", str(target), "--overwrite"]) == 0
     manifest = read_manifest(target)
     assert manifest is not None and "summary.json" in manifest.names
     assert not (target / "state" / "april-r0-s30.json").exists()  # the old run's checkpoints are gone

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import flags, table_rows
+from helpers import flags, interrupt_at, table_rows
 from test_replica_faults import _check_nothing_lost, _faults
 
 from april_bench.cli import main
@@ -99,30 +99,17 @@ def test_a_hung_replica_actor_is_found_by_the_health_timeout(local_ray: None, tm
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_resumed_chaos_run_on_ray_kills_no_replica_twice(
-    local_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_resumed_chaos_run_on_ray_kills_no_replica_twice(local_ray: None, tmp_path: Path) -> None:
     """The Ray pool checkpoints its chaos schedule's progress: interrupted after the faults fired and
     resumed, each arm has fired exactly its schedule's faults, none twice."""
-    from typing import Any
-
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def interrupted_step(self: Any, s: int) -> None:
-        if self.arm.label == "april" and s == 1:
-            raise KeyboardInterrupt
-        await original(self, s)
 
     out = tmp_path / "run"
     chaos = ["chaos_seed=1", "chaos_faults=1", "chaos_window_tokens=20000"]
     argv = [*RUN, *(x for c in chaos for x in ("--engine-arg", c)), "--out", str(out)]
-    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted_step)
-    assert main(argv) == 130
+    with interrupt_at(1, "april"):
+        assert main(argv) == 130
     before = [e for e in _faults(out) if e["kind"] == "fault_injected"]
     assert sorted(str(e["arm"]) for e in before) == ["april", "sync"]  # both fired before the stop
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     assert [e for e in _faults(out) if e["kind"] == "fault_injected"] == before
     # nothing lost (not _check_nothing_lost: a Ray pool resumed without a trainer state to push, as

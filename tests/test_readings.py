@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import table_rows
 
 from april_bench.cli import main
 from april_bench.experiment.readings import other_readings
@@ -65,7 +66,7 @@ def test_the_run_writes_both_readings_and_compare_ignores_the_extra_file(
     summary = json.loads((out / "summary.json").read_text())["arms"]
     # the run's own arms are the DAPO reading's: the second reading adds a file, never a row
     assert record["readings"][0]["arms"]["april"]["throughput_gain"] == summary["april"]["throughput_gain"]
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(out, "steps")
     assert {s["arm"] for s in steps} == {"sync", "oversample-discard", "april"} and len(steps) == 6
     for text in (printed, (out / "table.md").read_text()):
         assert "Both readings of the dapo-math-17k row" in text and "GRPO (other reading)" in text

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import comparable_rows, sim_flags, table_rows
+from helpers import comparable_rows, interrupt_at, sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.results.rundir import claim_run_dir
@@ -112,25 +112,15 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ids=["sync-first-step", "sync-last-step", "april-first-step", "april-mid-run"],
 )
 def test_interrupt_then_resume_gives_the_rows_of_an_uninterrupted_run(
-    arm: str, step: int, uninterrupted: Path, tmp_path: Path, monkeypatch, capsys
+    arm: str, step: int, uninterrupted: Path, tmp_path: Path, capsys
 ) -> None:
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def interrupted_step(self: Any, s: int) -> None:
-        if self.arm.label == arm and s == step:
-            raise KeyboardInterrupt
-        await original(self, s)
-
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted_step)
-    assert main(["run", *SIM, "--strategies", "sync,april", "--out", str(out)]) == 130
+    with interrupt_at(step, arm):
+        assert main(["run", *SIM, "--strategies", "sync,april", "--out", str(out)]) == 130
     err = capsys.readouterr().err
     assert f"--resume {out}" in err and "Traceback" not in err
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "interrupted"
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     for table in ("requests", "samples", "steps", "events"):
         assert comparable_rows(out, table) == comparable_rows(uninterrupted, table), table
@@ -138,20 +128,11 @@ def test_interrupt_then_resume_gives_the_rows_of_an_uninterrupted_run(
 
 
 def test_resume_keeps_the_april_buffer_neither_dropped_nor_doubled(
-    uninterrupted: Path, tmp_path: Path, monkeypatch
+    uninterrupted: Path, tmp_path: Path
 ) -> None:
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def stop_at_april_step_2(self: Any, s: int) -> None:
-        if self.arm.label == "april" and s == 2:
-            raise KeyboardInterrupt
-        await original(self, s)
-
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment.ArmSession, "_step", stop_at_april_step_2)
-    assert main(["run", *SIM, "--strategies", "sync,april", "--out", str(out)]) == 130
+    with interrupt_at(2, "april"):
+        assert main(["run", *SIM, "--strategies", "sync,april", "--out", str(out)]) == 130
     saved = json.loads((out / "state" / "april-r0-s2.json").read_text())  # after 2 steps
     assert saved["completed_steps"] == 2 and saved["rollout"]["buffer"], "APRIL had partials to carry"
     versions = {
@@ -161,7 +142,6 @@ def test_resume_keeps_the_april_buffer_neither_dropped_nor_doubled(
         for seg in s["segments"]
     }
     assert versions <= {0, 1}  # partial tokens keep the version that produced them
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     fates = table_rows(out, "samples")
     per_prompt: dict[tuple[str, int, int], int] = {}

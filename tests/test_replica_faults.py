@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import flags, table_rows
+from helpers import flags, interrupt_at, table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -169,14 +169,9 @@ def test_bad_fault_options_are_one_line_errors() -> None:
 
 
 @pytest.mark.slow  # three chaos runs (about 10 s); resume itself is covered by the fast tier
-def test_a_resumed_chaos_run_does_not_kill_again_at_the_same_token_count(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_resumed_chaos_run_does_not_kill_again_at_the_same_token_count(tmp_path: Path) -> None:
     """The schedule's progress is checkpointed: a run interrupted after its faults fired and resumed
     fires exactly the faults of an uninterrupted run (none twice)."""
-    from typing import Any
-
-    from april_bench import experiment
 
     argv = [*RUN, *_args(replicas=3, chaos_seed=1, chaos_faults=2, chaos_window_tokens=60000)]
     whole = tmp_path / "whole"
@@ -184,17 +179,9 @@ def test_a_resumed_chaos_run_does_not_kill_again_at_the_same_token_count(
     fired = [e for e in _faults(whole) if e["kind"] == "fault_injected"]
     assert fired and all(int(str(e["step"])) < 2 for e in fired)  # both before the interruption
 
-    original = experiment.ArmSession._step
-
-    async def interrupted_step(self: Any, s: int) -> None:
-        if self.arm.label == "april" and s == 2:
-            raise KeyboardInterrupt
-        await original(self, s)
-
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted_step)
-    assert main([*argv, "--out", str(out)]) == 130
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
+    with interrupt_at(2, "april"):
+        assert main([*argv, "--out", str(out)]) == 130
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     _check_nothing_lost(out)
     assert [e for e in _faults(out) if e["kind"] == "fault_injected"] == fired

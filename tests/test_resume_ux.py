@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sim_flags
+from helpers import interrupt_at, sim_flags
 
 from april_bench.cli import main
 
@@ -22,16 +22,10 @@ def test_resume_shows_saved_steps_and_a_running_status(
 ) -> None:
     from april_bench import experiment
 
-    original = experiment.ArmSession._step
-
-    async def interrupted(self: Any, s: int) -> None:
-        if self.arm.label == "april" and s == 1:
-            raise KeyboardInterrupt
-        await original(self, s)
-
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted)
-    assert main(["run", *SIM, "--no-progress", "--out", str(out)]) == 130
+    with interrupt_at(1, "april"):
+        assert main(["run", *SIM, "--no-progress", "--out", str(out)]) == 130
+    original = experiment.ArmSession._step
     assert json.loads((out / "status.json").read_text())["message"] == "stopped by SIGINT"
     seen: list[dict[str, Any]] = []
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import comparable_rows, sim_flags, table_rows
+from helpers import comparable_rows, embedded_flags, interrupt_at, one_error, sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -35,17 +35,10 @@ SIM = sim_flags()
 ARMS = ["--strategies", "sync,april"]
 
 
-def _one_error(err: str) -> str:
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    return errors[0]
-
-
 def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> str:
     capsys.readouterr()
     assert main(argv) == 2
-    line = _one_error(capsys.readouterr().err)
+    line = one_error(capsys.readouterr().err)
     assert message in line, line
     return line
 
@@ -64,21 +57,9 @@ def complete_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sync done (3 steps), april interrupted after 1 of 3 steps."""
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def stop(self: Any, s: int) -> None:
-        if self.arm.label == "april" and s == 1:
-            raise KeyboardInterrupt
-        await original(self, s)
-
     out = tmp_path_factory.mktemp("interrupted") / "run"
-    experiment.ArmSession._step = stop  # type: ignore[method-assign]
-    try:
+    with interrupt_at(1, "april"):
         assert main(["run", *SIM, *ARMS, "--out", str(out)]) == 130
-    finally:
-        experiment.ArmSession._step = original  # type: ignore[method-assign]
     assert _state(out) == "interrupted"
     return out
 
@@ -186,7 +167,7 @@ def test_two_processes_started_together_leave_one_run(tmp_path: Path) -> None:
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     err = next(e for code, e in results if code == 2)
-    assert "in use by" in _one_error(err) or "already holds files" in _one_error(err)
+    assert "in use by" in one_error(err) or "already holds files" in one_error(err)
     steps = table_rows(out, "steps")
     assert len(steps) == len({(s["arm"], s["step"]) for s in steps}) == 3 * 3  # 3 default arms, 3 steps
 
@@ -274,7 +255,7 @@ def test_a_full_disk_ends_the_run_as_interrupted_with_the_resume_line(tmp_path: 
         argv, capture_output=True, text=True, env=_env(), preexec_fn=small_files, timeout=600
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    line = _one_error(proc.stderr)
+    line = one_error(proc.stderr)
     assert "File too large" in line and f"--resume {out}" in line
     assert _state(out) == "interrupted"
     done = subprocess.run(
@@ -811,25 +792,20 @@ def test_attaching_to_a_server_with_open_dev_routes_warns(capsys) -> None:
 def test_a_copied_embedded_run_resumes_from_its_own_trainer_state(tmp_path: Path, monkeypatch) -> None:
     """A real trainer's state file: the copy's checkpoint names it relative to the copy, so the resume
     reads the copy's file (the original's is destroyed here and the resume still succeeds)."""
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def stop(self: Any, s: int) -> None:
-        if s == 1:
-            raise KeyboardInterrupt
-        await original(self, s)
-
-    tiny = [
-        "--strategies", "sync", "--steps", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--over-sampling-batch-size", "2", "--max-response-len", "32", "--warmstart-arg", "steps=5",
-        "--eval-every", "100", "--no-progress",
-    ]  # fmt: skip
+    tiny = embedded_flags(
+        strategies="sync",
+        steps=2,
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=2,
+        max_response_len=32,
+        warmstart_arg="steps=5",
+        eval_every=100,
+    )
     monkeypatch.setenv("APRIL_BENCH_CACHE", os.environ.get("APRIL_BENCH_CACHE", str(tmp_path / "cache")))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(experiment.ArmSession, "_step", stop)
-    assert main(["run", *tiny, "--out", "first"]) == 130
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
+    with interrupt_at(1):
+        assert main(["run", *tiny, "--out", "first"]) == 130
     saved = json.loads((tmp_path / "first" / "state" / "sync-r0-s1.json").read_text())
     assert saved["trainer_file"] == "state/sync-r0-s1.trainer.pt"  # relative to the run directory
     (tmp_path / "elsewhere").mkdir()
@@ -837,10 +813,7 @@ def test_a_copied_embedded_run_resumes_from_its_own_trainer_state(tmp_path: Path
     (tmp_path / "first" / "state" / "sync-r0-s1.trainer.pt").write_bytes(b"destroyed")
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["run", "--resume", "copy", "--no-progress"]) == 0
-    steps = [
-        json.loads(line)
-        for line in (tmp_path / "elsewhere" / "copy" / "steps.jsonl").read_text().splitlines()
-    ]
+    steps = table_rows(tmp_path / "elsewhere" / "copy", "steps")
     assert [s["step"] for s in steps] == [0, 1]
 
 

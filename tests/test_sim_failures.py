@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sim_flags, table_rows
+from helpers import interrupt_at, sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
@@ -196,20 +196,10 @@ def test_the_same_failure_plan_gives_the_same_run(runs: dict[str, Path]) -> None
         assert a == b, table
 
 
-def test_a_resumed_run_meets_the_same_failures(runs: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def interrupted_step(self: Any, s: int) -> None:
-        if self.arm.label == "april" and s == 2:
-            raise KeyboardInterrupt
-        await original(self, s)
-
+def test_a_resumed_run_meets_the_same_failures(runs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted_step)
-    assert main(["run", *SIM, *FAILURES, "--out", str(out)]) == 130
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
+    with interrupt_at(2, "april"):
+        assert main(["run", *SIM, *FAILURES, "--out", str(out)]) == 130
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
 
     def faults(run: Path) -> list[dict]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakes import fake_pynvml
-from helpers import flags, table_rows
+from helpers import flags, table_rows, tiny_sim_flags
 
 from april_bench.cli import main
 
@@ -73,21 +73,5 @@ def test_a_measured_run_records_telemetry_and_reports_gpu_time_per_arm(
 def test_telemetry_off_records_nothing_and_a_simulated_run_never_samples(tmp_path: Path) -> None:
     assert main([*RUN, "--telemetry", "off", "--out", str(tmp_path / "off")]) == 0
     assert (tmp_path / "off" / "telemetry.jsonl").read_text() == ""
-    sim = [
-        "run",
-        "--hw",
-        "h100",
-        "--steps",
-        "1",
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "2",
-        "--over-sampling-batch-size",
-        "4",
-        "--max-response-len",
-        "512",
-        "--no-progress",
-    ]
-    assert main([*sim, "--out", str(tmp_path / "sim")]) == 0
+    assert main(["run", *tiny_sim_flags(), "--out", str(tmp_path / "sim")]) == 0
     assert (tmp_path / "sim" / "telemetry.jsonl").read_text() == ""

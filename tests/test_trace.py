@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import table_rows
+from helpers import sim_flags, table_rows
 from trace_fixtures import Opaque, slime_dump, verl_dump
 
 from april_bench.cli import main
@@ -185,9 +185,10 @@ def test_trace_import_verl_writes_a_trace_whatif_can_read(
 
 def test_every_run_writes_its_finished_samples_as_its_trace(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    argv = ["run", "--hw", "h100", "--algo", "dapo", "--strategies", "sync,april", "--steps", "3"]
-    argv += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--max-response-len", "4096"]
-    assert main([*argv, "--no-progress", "--out", str(out)]) == 0
+    argv = sim_flags(
+        algo="dapo", strategies="sync,april", max_response_len=4096, over_sampling_batch_size=None
+    )
+    assert main(["run", *argv, "--out", str(out)]) == 0
     samples = table_rows(out, "samples")
     trace = table_rows(out, "trace")
     finished = [s for s in samples if s["status"] in ("completed", "truncated")]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sim_flags, table_rows
+from helpers import embedded_flags, sim_flags, table_rows
 
 from april_bench.cli import main
 from april_bench.trainers.protocol import TrainerLost
@@ -84,20 +84,20 @@ def test_a_killed_ray_trainer_actor_interrupts_the_run(
         return await original(self, batch, step=step, policy_version=policy_version)
 
     out = tmp_path / "run"
-    argv = ["run", "--trainer", "ray", "--trainer-arg", "num_cpus=0.25", "--strategies", "sync"]
-    argv += [
-        "--steps",
-        "3",
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "2",
-        "--eval-every",
-        "100",
-    ]
-    argv += ["--max-response-len", "16", "--warmstart-arg", "steps=5", "--task-arg", "max_n=30"]
+    argv = embedded_flags(
+        trainer="ray",
+        trainer_arg="num_cpus=0.25",
+        strategies="sync",
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=None,
+        eval_every=100,
+        max_response_len=16,
+        warmstart_arg="steps=5",
+        task_arg="max_n=30",
+    )
     monkeypatch.setattr(RayTrainer, "train", killed_at_step_1)
-    assert main([*argv, "--no-progress", "--out", str(out)]) == 75
+    assert main(["run", *argv, "--out", str(out)]) == 75
     _check_interrupted(out, capsys.readouterr().err)
     assert _steps(out) == [("sync", 0)]
     monkeypatch.setattr(RayTrainer, "train", original)

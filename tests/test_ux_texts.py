@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import table_rows
 
 from april_bench.cli import main
 from april_bench.results.compare import points
@@ -228,7 +229,7 @@ def test_every_run_writes_one_flat_result_file(tmp_path) -> None:
     )
     assert result["metadata"] == {"cluster": "a"} and result["gpus"] == 8  # one simulated H100 node
     summary = json.loads((run / "summary.json").read_text())["arms"]
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = table_rows(run, "steps")
     for arm, numbers in result["arms"].items():
         assert numbers["throughput_gain"] == summary[arm]["throughput_gain"]
         assert numbers["generated_tokens_per_gpu_per_s"] == summary[arm]["generated_tokens_per_s"] / 8

@@ -4,10 +4,9 @@ run resumes with the rows an uninterrupted one writes (the strategies' own state
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from helpers import comparable_rows, sim_flags
+from helpers import comparable_rows, interrupt_at, sim_flags
 
 from april_bench.cli import main
 from april_bench.results.store import check_run, load_run
@@ -54,22 +53,12 @@ def test_every_arm_conserves_prompts_and_tokens(uninterrupted: Path) -> None:
     ids=["tail-batching", "adaptive", "segment", "sagc", "consistent"],
 )
 def test_interrupt_then_resume_restores_the_strategy_and_its_buffer(
-    arm: str, step: int, uninterrupted: Path, tmp_path: Path, monkeypatch, capsys
+    arm: str, step: int, uninterrupted: Path, tmp_path: Path, capsys
 ) -> None:
-    from april_bench import experiment
-
-    original = experiment.ArmSession._step
-
-    async def interrupted_step(self: Any, s: int) -> None:
-        if self.arm.label == arm and s == step:
-            raise KeyboardInterrupt
-        await original(self, s)
-
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment.ArmSession, "_step", interrupted_step)
-    assert main(["run", *SIM, "--strategies", ARMS, "--out", str(out)]) == 130
+    with interrupt_at(step, arm):
+        assert main(["run", *SIM, "--strategies", ARMS, "--out", str(out)]) == 130
     capsys.readouterr()
-    monkeypatch.setattr(experiment.ArmSession, "_step", original)
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     for table in ("requests", "samples", "steps", "events"):
         assert comparable_rows(out, table) == comparable_rows(uninterrupted, table), table
