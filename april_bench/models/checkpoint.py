@@ -26,14 +26,16 @@ CHAT_TEMPLATE = (
 
 
 def make_tiny_checkpoint(path: str | Path, *, seed: int = 0) -> Path:
-    """Write a loadable checkpoint (config, weights, tokenizer) to ``path`` and return it."""
+    """Write a loadable checkpoint (config, weights, tokenizer) to ``path`` and return it (through
+    :func:`april_bench.fsio.replace_dir_atomic`, as every checkpoint: a reader never sees half of it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from april_bench.fsio import replace_dir_atomic
     from april_bench.models.zoo import build_model
 
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     chars = sorted(set(string.printable) - set("\x0b\x0c"))
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
@@ -44,13 +46,16 @@ def make_tiny_checkpoint(path: str | Path, *, seed: int = 0) -> Path:
         tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
     model = build_model("tiny", vocab_size=len(vocab), seed=seed)
     model.config.pad_token_id = vocab["<pad>"]
     model.config.bos_token_id = vocab["<s>"]
     model.config.eos_token_id = vocab["</s>"]
-    model.save_pretrained(path)
-    return path
+
+    def fill(directory: Path) -> None:
+        tokenizer.save_pretrained(directory)
+        model.save_pretrained(directory)
+
+    return replace_dir_atomic(path, fill)
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
