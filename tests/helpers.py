@@ -1,5 +1,6 @@
-"""Small builders shared by the tests: command-line flags for small runs, a run directory's rows, and
-a rollout loop over the fake engine."""
+"""Small builders shared by the tests: command-line flags for small runs, a run directory's rows, a
+run interrupted before a given step, a rollout loop over the fake engine, and the one-line-error
+checks."""
 
 from __future__ import annotations
 
