@@ -260,7 +260,11 @@ ONLY = [
     (("april_bench.data",), FACTS, "data sets import only the facts"),
     (("april_bench.graders",), (*FACTS, "april_bench.data"), "graders import only data/ and the facts"),
     (PROTOCOLS, FACTS, "the protocols import only the facts and one another"),
-    (("april_bench.models",), FACTS, "models import only the facts"),
+    (
+        ("april_bench.models",),
+        (*FACTS, "april_bench.fsio"),
+        "models import only the facts and fsio (atomic writes)",
+    ),
     (("april_bench.algorithms",), FACTS, "algorithms import only the facts"),
     (("april_bench.telemetry",), FACTS, "telemetry imports only the facts"),
     (("april_bench.trace",), (*FACTS, *HELPERS), "the trace format imports only the facts and helpers"),
