@@ -7,8 +7,10 @@ The CLI (``run``, ``ablate``) and a Python user call the same functions::
 
 :func:`run_into` claims ``out`` (refusing to mix runs), writes ``config.json`` and
 ``provenance.json``, streams the rows as the run goes, and on SIGINT/SIGTERM
-stops cleanly with ``status.json`` saying where :func:`resume` continues.
-Nothing here prints tables: the CLI renders :attr:`RunOutcome.stored`.
+stops cleanly with ``status.json`` saying where :func:`resume` continues.  One
+:class:`ClaimedRun` holds each run directory's life, for ``run``, ``--resume``,
+``ablate``, ``whatif`` and ``simcheck`` alike.  Nothing here prints tables: the
+CLI prints the ``table.md`` the run wrote (:func:`april_bench.results.store.run_report`).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ if TYPE_CHECKING:
     from april_bench.experiment_config import ExperimentConfig
     from april_bench.results.recorder import RunRecorder
     from april_bench.results.resume import RunStatus
-    from april_bench.results.store import RunDirectory
+    from april_bench.results.store import RunDirectory, RunWriter
+    from april_bench.results.trackers import TrackerSet
 
 __all__ = [
+    "ClaimedRun",
     "RunOutcome",
     "check_reference_run",
     "execute",
@@ -138,32 +142,19 @@ def run_into(
     """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it, holding
     its lock throughout.  ``metadata``: labels merged into provenance and summary (``--metadata``);
     ``trackers``: the ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
-    from april_bench.results.lock import RunLock
-    from april_bench.results.reference import check_reference_output
-    from april_bench.results.rundir import default_run_name, start_run_dir
-    from april_bench.results.trackers import check_trackers
-
     components = components or prepare(config, progress=progress)
-    check_reference_output(out, allow_dirty=allow_dirty)
-    check_trackers((trackers or {}).get("names", ()))  # a tracker whose library is missing: before the claim
-    name = default_run_name(config.hardware, config.algorithm, config.dataset)
-    lock = RunLock()  # taken by the claim and held for the whole run: a second process is refused
-    try:
-        status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock)
-        outcome = execute(
-            config,
-            components,
-            status.path.parent,
-            status,
-            progress=progress,
-            echo=echo,
-            metadata=metadata,
-            trackers=trackers,
-        )
-        # the library and the CLI write the same directory: a paper row's other readings too
-        return dataclasses.replace(outcome, readings=other_readings(outcome))
-    finally:
-        lock.release()
+    with ClaimedRun.claim(
+        config,
+        components,
+        out,
+        overwrite=overwrite,
+        allow_dirty=allow_dirty,
+        progress=progress,
+        echo=echo,
+        metadata=metadata,
+        trackers=trackers,
+    ) as claimed:
+        return claimed.execute(readings=True)
 
 
 def resume(
@@ -172,38 +163,10 @@ def resume(
     """Continue an interrupted run from its checkpoints, with the run's own configuration.  The run's
     lock is held throughout (a second resume is refused), and every file the resume reads is checked
     before the status says ``running``."""
-    from april_bench.config import ConfigError
-    from april_bench.results.lock import RunLock
-    from april_bench.results.resume import RunStatus, read_rows_for_resume
-    from april_bench.results.rundir import remove_stale_scratch
-    from april_bench.results.validate_files import check_resumable
-
-    out = Path(out).expanduser()
-    if not out.is_dir():
-        raise ConfigError(f"--resume {out}: no such run directory")
-    check_reference_run(out, allow_dirty=allow_dirty)
-    with RunLock(out):
-        status = RunStatus.load(out)
-        if status.state == "complete":
-            raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
-        config = stored_config(out)
-        rewound = status.rewind()  # back to each session's last checkpoint with the trainer's state
-        check_resumable(out, status)
-        remove_stale_scratch(out)  # a killed run's weights hand-over directory
-        components = prepare(config, progress=progress)
-        kept = read_rows_for_resume(out, status, config.steps)
-        if echo is not None:
-            echo(f"resuming {out}: {resume_line(status, config)}")
-            for key, (done, keep) in rewound.items():
-                echo(
-                    f"session {key} completed {done} step(s) but its trainer state was saved after {keep} "
-                    f"(--checkpoint-every {config.checkpoint_every}): its last {done - keep} step(s) run "
-                    "again"
-                )
-        status.state, status.message = "running", ""  # the interrupt's message is history now
-        status.save()
-        outcome = execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
-        return dataclasses.replace(outcome, readings=other_readings(outcome))
+    with ClaimedRun.reopen(
+        Path(out).expanduser(), progress=progress, echo=echo, allow_dirty=allow_dirty
+    ) as claimed:
+        return claimed.execute(readings=True)
 
 
 def stored_config(out: Path) -> ExperimentConfig:
@@ -270,72 +233,207 @@ def check_reference_run(out: Path | None, *, allow_dirty: bool) -> None:
     check_reference_output(out, allow_dirty=allow_dirty)
 
 
-def execute(
-    config: ExperimentConfig,
-    components: Components,
-    out: Path,
-    status: RunStatus,
-    *,
-    progress: bool,
-    echo: Echo | None = _stderr,
-    kept: dict[str, list[dict[str, Any]]] | None = None,
-    metadata: dict[str, Any] | None = None,
-    trackers: dict[str, Any] | None = None,
-) -> RunOutcome:
-    """Run (or continue) the validated experiment into the claimed ``out``, streaming rows; stop cleanly
-    on SIGINT/SIGTERM."""
-    from april_bench.config_files import write_config_file
-    from april_bench.experiment import run as run_sessions
-    from april_bench.results.provenance import collect_provenance, thread_choice
-    from april_bench.results.recorder import SMALL_TABLES, RunRecorder
-    from april_bench.results.store import RunWriter, write_json_atomic
-    from april_bench.results.trackers import open_trackers
-    from april_bench.results.validate_files import read_provenance, resumed_provenance, write_failed
+class ClaimedRun:
+    """One run directory's life, held by one object from the claim to the tables: the claim and its
+    lock (:meth:`claim`, or :meth:`reopen` for ``--resume``), the ``--logger`` trackers (checked once,
+    before the claim), the provenance (collected once; completed at the end), the recorder and its
+    writer, SIGINT/SIGTERM, the status and the outcome, and the tables (rendered once, into
+    ``table.md``: the screen prints that file)."""
 
-    simulated = components.engine_spec.simulated
-    provenance_path = out / "provenance.json"
-    if kept is None or not provenance_path.exists():
-        write_config_file(out / "config.yaml", config)  # `run --config DIR/config.yaml` repeats the run
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        components: Components,
+        status: RunStatus,
+        *,
+        progress: bool,
+        echo: Echo | None = _stderr,
+        kept: dict[str, list[dict[str, Any]]] | None = None,
+        metadata: dict[str, Any] | None = None,
+        trackers: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.components = components
+        self.status = status
+        self.out = status.path.parent
+        self.progress = progress
+        self.echo = echo
+        #: A resumed run's rows already on disk (:func:`april_bench.results.resume.read_rows_for_resume`).
+        self.kept = kept
+        self.metadata = metadata
+        self.trackers = trackers
+        #: The provenance as written: the start's block, or a resumed run's read back.
+        self.provenance: dict[str, Any] | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def claim(
+        cls,
+        config: ExperimentConfig,
+        components: Components,
+        out: Path | None,
+        *,
+        overwrite: bool = False,
+        allow_dirty: bool = False,
+        progress: bool = True,
+        echo: Echo | None = None,
+        metadata: dict[str, Any] | None = None,
+        trackers: dict[str, Any] | None = None,
+        name: str | None = None,
+        kind: str = "run",
+        lock: bool = True,
+    ) -> Iterator[ClaimedRun]:
+        """Claim ``out`` (``None``: a fresh directory ``runs/<name>``) for a new run of the validated
+        ``config``, holding its lock until the block ends (``lock=False``: a directory inside one the
+        caller holds).  A tracker whose library is missing is refused before the claim."""
+        from april_bench.results.lock import RunLock
+        from april_bench.results.rundir import default_run_name, start_run_dir
+        from april_bench.results.trackers import check_trackers
+
+        check_reference_run(out, allow_dirty=allow_dirty)
+        check_trackers((trackers or {}).get("names", ()))
+        name = name or default_run_name(config.hardware, config.algorithm, config.dataset)
+        held = RunLock() if lock else None  # taken by the claim: a second process is refused
+        try:
+            status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=held, kind=kind)
+            yield cls(
+                config,
+                components,
+                status,
+                progress=progress,
+                echo=echo,
+                metadata=metadata,
+                trackers=trackers,
+            )
+        finally:
+            if held is not None:
+                held.release()
+
+    @classmethod
+    @contextlib.contextmanager
+    def reopen(
+        cls, out: Path, *, progress: bool = True, echo: Echo | None = _stderr, allow_dirty: bool = False
+    ) -> Iterator[ClaimedRun]:
+        """An interrupted run directory, locked, checked and rewound to its checkpoints (``--resume``)."""
+        from april_bench.config import ConfigError
+        from april_bench.results.lock import RunLock
+        from april_bench.results.resume import RunStatus, read_rows_for_resume
+        from april_bench.results.rundir import remove_stale_scratch
+        from april_bench.results.validate_files import check_resumable
+
+        if not out.is_dir():
+            raise ConfigError(f"--resume {out}: no such run directory")
+        check_reference_run(out, allow_dirty=allow_dirty)
+        with RunLock(out):
+            status = RunStatus.load(out)
+            if status.state == "complete":
+                raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
+            config = stored_config(out)
+            rewound = status.rewind()  # back to each session's last checkpoint with the trainer's state
+            check_resumable(out, status)
+            remove_stale_scratch(out)  # a killed run's weights hand-over directory
+            components = prepare(config, progress=progress)
+            kept = read_rows_for_resume(out, status, config.steps)
+            if echo is not None:
+                echo(f"resuming {out}: {resume_line(status, config)}")
+                for key, (done, keep) in rewound.items():
+                    echo(
+                        f"session {key} completed {done} step(s) but its trainer state was saved after "
+                        f"{keep} (--checkpoint-every {config.checkpoint_every}): its last {done - keep} "
+                        "step(s) run again"
+                    )
+            status.state, status.message = "running", ""  # the interrupt's message is history now
+            status.save()
+            yield cls(config, components, status, progress=progress, echo=echo, kept=kept)
+
+    def execute(self, *, readings: bool = False) -> RunOutcome:
+        """Run (or continue) the experiment into the claimed directory, streaming rows; stop cleanly on
+        SIGINT/SIGTERM.  ``readings``: a completed paper row also gets its other readings
+        (:func:`other_readings`)."""
+        import april_bench.experiment as experiment
+
+        self._start_provenance()
+        recorder, run_writer, writer = self._open_recorder()
+        received: list[str] = []
+        try:
+            with signals_as_interrupts(received):
+                result = experiment.run(
+                    self.config,
+                    progress=self.progress,
+                    echo=self.echo,
+                    recorder=recorder,
+                    components=self.components,
+                    status=self.status,
+                )
+        except BaseException as exc:
+            writer.close()  # the trackers (never raises)
+            with contextlib.suppress(OSError):  # a full disk fails the last flush too
+                run_writer.close()
+            return self._stopped(exc, received)
+        outcome = self._finish(result, recorder, run_writer, writer)
+        if readings:  # the library and the CLI write the same directory: a paper row's other readings too
+            outcome = dataclasses.replace(outcome, readings=other_readings(outcome))
+        return outcome
+
+    def _start_provenance(self) -> None:
+        """``config.json``, ``config.yaml`` and the start's provenance, collected once; a resumed run's
+        provenance is read back and records the resume."""
+        from april_bench.config_files import write_config_file
+        from april_bench.results.provenance import collect_provenance
+        from april_bench.results.store import write_json_atomic
+        from april_bench.results.validate_files import read_provenance, resumed_provenance
+
+        path = self.out / "provenance.json"
+        if self.kept is not None and path.exists():
+            self.provenance = resumed_provenance(read_provenance(path), self.out)
+            return
+        components = self.components
+        write_config_file(self.out / "config.yaml", self.config)  # `run --config DIR/config.yaml` repeats it
         provenance = collect_provenance(
-            simulated=simulated,
+            simulated=components.engine_spec.simulated,
             engine=components.engine_name,
             notes=components.notes,
-            metadata=metadata,
-            out=out,
+            metadata=self.metadata,
+            out=self.out,
         )
         if components.task.forced_lengths is not None:  # --length-oracle: what the lengths were drawn from
             provenance["forced_lengths"] = components.task.forced_lengths
-        write_json_atomic(out / "config.json", config.to_dict())
-        write_json_atomic(provenance_path, provenance)
-    else:
-        provenance = resumed_provenance(read_provenance(provenance_path), out)
-    run_writer = RunWriter(out)  # the record of truth
-    writer = open_trackers(  # the run directory's writer, and the --logger trackers beside it
-        **(trackers or {"names": ()}),
-        inner=run_writer,
-        out=out,
-        config=config.to_dict(),
-        provenance=provenance,
-    )
-    # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not grow
-    # with its steps); a real-time run keeps them for the GPU telemetry summary, which needs every table
-    recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if components.virtual_time else None)
-    if kept:
-        recorder.preload(kept)
-        run_writer.count_existing(kept)
-    status.counter = run_writer.counts  # each checkpoint records the rows it covers
-    received: list[str] = []
-    try:
-        with signals_as_interrupts(received):
-            result = run_sessions(
-                config, progress=progress, echo=echo, recorder=recorder, components=components, status=status
-            )
-    except BaseException as exc:
-        writer.close()  # the trackers (never raises)
-        with contextlib.suppress(OSError):  # a full disk fails the last flush too
-            run_writer.close()
+        write_json_atomic(self.out / "config.json", self.config.to_dict())
+        self.provenance = provenance
+        write_json_atomic(path, provenance)
+
+    def _open_recorder(self) -> tuple[RunRecorder, RunWriter, TrackerSet]:
+        """The recorder, the run directory's row writer (the record of truth) and the trackers beside it."""
+        from april_bench.results.recorder import SMALL_TABLES, RunRecorder
+        from april_bench.results.store import RunWriter
+        from april_bench.results.trackers import open_trackers
+
+        run_writer = RunWriter(self.out)
+        writer = open_trackers(
+            **(self.trackers or {"names": ()}),
+            inner=run_writer,
+            out=self.out,
+            config=self.config.to_dict(),
+            provenance=self.provenance or {},
+        )
+        # a virtual-time run's requests, samples and trace rows stay on disk only (its memory does not
+        # grow with its steps); a real-time run keeps them for the GPU telemetry summary, which needs
+        # every table
+        recorder = RunRecorder(sink=writer, keep=SMALL_TABLES if self.components.virtual_time else None)
+        if self.kept:
+            recorder.preload(self.kept)
+            run_writer.count_existing(self.kept)
+        self.status.counter = run_writer.counts  # each checkpoint records the rows it covers
+        return recorder, run_writer, writer
+
+    def _stopped(self, exc: BaseException, received: list[str]) -> RunOutcome:
+        """The run raised ``exc``: interrupted (a signal, a lost engine or trainer), stopped by a failed
+        write, or failed (re-raised); ``status.json`` says which."""
+        from april_bench.results.validate_files import write_failed
+
+        status, echo = self.status, self.echo
         if write_failed(exc):  # full disk, file-size limit: what was checkpointed is safe
-            _stopped_by_write_error(exc, out, status)
+            _stopped_by_write_error(exc, self.out, status)
         # A signal raised inside the event loop's machinery can surface as another error (for example
         # a virtual-time deadlock once the task it interrupted is gone): the run was still interrupted.
         # An engine with no replica left cannot go on, but every completed step is saved: interrupted.
@@ -344,7 +442,7 @@ def execute(
         if not isinstance(exc, KeyboardInterrupt) and not received and not lost:
             status.state, status.message = "failed", f"{type(exc).__name__}: {exc}"
             status.save()
-            raise
+            raise exc
         gone = TRAINER_LOST if isinstance(exc, TrainerLost) else ENGINE_LOST
         by = received[0] if received else gone if lost else "SIGINT"
         if lost and echo is not None:
@@ -354,44 +452,63 @@ def execute(
         if echo is not None:
             done = sum(status.completed.values())
             echo(
-                f"interrupted: {done} step(s) are saved in {out}; continue with "
-                f"`{_prog()} run --resume {out}`"
+                f"interrupted: {done} step(s) are saved in {self.out}; continue with "
+                f"`{_prog()} run --resume {self.out}`"
             )
-        return RunOutcome(out=out, interrupted_by=by)
-    provenance = collect_provenance(
-        simulated=result.simulated,
-        engine=result.engine,
-        engine_version=result.engine_version,
-        engine_dtype=result.engine_dtype,
-        notes=result.notes,
-        started=provenance,
-        torch_threads=thread_choice(config.engine_args, config.trainer_args),
-    )
-    if result.placement:
-        provenance["placement"] = result.placement
-    try:
-        write_json_atomic(provenance_path, provenance)
-        summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
-        stored = run_writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
-        status.state = "complete"
-        status.save()
-    except OSError as exc:
+        return RunOutcome(out=self.out, interrupted_by=by)
+
+    def _finish(
+        self, result: RunResult, recorder: RunRecorder, run_writer: RunWriter, writer: TrackerSet
+    ) -> RunOutcome:
+        """The completed run: its provenance completed, its summary and tables written, its status
+        ``complete``; the trackers get the summary the run directory got."""
+        from april_bench.results.provenance import completed_provenance, thread_choice
+        from april_bench.results.store import write_json_atomic
+
+        config = self.config
+        provenance = completed_provenance(
+            self.provenance or {},
+            simulated=result.simulated,
+            engine_version=result.engine_version,
+            engine_dtype=result.engine_dtype,
+            notes=result.notes,
+            torch_threads=thread_choice(config.engine_args, config.trainer_args),
+        )
+        if result.placement:
+            provenance["placement"] = result.placement
+        try:
+            write_json_atomic(self.out / "provenance.json", provenance)
+            summary = recorder.summary(baseline=config.baseline, block_steps=config.block_steps)
+            stored = run_writer.finish(config.to_dict(), provenance, recorder.tables, summary=summary)
+            self.status.state = "complete"
+            self.status.save()
+        except OSError as exc:
+            writer.close()
+            _stopped_by_write_error(exc, self.out, self.status)
+        writer.finish(summary)
         writer.close()
-        _stopped_by_write_error(exc, out, status)
-    writer.finish(summary)  # the trackers get the summary the run directory got
-    writer.close()
-    return RunOutcome(out=out, result=result, stored=stored)
+        return RunOutcome(out=self.out, result=result, stored=stored)
 
 
-def execute_grid(
+def execute(
     config: ExperimentConfig,
     components: Components,
     status: RunStatus,
     *,
     progress: bool,
     echo: Echo | None = _stderr,
+    kept: dict[str, list[dict[str, Any]]] | None = None,
+) -> RunOutcome:
+    """Run (or continue) the validated experiment into ``status``'s claimed directory
+    (:meth:`ClaimedRun.execute`)."""
+    claimed = ClaimedRun(config, components, status, progress=progress, echo=echo, kept=kept)
+    return claimed.execute()
+
+
+def execute_grid(
+    claimed: ClaimedRun,
 ) -> tuple[RunOutcome, ExperimentConfig, dict[str, str]]:
-    """Run a grid of arms (``ablate``, ``whatif``) into ``status``'s claimed directory so that one arm the
+    """Run a grid of arms (``ablate``, ``whatif``) into ``claimed``'s directory so that one arm the
     workload cannot fill never stops the grid.  An arm whose step cannot gather its groups
     (:class:`~april_bench.rollout.loop.RolloutStalled`) is left out with its reason: its rows and
     progress are dropped, and the run continues without it from the other sessions' checkpoints, as
@@ -401,13 +518,13 @@ def execute_grid(
     from april_bench.results.resume import read_rows_for_resume, session_key
     from april_bench.rollout.loop import RolloutStalled
 
-    out = status.path.parent
+    status, echo = claimed.status, claimed.echo
     left_out: dict[str, str] = {}
-    kept: dict[str, list[dict[str, Any]]] | None = None
     while True:
         try:
-            outcome = execute(config, components, out, status, progress=progress, echo=echo, kept=kept)
+            outcome = claimed.execute()
         except RolloutStalled as exc:
+            config = claimed.config
             arms = [a.label for a in config.arms]
             baseline = config.baseline or ("sync" if "sync" in arms else arms[0])
             if exc.arm is None or exc.arm == baseline or len(arms) <= 1:
@@ -415,21 +532,21 @@ def execute_grid(
             left_out[exc.arm] = exc.reason
             if echo is not None:
                 echo(f"arm {exc.arm} cannot run here ({exc.reason}); the other arms go on without it")
-            config = config.replace(strategies=tuple(a for a in arms if a != exc.arm))
-            components = prepare(config, progress=progress)
+            config = claimed.config = config.replace(strategies=tuple(a for a in arms if a != exc.arm))
+            claimed.components = prepare(config, progress=claimed.progress)
             for repeat in range(config.repeats):  # the stalled arm's progress and rows are dropped
                 key = session_key(exc.arm, repeat)
                 status.completed.pop(key, None)
                 status.rows.pop(key, None)
                 if key in status.finished:
                     status.finished.remove(key)
-            kept = read_rows_for_resume(out, status, config.steps)
+            claimed.kept = read_rows_for_resume(claimed.out, status, config.steps)
             status.state, status.message = "running", ""
             status.save()
             # written again for the arms that run (not a resumed run: one run that left an arm out)
-            (out / "provenance.json").unlink(missing_ok=True)
+            (claimed.out / "provenance.json").unlink(missing_ok=True)
             continue
-        return outcome, config, left_out
+        return outcome, claimed.config, left_out
 
 
 def other_readings(outcome: RunOutcome) -> str | None:

@@ -239,8 +239,6 @@ def run_whatif(
     ``whatif.md`` and, with matplotlib, ``whatif.png``).  An interruption is saved, then re-raised as
     ``KeyboardInterrupt``."""
     from april_bench import runner
-    from april_bench.results.lock import RunLock
-    from april_bench.results.rundir import start_run_dir
     from april_bench.rollout.loop import RolloutStalled
 
     trace = read_trace(trace_path, arm=setup.arm)
@@ -251,14 +249,19 @@ def run_whatif(
     if any(arm.strategy == "segment" for arm in arms):
         config, arms, components, cannot_run = _workable_segment(trace, setup, config, components, echo)
     name = f"whatif-{trace.path.stem if trace.arm is None else trace.path.parent.name}-{config.hardware}"
-    runner.check_reference_run(out, allow_dirty=allow_dirty)
-    lock = RunLock()  # one process per run directory while the replay runs
-    try:
-        status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=lock, kind="whatif")
+    with runner.ClaimedRun.claim(  # one process per run directory while the replay runs
+        config,
+        components,
+        out,
+        name=name,
+        kind="whatif",
+        overwrite=overwrite,
+        allow_dirty=allow_dirty,
+        progress=progress,
+        echo=echo,
+    ) as claimed:
         try:
-            outcome, config, stalled = runner.execute_grid(
-                config, components, status, progress=progress, echo=echo
-            )
+            outcome, config, stalled = runner.execute_grid(claimed)
         except RolloutStalled as exc:  # the baseline itself: say it in whatif's words and flags
             raise ConfigError(
                 f"the baseline arm {exc.arm} cannot replay this trace: {exc.reason}. "
@@ -268,8 +271,6 @@ def run_whatif(
                     else "Replay fewer --steps, or another trace"
                 )
             ) from None
-    finally:
-        lock.release()
     if outcome.stored is None:
         stopped = outcome.interrupted_by
         raise KeyboardInterrupt(f"stopped by {stopped}; the replay in {outcome.out} is cut short")

@@ -100,9 +100,8 @@ def test_an_arm_that_stalls_mid_run_is_left_out_and_the_others_are_not_run_again
     config = config_from_args(build_parser().parse_args(argv))
     status = start_run_dir(tmp_path / "r", default_name="r")
     said: list[str] = []
-    outcome, ran, left_out = runner.execute_grid(
-        config, runner.prepare(config), status, progress=False, echo=said.append
-    )
+    claimed = runner.ClaimedRun(config, runner.prepare(config), status, progress=False, echo=said.append)
+    outcome, ran, left_out = runner.execute_grid(claimed)
     assert list(left_out) == ["segment[segment_len=16]"]
     reason = left_out["segment[segment_len=16]"]
     # no group rejected (the filter never saw one): the reason says what happened, the command advises

@@ -306,7 +306,6 @@ def _run_modes(
     then goes on without it: ``runner.execute_grid``) is a row that says why, never the end of it."""
     from april_bench import runner
     from april_bench.cli.commands import print_outcome
-    from april_bench.results.rundir import start_run_dir
     from april_bench.results.store import load_run
 
     rows: list[dict[str, Any]] = []
@@ -322,8 +321,18 @@ def _run_modes(
             prepared = (
                 components[mode] if components is not None else runner.prepare(config, progress=progress)
             )
-            status = start_run_dir(run_dir, default_name=mode, overwrite=resume)
-            outcome, _, stalled = runner.execute_grid(config, prepared, status, progress=progress, echo=_echo)
+            with runner.ClaimedRun.claim(
+                config,
+                prepared,
+                run_dir,
+                name=mode,
+                overwrite=resume,
+                allow_dirty=True,  # checked once, for the whole ablation directory
+                lock=False,  # a mode's directory inside the ablation's
+                progress=progress,
+                echo=_echo,
+            ) as claimed:
+                outcome, _, stalled = runner.execute_grid(claimed)
         elif state != "complete":
             outcome = runner.resume(run_dir, progress=progress, echo=_echo, allow_dirty=allow_dirty)
         if outcome is not None:

@@ -22,6 +22,7 @@ __all__ = [
     "APPEND_ONLY_LOGS",
     "SIMCHECK_LOG",
     "collect_provenance",
+    "completed_provenance",
     "cpu_facts",
     "git_info",
     "loaded_packages",
@@ -271,33 +272,11 @@ def collect_provenance(
     simulated: bool,
     engine: str,
     notes: list[str] | None = None,
-    engine_version: str | None = None,
-    started: dict[str, Any] | None = None,
-    engine_dtype: str | None = None,
     metadata: dict[str, Any] | None = None,
-    torch_threads: dict[str, Any] | None = None,
     out: Path | None = None,
 ) -> dict[str, Any]:
-    """The provenance block of a run.  Called at the start of a run and again at its end with
-    ``started`` (the first block): the machine's load average is then recorded at both ends.
-    ``engine_dtype`` is what the engine computed in (the engine-trainer log-prob gap depends on it);
-    ``torch_threads``: :func:`thread_choice` of the run.  ``out`` (the run
-    directory) is left out of the checkout's dirty check."""
-    if started is not None:
-        done = dict(started)
-        done["result_kind"] = "simulated" if simulated else "measured"
-        done["engine_version"] = engine_version
-        done["engine_dtype"] = engine_dtype
-        done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        done["machine"] = {
-            **started["machine"],
-            "load_average_end": _load_average(),
-            "torch_cpu_capability": torch_cpu_capability(),
-        }
-        done["notes"] = notes or []
-        done["packages_loaded"] = loaded_packages()
-        done["torch_threads"] = torch_threads  # the engine's and trainer's (april_bench.threads)
-        return done
+    """The provenance block of a run, collected once at its start (:func:`completed_provenance` adds
+    what only its end knows).  ``out`` (the run directory) is left out of the checkout's dirty check."""
     from april_bench.results.schema import SCHEMA_VERSION
 
     accel = detect_accelerators()
@@ -305,8 +284,8 @@ def collect_provenance(
         "schema_version": SCHEMA_VERSION,
         "result_kind": "simulated" if simulated else "measured",
         "engine": engine,
-        "engine_version": engine_version,
-        "engine_dtype": engine_dtype,
+        "engine_version": None,
+        "engine_dtype": None,
         "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git": git_info(exclude=out),
         "versions": _versions(),
@@ -327,6 +306,35 @@ def collect_provenance(
         "metadata": dict(metadata or {}),
         "notes": notes or [],
     }
+
+
+def completed_provenance(
+    started: Mapping[str, Any],
+    *,
+    simulated: bool,
+    engine_version: str | None,
+    engine_dtype: str | None,
+    notes: list[str],
+    torch_threads: dict[str, Any],
+) -> dict[str, Any]:
+    """``started`` (:func:`collect_provenance`'s block, or a resumed run's) with what only the run's end
+    knows: nothing is collected again but the machine's load (recorded at both ends), the end time
+    and the packages the run loaded.  ``engine_dtype`` is what the engine computed in (the
+    engine-trainer log-prob gap depends on it); ``torch_threads``: :func:`thread_choice` of the run."""
+    done = dict(started)
+    done["result_kind"] = "simulated" if simulated else "measured"
+    done["engine_version"] = engine_version
+    done["engine_dtype"] = engine_dtype
+    done["utc_end"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    done["machine"] = {
+        **started["machine"],
+        "load_average_end": _load_average(),
+        "torch_cpu_capability": torch_cpu_capability(),
+    }
+    done["notes"] = notes
+    done["packages_loaded"] = loaded_packages()
+    done["torch_threads"] = torch_threads  # the engine's and trainer's (april_bench.threads)
+    return done
 
 
 def thread_choice(engine_args: Mapping[str, Any], trainer_args: Mapping[str, Any]) -> dict[str, Any]:

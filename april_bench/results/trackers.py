@@ -368,8 +368,8 @@ def open_trackers(
     project: str = "april-bench",
     offline: bool = False,
 ) -> TrackerSet:
-    """Start every tracker in ``names`` (checked with :func:`check_trackers`) around ``inner``."""
-    check_trackers(names)
+    """Start every tracker in ``names`` around ``inner``; the names were checked once, with
+    :func:`check_trackers`, before the run directory was claimed."""
     options = TrackerOptions(out=out, run_name=out.name, project=project, offline=offline)
     from april_bench.redact import redact
 
