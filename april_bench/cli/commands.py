@@ -26,48 +26,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     line when it completed (the exit code says how it ended)."""
     from april_bench import runner
     from april_bench.cli.args import check_resume_flags, config_from_args
-    from april_bench.results.store import run_report
 
     if args.resume is not None:
         out = Path(args.resume).expanduser()
         check_resume_flags(args, lambda: runner.stored_config(out))  # a resume runs with its own config
-        outcome = runner.resume(
-            out,
-            progress=not args.no_progress,
-            echo=_echo,
-            allow_dirty=args.allow_dirty,
-        )
+        outcome = runner.resume(out, progress=not args.no_progress, echo=_echo, allow_dirty=args.allow_dirty)
     else:
-        config = config_from_args(args)
         outcome = runner.run_into(
-            config,
+            config_from_args(args),
             args.out,
             overwrite=args.overwrite,
             allow_dirty=args.allow_dirty,
             progress=not args.no_progress,
             echo=_echo,
             metadata=dict(args.metadata),
-            # the runner refuses a tracker whose library is missing before it claims the directory
-            trackers={
-                "names": args.logger or (),
-                "project": args.logger_project,
-                "offline": args.logger_offline,
-            },
+            trackers=_trackers(args),  # checked by the runner before it claims the directory
         )
-    if outcome.stored is not None:
-        print(run_report(outcome.stored, outcome.out, extra=outcome.readings))
-    return outcome.exit_code
+    return print_outcome(outcome)
 
 
 def _trackers(args: argparse.Namespace) -> dict[str, Any]:
-    from april_bench.results.trackers import check_trackers
-
-    check_trackers(args.logger or ())
+    """The ``--logger`` options of ``run`` and ``validate``."""
     return {"names": args.logger or (), "project": args.logger_project, "offline": args.logger_offline}
 
 
 def print_outcome(outcome: RunOutcome) -> int:
-    """A completed run's tables, its directory and a one-line JSON summary; the exit code."""
+    """A completed run's tables (its ``table.md``), its directory and a one-line JSON summary; the exit
+    code."""
     from april_bench.results.store import run_report
 
     if outcome.stored is not None:
@@ -79,9 +64,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Build the configuration and check every component without running anything (no warm start, no GPU)."""
     from april_bench import runner
     from april_bench.cli.args import config_from_args
+    from april_bench.results.trackers import check_trackers
 
     config = config_from_args(args)
-    _trackers(args)
+    check_trackers(_trackers(args)["names"])
     components = runner.prepare(config)
     for note in components.notes:
         print(note)

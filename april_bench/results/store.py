@@ -433,9 +433,10 @@ def _status(path: Path) -> str | None:
         return None
 
 
-def run_report(stored: RunDirectory, out: Path, extra: str | None = None) -> str:
-    """What ``run`` prints when a run completes: its tables (and ``extra``, a section written beside
-    them, such as the row's other readings), its directory and a one-line JSON summary."""
+def run_report(stored: RunDirectory, out: Path) -> str:
+    """What ``run`` prints when a run completes: the ``table.md`` it wrote (rendered once, with any
+    section added beside the tables, such as the row's other readings), its directory and a one-line
+    JSON summary."""
     summary = stored.summary()
     final: dict[str, Any] = {
         "result_kind": stored.provenance["result_kind"],
@@ -443,9 +444,7 @@ def run_report(stored: RunDirectory, out: Path, extra: str | None = None) -> str
         "baseline": next(iter(summary.values()), {}).get("baseline"),
         "throughput_gain": {arm: m["throughput_gain"] for arm, m in summary.items()},
     }
-    tables = render_tables(stored.config, summary, stored.simulated)
-    if extra:
-        tables += f"\n\n{extra}"
+    tables = (stored.path / "table.md").read_text().removesuffix("\n")
     figures = f"figures: python -m april_bench plot {out}  (writes {out / 'figures'})"
     return "\n".join((tables, f"\nrun directory: {out}", figures, json.dumps(final)))
 
