@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from april_bench.backends import Components
     from april_bench.experiment import RunResult
     from april_bench.experiment_config import ExperimentConfig
+    from april_bench.results.lock import RunLock
     from april_bench.results.recorder import RunRecorder
     from april_bench.results.resume import RunStatus
     from april_bench.results.store import RunDirectory, RunWriter
@@ -143,7 +144,7 @@ def run_into(
     its lock throughout.  ``metadata``: labels merged into provenance and summary (``--metadata``);
     ``trackers``: the ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
     components = components or prepare(config, progress=progress)
-    with ClaimedRun.claim(
+    claimed = ClaimedRun.claim(
         config,
         components,
         out,
@@ -153,7 +154,8 @@ def run_into(
         echo=echo,
         metadata=metadata,
         trackers=trackers,
-    ) as claimed:
+    )
+    with claimed:  # its lock is held until the run ends
         return claimed.execute(readings=True)
 
 
@@ -163,9 +165,8 @@ def resume(
     """Continue an interrupted run from its checkpoints, with the run's own configuration.  The run's
     lock is held throughout (a second resume is refused), and every file the resume reads is checked
     before the status says ``running``."""
-    with ClaimedRun.reopen(
-        Path(out).expanduser(), progress=progress, echo=echo, allow_dirty=allow_dirty
-    ) as claimed:
+    claimed = ClaimedRun.reopen(Path(out).expanduser(), progress=progress, echo=echo, allow_dirty=allow_dirty)
+    with claimed:  # its lock is held until the run ends
         return claimed.execute(readings=True)
 
 
@@ -251,6 +252,7 @@ class ClaimedRun:
         kept: dict[str, list[dict[str, Any]]] | None = None,
         metadata: dict[str, Any] | None = None,
         trackers: dict[str, Any] | None = None,
+        lock: RunLock | None = None,
     ) -> None:
         self.config = config
         self.components = components
@@ -264,9 +266,17 @@ class ClaimedRun:
         self.trackers = trackers
         #: The provenance as written: the start's block, or a resumed run's read back.
         self.provenance: dict[str, Any] | None = None
+        #: The directory's lock, held from the claim until the ``with`` block ends.
+        self.lock = lock
+
+    def __enter__(self) -> ClaimedRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     @classmethod
-    @contextlib.contextmanager
     def claim(
         cls,
         config: ExperimentConfig,
@@ -282,10 +292,11 @@ class ClaimedRun:
         name: str | None = None,
         kind: str = "run",
         lock: bool = True,
-    ) -> Iterator[ClaimedRun]:
+    ) -> ClaimedRun:
         """Claim ``out`` (``None``: a fresh directory ``runs/<name>``) for a new run of the validated
-        ``config``, holding its lock until the block ends (``lock=False``: a directory inside one the
-        caller holds).  A tracker whose library is missing is refused before the claim."""
+        ``config``, holding its lock until the ``with`` block on the result ends (``lock=False``: a
+        directory inside one the caller holds).  A tracker whose library is missing is refused before
+        the claim."""
         from april_bench.results.lock import RunLock
         from april_bench.results.rundir import default_run_name, start_run_dir
         from april_bench.results.trackers import check_trackers
@@ -296,25 +307,27 @@ class ClaimedRun:
         held = RunLock() if lock else None  # taken by the claim: a second process is refused
         try:
             status = start_run_dir(out, default_name=name, overwrite=overwrite, lock=held, kind=kind)
-            yield cls(
-                config,
-                components,
-                status,
-                progress=progress,
-                echo=echo,
-                metadata=metadata,
-                trackers=trackers,
-            )
-        finally:
+        except BaseException:
             if held is not None:
                 held.release()
+            raise
+        return cls(
+            config,
+            components,
+            status,
+            progress=progress,
+            echo=echo,
+            metadata=metadata,
+            trackers=trackers,
+            lock=held,
+        )
 
     @classmethod
-    @contextlib.contextmanager
     def reopen(
         cls, out: Path, *, progress: bool = True, echo: Echo | None = _stderr, allow_dirty: bool = False
-    ) -> Iterator[ClaimedRun]:
-        """An interrupted run directory, locked, checked and rewound to its checkpoints (``--resume``)."""
+    ) -> ClaimedRun:
+        """An interrupted run directory, locked (until the ``with`` block on the result ends), checked and
+        rewound to its checkpoints (``--resume``)."""
         from april_bench.config import ConfigError
         from april_bench.results.lock import RunLock
         from april_bench.results.resume import RunStatus, read_rows_for_resume
@@ -324,7 +337,8 @@ class ClaimedRun:
         if not out.is_dir():
             raise ConfigError(f"--resume {out}: no such run directory")
         check_reference_run(out, allow_dirty=allow_dirty)
-        with RunLock(out):
+        lock = RunLock(out).acquire()
+        try:
             status = RunStatus.load(out)
             if status.state == "complete":
                 raise ConfigError(f"{out} is already complete; `report {out}` shows its tables")
@@ -344,7 +358,10 @@ class ClaimedRun:
                     )
             status.state, status.message = "running", ""  # the interrupt's message is history now
             status.save()
-            yield cls(config, components, status, progress=progress, echo=echo, kept=kept)
+        except BaseException:
+            lock.release()
+            raise
+        return cls(config, components, status, progress=progress, echo=echo, kept=kept, lock=lock)
 
     def execute(self, *, readings: bool = False) -> RunOutcome:
         """Run (or continue) the experiment into the claimed directory, streaming rows; stop cleanly on
