@@ -74,3 +74,21 @@ def test_the_library_run_refuses_a_run_directory_that_holds_a_run(tmp_path: Path
     (tmp_path / "mine" / "steps.jsonl").write_text("")  # no status or provenance: not a run's
     with pytest.raises(ConfigError, match="did not write"):
         april_bench.run(ExperimentConfig(engine="sim", steps=1), out=tmp_path / "mine", progress=False)
+
+
+def test_the_screen_prints_the_table_md_the_run_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tables are rendered once, into table.md; `run` prints that file, then the directory and JSON."""
+    from helpers import sim_flags
+
+    out = tmp_path / "run"
+    assert main(["run", *sim_flags(), "--strategies", "sync,april", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = (out / "table.md").read_text()
+    assert table.startswith("## Results: SIMULATED")
+    assert printed.startswith(table.removesuffix("\n") + "\n\nrun directory: ")
+    (out / "table.md").write_text("## Results: edited\n")  # the report is the file, not a second rendering
+    from april_bench.results.store import load_run, run_report
+
+    assert run_report(load_run(out), out).startswith("## Results: edited\n\nrun directory: ")
