@@ -358,3 +358,15 @@ def test_an_embedded_run_resumed_from_its_last_trainer_state_has_an_uninterrupte
     assert "session april#0 completed 3 step(s) but its trainer state was saved after 2" in resumed.stderr
     for table in TIME_COLUMNS:
         assert _untimed(tmp_path / "run", table) == _untimed(tmp_path / "full", table), table
+
+
+def test_a_trainer_class_patched_then_restored_is_stateless_again() -> None:
+    # isinstance against the runtime protocol would keep ABCMeta's cached "yes" after the patch is
+    # undone, and every later run in the process would treat the simulated trainer as stateful.
+    from april_bench.trainers.protocol import has_state
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SimTrainer, "save_state", lambda self, path: None, raising=False)
+        patch.setattr(SimTrainer, "load_state", lambda self, path: None, raising=False)
+        assert has_state(SimTrainer.__new__(SimTrainer))
+    assert not has_state(SimTrainer.__new__(SimTrainer))

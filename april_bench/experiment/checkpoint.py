@@ -26,7 +26,7 @@ from april_bench.results.store import write_json_atomic
 from april_bench.results.validate_files import load_trainer_state, read_checkpoint, save_trainer_state
 from april_bench.results.validate_files import trainer_file as stored_trainer_file
 from april_bench.rollout.loop import RolloutLoop
-from april_bench.trainers.protocol import Trainer, TrainerState
+from april_bench.trainers.protocol import Trainer, TrainerState, has_state
 
 __all__ = ["add_trainer_state", "load", "restore", "save"]
 
@@ -51,9 +51,9 @@ def save(
     was written (the checkpoint :func:`add_trainer_state` completes at an interruption)."""
     path = state_path(status.path.parent, arm, repeat, done)
     path.parent.mkdir(parents=True, exist_ok=True)
-    stateful_trainer = isinstance(trainer, TrainerState)
+    stateful_trainer = has_state(trainer)
     trainer_file = None
-    if full and isinstance(trainer, TrainerState):
+    if full and has_state(trainer):
         trainer_file = _save_trainer(trainer, path)
     saved = {
         "completed_steps": done,
@@ -128,8 +128,8 @@ async def restore(
     """Put trainer, engine, rollout loop and strategy back to ``saved``; the completed steps.  The
     trainer's state file is the one inside ``run_dir`` (a moved or copied run resumes from its own)."""
     done = int(saved["completed_steps"])
-    if saved["trainer_file"] and isinstance(trainer, TrainerState):
-        load_trainer_state(stored_trainer_file(run_dir, saved["trainer_file"]), trainer.load_state)
+    if saved["trainer_file"] and has_state(state := trainer):
+        load_trainer_state(stored_trainer_file(run_dir, saved["trainer_file"]), state.load_state)
         await sync.push(trainer, engine, done)  # before the clock restarts
     if saved["engine"] is not None and (stateful := STATE.of(engine)):
         stateful.restore_state(saved["engine"])

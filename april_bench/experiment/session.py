@@ -25,7 +25,7 @@ from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
 from april_bench.rollout.loop import RolloutLoop, RolloutStalled
 from april_bench.strategies import ArmSpec, build_strategy
-from april_bench.trainers.protocol import ClosableTrainer, Trainer, TrainerState
+from april_bench.trainers.protocol import ClosableTrainer, Trainer, has_state
 from april_bench.vtime import VirtualTimeLoop
 
 __all__ = ["ArmSession", "Bars"]
@@ -506,7 +506,7 @@ class ArmSession:
         saved, status, trainer = self._saved, self.status, self._trainer
         if status is None or saved is None or not self._trainer_at_saved:
             return
-        if not isinstance(trainer, TrainerState):
+        if not has_state(trainer):
             return
         key = f"{self.arm.label}#{self.repeat}"
         if saved["completed_steps"] != status.completed.get(key) or status.full_steps(key) >= self._done:

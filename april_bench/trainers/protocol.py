@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from april_bench.types import Group
 
-__all__ = ["CheckpointWriter", "ClosableTrainer", "TrainResult", "Trainer", "TrainerLost", "TrainerState"]
+__all__ = [
+    "CheckpointWriter",
+    "ClosableTrainer",
+    "TrainResult",
+    "Trainer",
+    "TrainerLost",
+    "TrainerState",
+    "has_state",
+]
 
 
 class TrainerLost(RuntimeError):
@@ -55,6 +63,13 @@ class TrainerState(Protocol):
     def load_state(self, path: str) -> None:
         """Continue from :meth:`save_state`."""
         ...
+
+
+def has_state(trainer: object) -> TypeGuard[TrainerState]:
+    """Whether ``trainer`` has :class:`TrainerState`'s methods *now*.  Not ``isinstance``: a runtime
+    protocol's check goes through ``ABCMeta``, which caches a class's first positive answer, so a class
+    that gains or loses the methods later (a test's patch, a wrapper) would keep the stale answer."""
+    return all(callable(getattr(trainer, name, None)) for name in ("save_state", "load_state"))
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from typing import Any
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
 from april_bench.registry import Spec
-from april_bench.trainers.protocol import TrainerLost, TrainerState, TrainResult
+from april_bench.trainers.protocol import TrainerLost, TrainResult, has_state
 from april_bench.types import Group
 
 __all__ = ["RayTrainer", "TrainerActor", "build_ray", "check_ray"]
@@ -112,12 +112,12 @@ class TrainerActor:
         return self.trainer.weights()
 
     def save_state(self, path: str) -> None:
-        if not isinstance(self.trainer, TrainerState):
+        if not has_state(self.trainer):
             raise TypeError("this trainer keeps no state")
         self.trainer.save_state(path)
 
     def load_state(self, path: str) -> None:
-        if not isinstance(self.trainer, TrainerState):
+        if not has_state(self.trainer):
             raise TypeError("this trainer keeps no state")
         self.trainer.load_state(path)
 
