@@ -1,13 +1,15 @@
 """``fsdp``: the torch trainer, data-parallel over ``world_size`` processes with FSDP2.
 
-Each rank is a spawned process holding a ``fully_shard``-ed copy of the policy (every decoder layer
-its own FSDP group, then the root), its own AdamW over its parameter shards, and the same loss as
+Each rank is a spawned process (or, under ``--trainer ray``, a Ray actor on any node:
+:mod:`.ray_ranks`) holding a ``fully_shard``-ed copy of the policy (every decoder layer its own FSDP
+group, then the root), its own AdamW over its parameter shards, and the same loss as
 :class:`~april_bench.trainers.torch_trainer.TorchTrainer`: every rank builds the batch's rows (cheap),
 computes a disjoint share of each mini-batch (rows ``rank::world_size``), and weights its loss by
 ``world_size * its loss denominator / the mini-batch's`` so that FSDP's averaged gradients are the
 one-process gradients of the whole mini-batch (``algorithms.losses.loss_denominator``).
 
-The driver (this process, where the rollout runs) talks to the ranks over pipes (:mod:`.ranks`).
+The driver (this process, where the rollout runs) talks to the ranks over pipes or Ray calls
+(:mod:`.ranks`).
 After a step the engine gets the weights gathered to rank 0 as a full CPU state dict (``weights()``,
 the in-process WeightSync); resumable state is the full model and optimizer state dicts in one file.
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ import torch
 from april_bench.config import ConfigError, Configurable, param
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import Handler, run_rank, start_ranks
+from april_bench.trainers.ranks import Handler, Launcher, RankRecipe, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -83,19 +84,24 @@ class FSDPTrainer(Configurable):
             shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in own}
             return TorchTrainer.Config(**shared)
 
-    def __init__(self, config: Config, *, model: PolicySpec) -> None:
+    def __init__(self, config: Config, *, model: PolicySpec, launcher: Launcher | None = None) -> None:
         self.config = config
         self._ranks = start_ranks(
-            _rank_main,
+            RankRecipe(functools.partial(_build_rank, config, model)),
             config,
-            model,
             name="fsdp",
             needs=f"--trainer-arg world_size={config.world_size} needs that many GPUs",
+            launcher=launcher,
         )
+
+    @property
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each rank runs (Ray actors: their node ids; local processes: nothing to say)."""
+        return self._ranks.placement
 
     # ------------------------------------------------------------ trainer protocol
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
-        replies = self._call("train", list(batch), step, policy_version)
+        replies = await self._ranks.acall("train", list(batch), step, policy_version)
         metrics: dict[str, float] = replies[0]
         return TrainResult(metrics=metrics)
 
@@ -185,33 +191,20 @@ def _shard(module: torch.nn.Module, mesh: Any, reshard_after_forward: bool) -> N
     fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
-def _rank_main(
-    rank: int,
-    config: FSDPTrainer.Config,
-    device: str,
-    backend: str,
-    address: str,
-    model: PolicySpec,
-    pipe: Connection,
-) -> None:
-    """A rank's life (:func:`~april_bench.trainers.ranks.run_rank`): join the group, shard the policy,
-    then serve the driver's commands."""
-    build = functools.partial(_build_rank, rank, config, device, model)
-    run_rank(rank, config.world_size, device, backend, address, pipe, lambda: _handler(build(), rank))
-
-
-def _build_rank(rank: int, config: FSDPTrainer.Config, device: str, model: PolicySpec) -> _RankTrainer:
+def _build_rank(config: FSDPTrainer.Config, model: PolicySpec, rank: int, device: str, index: int) -> Handler:
+    """A rank (the :class:`~april_bench.trainers.ranks.RankRecipe`), in the joined group: shard the
+    policy on GPU ``index`` (or the CPU), then serve the driver's commands."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from april_bench.models.zoo import build_model
 
     module = build_model(model.name, vocab_size=model.vocab_size, seed=model.seed)
     module.load_state_dict(model.weights)
-    module.to(torch.device(device, rank) if device == "cuda" else torch.device(device))
+    module.to(torch.device(device, index) if device == "cuda" else torch.device(device))
     mesh = init_device_mesh(device, (config.world_size,))
     _shard(module, mesh, config.reshard_after_forward)
     torch_config = config.torch_config().replace(device=device)
-    return _RankTrainer(torch_config, module=module, rank=rank, world=config.world_size)
+    return _handler(_RankTrainer(torch_config, module=module, rank=rank, world=config.world_size), rank)
 
 
 def _handler(trainer: _RankTrainer, rank: int) -> Handler:

@@ -1,11 +1,12 @@
 """``megatron``: the torch trainer's loss and optimizer on a megatron-core ``GPTModel``, over ``tp`` ranks.
 
-Each rank is a spawned process (:mod:`.ranks`) that joins a process group (gloo on CPU, nccl on
-CUDA), sets up megatron-core's model-parallel groups (``parallel_state.initialize_model_parallel``),
-builds a ``GPTModel`` from the policy's Hugging Face config with the local layer spec
-(``get_gpt_layer_local_spec``: pure megatron-core modules, no Transformer Engine or Apex), and loads
-its tensor-parallel shard of the starting weights through the layout mapping (:mod:`.megatron`:
-Hugging Face names to megatron-core's, QKV and gate/up fused, then split by rank).
+Each rank is a spawned process, or under ``--trainer ray`` a Ray actor on any node (:mod:`.ranks`),
+that joins a process group (gloo on CPU, nccl on CUDA), sets up megatron-core's model-parallel
+groups (``parallel_state.initialize_model_parallel``), builds a ``GPTModel`` from the policy's
+Hugging Face config with the local layer spec (``get_gpt_layer_local_spec``: pure megatron-core
+modules, no Transformer Engine or Apex), and loads its tensor-parallel shard of the starting weights
+through the layout mapping (:mod:`.megatron`: Hugging Face names to megatron-core's, QKV and gate/up
+fused, then split by rank).
 
 Training is :class:`~april_bench.trainers.torch_trainer.TorchTrainer`'s, unchanged: the same rows,
 advantages, recomputed old log-probs, policy loss (grpo/dapo/gspo, :mod:`april_bench.algorithms.losses`),
@@ -38,9 +39,9 @@ dropout 0 there is no random state to fork.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from april_bench.trainers.fsdp import PolicySpec
 from april_bench.trainers.logprobs import logits_token_logprobs
 from april_bench.trainers.megatron import MegatronLayout, ModelShape, hf_to_mcore, mcore_to_hf, shard, unshard
 from april_bench.trainers.protocol import TrainResult
-from april_bench.trainers.ranks import Handler, run_rank, start_ranks
+from april_bench.trainers.ranks import Handler, Launcher, RankRecipe, start_ranks
 from april_bench.trainers.torch_trainer import TorchTrainer, _Rows
 from april_bench.types import Group
 
@@ -103,7 +104,7 @@ class MegatronTrainer(Configurable):
             shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in own}
             return TorchTrainer.Config(**shared)
 
-    def __init__(self, config: Config, *, model: PolicySpec) -> None:
+    def __init__(self, config: Config, *, model: PolicySpec, launcher: Launcher | None = None) -> None:
         self.config = config
         self.model_spec = model
         hf = policy_config(model)
@@ -112,16 +113,26 @@ class MegatronTrainer(Configurable):
         self.shape = padded_shape(ModelShape.of(hf), config.tp)
         self.layout.check(self.shape)
         self._ranks = start_ranks(
-            _rank_main,
+            # megatron's own groups are destroyed before the process group
+            RankRecipe(
+                functools.partial(_build_rank, config, model),
+                scope=_megatron_device,
+                leave=_destroy_model_parallel,
+            ),
             config,
-            model,
             name="megatron",
             needs=f"--trainer-arg tp={config.tp} pp={config.pp} needs {config.world_size} GPUs",
+            launcher=launcher,
         )
+
+    @property
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each rank runs (Ray actors: their node ids; local processes: nothing to say)."""
+        return self._ranks.placement
 
     # ------------------------------------------------------------ trainer protocol
     async def train(self, batch: Sequence[Group], *, step: int, policy_version: int) -> TrainResult:
-        replies = self._ranks.call("train", list(batch), step, policy_version)
+        replies = await self._ranks.acall("train", list(batch), step, policy_version)
         metrics: dict[str, float] = replies[0]
         return TrainResult(metrics=metrics)
 
@@ -331,35 +342,6 @@ def _megatron_device(device: str) -> Iterator[None]:
         yield
 
 
-def _rank_main(
-    rank: int,
-    config: MegatronTrainer.Config,
-    device: str,
-    backend: str,
-    address: str,
-    model: PolicySpec,
-    pipe: Connection,
-) -> None:
-    """A rank's life (:func:`~april_bench.trainers.ranks.run_rank`): join the groups, build and load its
-    shard, then serve the driver's commands; megatron's own groups are destroyed before the process
-    group."""
-
-    def build() -> Handler:
-        return _handler(*_build_rank(config, device, model), rank)
-
-    run_rank(
-        rank,
-        config.world_size,
-        device,
-        backend,
-        address,
-        pipe,
-        build,
-        scope=lambda: _megatron_device(device),
-        leave=_destroy_model_parallel,
-    )
-
-
 def _destroy_model_parallel() -> None:
     from megatron.core import parallel_state
 
@@ -367,8 +349,10 @@ def _destroy_model_parallel() -> None:
 
 
 def _build_rank(
-    config: MegatronTrainer.Config, device: str, model: PolicySpec
-) -> tuple[_McoreRank, tuple[int, int]]:
+    config: MegatronTrainer.Config, model: PolicySpec, rank: int, device: str, index: int
+) -> Handler:
+    """A rank (the :class:`~april_bench.trainers.ranks.RankRecipe`), in the joined group: set up
+    megatron's groups, build and load its shard, then serve the driver's commands."""
     from megatron.core import parallel_state, tensor_parallel
 
     parallel_state.initialize_model_parallel(
@@ -389,7 +373,7 @@ def _build_rank(
     full = hf_to_mcore(pad_vocab(model.weights, shape.vocab), shape, spec="local")
     _load_shard(module, shard(full, shape, layout)[where])
     torch_config = config.torch_config().replace(device=device)
-    return _McoreRank(torch_config, module=module, vocab=int(hf.vocab_size)), where
+    return _handler(_McoreRank(torch_config, module=module, vocab=int(hf.vocab_size)), where, rank)
 
 
 def _load_shard(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

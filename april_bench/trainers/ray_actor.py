@@ -1,4 +1,10 @@
-"""``--trainer ray``: any registered trainer (``torch``, ``fsdp``, ``megatron``) inside a Ray actor.
+"""``--trainer ray``: any registered trainer (``torch``, ``fsdp``, ``megatron``) on a Ray cluster.
+
+``fsdp`` and ``megatron`` run one Ray actor per rank (``ranks=actors``, the default): the trainer's
+driver side stays here and its ranks are placed by a placement group across the cluster's nodes
+(``placement``: SPREAD, STRICT_SPREAD, PACK, STRICT_PACK), ``num_cpus`` / ``num_gpus`` each, with
+``torch.distributed`` initialised from rank 0's node (:mod:`.ray_ranks`).  ``ranks=processes``, and
+the one-process ``torch`` trainer, run the whole trainer inside one actor:
 
 The actor builds the inner trainer with the run's :class:`TrainerSettings` (their starting weights
 evaluated once here, so they pickle), reserving ``num_cpus`` / ``num_gpus`` on whichever node Ray
@@ -34,14 +40,41 @@ class RayTrainer(Configurable):
     class Config(BaseConfig):
         trainer: str = param("torch", help="the trainer the actor runs: torch, fsdp or megatron")
         address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
-        num_cpus: float = param(0.5, help="CPUs the trainer actor reserves (each arm has its own trainer)")
-        num_gpus: float = param(0.0, help="GPUs the trainer actor reserves (fsdp: world_size, megatron: tp)")
+        num_cpus: float = param(
+            0.5,
+            help="CPUs the trainer actor reserves, or each rank actor (ranks=actors; each arm has its own)",
+        )
+        num_gpus: float = param(
+            0.0,
+            help="GPUs the trainer actor reserves (ranks=processes: fsdp world_size, megatron tp), "
+            "or each rank actor (ranks=actors: 1 on GPUs)",
+        )
+        ranks: str = param(
+            "actors",
+            help="fsdp/megatron: actors (one Ray actor per rank, placed across nodes) or processes "
+            "(one actor spawning every rank on its node)",
+        )
+        placement: str = param(
+            "SPREAD",
+            help="ranks=actors: placement-group strategy, PACK, SPREAD, STRICT_PACK or STRICT_SPREAD",
+        )
         placement_timeout_s: float = param(600.0, help="seconds to wait for the actor to be placed and built")
         trainer_args: Mapping[str, Any] = param(help="the inner trainer's options", default_factory=dict)
 
         def __post_init__(self) -> None:
             if self.trainer in ("ray", "sim", "auto"):
                 raise ConfigError("--trainer-arg trainer must name a real trainer: torch, fsdp or megatron")
+            if self.ranks not in ("actors", "processes"):
+                raise ConfigError(f"--trainer-arg ranks must be actors or processes, got {self.ranks!r}")
+            if self.placement not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+                raise ConfigError(
+                    "--trainer-arg placement must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD"
+                )
+
+        @property
+        def rank_actors(self) -> bool:
+            """True when each rank is its own actor (a multi-rank trainer with ``ranks=actors``)."""
+            return self.ranks == "actors" and self.trainer in ("fsdp", "megatron")
 
     def __init__(self, config: Config, *, inner: Spec, settings: Any) -> None:
         import ray
@@ -158,12 +191,36 @@ def check_ray(settings: Any, args: Mapping[str, Any], *, parts: Sequence[Spec]) 
     return config
 
 
-def build_ray(settings: Any, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> RayTrainer:
+def build_ray(settings: Any, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> Any:
     config = check_ray(settings, args, parts=parts)
+    if config.rank_actors:
+        return _rank_actors(config, _inner(config, parts), settings)
     start = settings.initial_weights() if settings.initial_weights is not None else None
     portable = dataclasses.replace(settings, initial_weights=None if start is None else _Value(start))
     trainer: RayTrainer = config.build(inner=_inner(config, parts), settings=portable)
     return trainer
+
+
+def _rank_actors(config: RayTrainer.Config, inner: Spec, settings: Any) -> Any:
+    """The fsdp or megatron trainer driven from here, each rank a Ray actor (:mod:`.ray_ranks`)."""
+    import ray
+
+    from april_bench.trainers.fsdp import PolicySpec
+    from april_bench.trainers.ray_ranks import RayRanks
+    from april_bench.trainers.start import starting_module
+
+    if not ray.is_initialized():
+        ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
+    module = starting_module(settings)  # the ranks start where the one-process trainer would
+    model = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
+    launcher = RayRanks(
+        num_cpus=config.num_cpus,
+        num_gpus=config.num_gpus,
+        placement=config.placement,
+        timeout_s=config.placement_timeout_s,
+    )
+    assert inner.checker is not None  # fsdp's and megatron's checkers return their Config
+    return inner.load(inner.checker)(settings, config.trainer_args).build(model=model, launcher=launcher)
 
 
 @dataclass(frozen=True, slots=True)

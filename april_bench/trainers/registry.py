@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from april_bench.config import ConfigError
 from april_bench.registry import Registry, Spec
 from april_bench.trainers.protocol import Trainer
+from april_bench.trainers.start import starting_module
 
 __all__ = ["TRAINERS", "TrainerSettings", "TrainerSpec", "resolve_trainer"]
 
@@ -104,7 +105,8 @@ TRAINERS.register(
         checker="april_bench.trainers.ray_actor:check_ray",
         parts=(TRAINERS.get("torch"), TRAINERS.get("fsdp"), TRAINERS.get("megatron")),
     ),
-    "a torch or fsdp trainer in a Ray actor, placed on any node of the cluster (trainer=torch|fsdp)",
+    "a trainer on a Ray cluster: torch in one actor; fsdp or megatron with one actor per rank, placed "
+    "across nodes (trainer=torch|fsdp|megatron)",
 )
 TRAINERS.register(
     "sim",
@@ -132,19 +134,8 @@ def resolve_trainer(requested: str, *, engine: str, produces_tokens: bool) -> Tr
     return spec
 
 
-def _starting_module(settings: TrainerSettings) -> Any:
-    """The seeded model with the task's starting weights loaded (what every torch trainer starts from)."""
-    from april_bench.models.zoo import build_model
-
-    module = build_model(settings.model, vocab_size=settings.vocab_size, seed=settings.seed)
-    start = settings.initial_weights() if settings.initial_weights is not None else None
-    if start is not None:
-        module.load_state_dict(start)
-    return module
-
-
 def build_torch(config: Any, settings: TrainerSettings) -> Trainer:
-    trainer: Trainer = config.build(module=_starting_module(settings))
+    trainer: Trainer = config.build(module=starting_module(settings))
     return trainer
 
 
@@ -153,7 +144,7 @@ def build_ranks(config: Any, settings: TrainerSettings) -> Trainer:
     would, from the seeded model's state."""
     from april_bench.trainers.fsdp import PolicySpec
 
-    module = _starting_module(settings)
+    module = starting_module(settings)
     spec = PolicySpec(settings.model, settings.vocab_size, settings.seed, module.state_dict())
     trainer: Trainer = config.build(model=spec)
     return trainer

@@ -1,0 +1,100 @@
+"""Trainer ranks as Ray actors across nodes: a local Ray cluster of simulated nodes on one machine
+(``ray.cluster_utils.Cluster``, as test_ray_multinode.py), one rank actor per node (STRICT_SPREAD),
+gloo between them, and the same update as the one-process torch trainer."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from test_fsdp_trainer import VOCAB, _module, _run, _start
+
+from april_bench.config import ConfigError
+from april_bench.trainers.fsdp import FSDPTrainer, PolicySpec
+from april_bench.trainers.torch_trainer import TorchTrainer
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[list[str]]:
+    """Two worker nodes of one CPU each beside a head node with none: the worker nodes' ids."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield [node.node_id for node in nodes]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _moved(state: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(state[k].cpu() - start[k]).flatten() for k in start])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_two_fsdp_rank_actors_on_two_nodes_match_the_one_process_trainer(
+    two_nodes: list[str], tmp_path: Path
+) -> None:
+    from april_bench.trainers.ray_ranks import RayRanks
+
+    start = _start()
+    single = TorchTrainer.Config(device="cpu", algorithm="grpo").build(module=_module(start))
+    expected = _run(single, steps=2)
+    launcher = RayRanks(num_cpus=1, placement="STRICT_SPREAD", timeout_s=300)
+    fsdp = FSDPTrainer.Config(device="cpu", world_size=2, algorithm="grpo").build(
+        model=PolicySpec("tiny", VOCAB, 3, start), launcher=launcher
+    )
+    try:
+        # one rank per worker node, by node id (the head node has no CPU to place one on)
+        assert [p["rank"] for p in fsdp.placement] == [0, 1]
+        assert sorted(p["node_id"] for p in fsdp.placement) == sorted(two_nodes)
+        got = _run(fsdp, steps=2)
+        weights = fsdp.weights()
+    finally:
+        fsdp.close()
+    for want, have in zip(expected, got, strict=True):
+        for key in ("loss", "pg_loss", "grad_norm", "entropy"):
+            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    # the same update (compared as updates, as in test_fsdp_trainer.py: AdamW's float noise)
+    moved, theirs = _moved(single.model.state_dict(), start), _moved(weights, start)
+    assert moved.norm() > 1e-4
+    assert (theirs - moved).norm() / moved.norm() < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_rank_actor_that_fails_to_build_reports_its_traceback_and_frees_its_bundles(
+    two_nodes: list[str],
+) -> None:
+    import ray
+
+    from april_bench.trainers.ray_ranks import RayRanks
+
+    before = ray.available_resources().get("CPU", 0)
+    launcher = RayRanks(num_cpus=1, placement="STRICT_SPREAD", timeout_s=300)
+    config = FSDPTrainer.Config(device="cpu", world_size=2)
+    with pytest.raises(RuntimeError, match=r"(?s)fsdp rank failed:.*no-such-model"):
+        config.build(model=PolicySpec("no-such-model", VOCAB, 3, _start()), launcher=launcher)
+    assert ray.available_resources().get("CPU", 0) == before  # the placement group is gone
+
+
+def test_rank_actor_options_are_checked() -> None:
+    from april_bench.trainers.ray_actor import RayTrainer
+
+    with pytest.raises(ConfigError, match="ranks must be actors or processes"):
+        RayTrainer.Config(trainer="fsdp", ranks="threads")
+    with pytest.raises(ConfigError, match="placement must be"):
+        RayTrainer.Config(trainer="fsdp", placement="EVERYWHERE")
+    assert RayTrainer.Config(trainer="fsdp").rank_actors
+    assert not RayTrainer.Config(trainer="torch").rank_actors
+    assert not RayTrainer.Config(trainer="megatron", ranks="processes").rank_actors
