@@ -5,28 +5,32 @@ gloo between them, and the same update as the one-process torch trainer."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import table_rows
 from test_fsdp_trainer import VOCAB, _module, _run, _start
 
+from april_bench.cli import main
 from april_bench.config import ConfigError
+from april_bench.results.store import check_run, load_run
 from april_bench.trainers.fsdp import FSDPTrainer, PolicySpec
 from april_bench.trainers.torch_trainer import TorchTrainer
 
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[list[str]]:
-    """Two worker nodes of one CPU each beside a head node with none: the worker nodes' ids."""
+    """Two worker nodes of two CPUs each beside a head node with none: the worker nodes' ids."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     try:
@@ -86,6 +90,63 @@ def test_a_rank_actor_that_fails_to_build_reports_its_traceback_and_frees_its_bu
     with pytest.raises(RuntimeError, match=r"(?s)fsdp rank failed:.*no-such-model"):
         config.build(model=PolicySpec("no-such-model", VOCAB, 3, _start()), launcher=launcher)
     assert ray.available_resources().get("CPU", 0) == before  # the placement group is gone
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_sync_and_april_with_fsdp_rank_actors_and_replicas_on_two_nodes_weights_over_gloo(
+    two_nodes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's layout in small: two hf replicas and two fsdp rank actors, each spread over the two
+    nodes, the weights broadcast from rank 0 to both replicas every step, every prompt accounted for."""
+    from test_ray_placement import SMALL, _check_replicas_and_versions
+
+    from april_bench.backends.weights import CollectiveSync
+
+    formed: list[int] = []
+    form = CollectiveSync._form
+
+    async def counted(self: CollectiveSync, trainer: object, engine: object) -> None:
+        formed.append(1)
+        await form(self, trainer, engine)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CollectiveSync, "_form", counted)
+    fallbacks: list[str] = []
+    original = CollectiveSync.push
+
+    async def push(self: CollectiveSync, trainer: object, engine: object, version: int) -> None:
+        await original(self, trainer, engine, version)  # type: ignore[arg-type]
+        fallbacks.extend(self.fallbacks)
+
+    monkeypatch.setattr(CollectiveSync, "push", push)
+    out = tmp_path / "run"
+    argv = [
+        "run",
+        "--engine",
+        "ray",
+        "--trainer",
+        "ray",
+        "--max-response-len",
+        "16",
+        *SMALL,
+        "--out",
+        str(out),
+    ]
+    for option in ("replicas=2", "num_cpus=0.25", "placement=STRICT_SPREAD", "router_policy=round_robin"):
+        argv += ["--engine-arg", option]
+    for option in ("trainer=fsdp", "world_size=2", "num_cpus=0.25", "placement=STRICT_SPREAD", "lr=1e-4"):
+        argv += ["--trainer-arg", option]
+    argv += ["--warmstart-arg", "steps=20", "--task-arg", "max_n=30"]
+    assert main(argv) == 0
+    assert check_run(load_run(out)) == []  # every prompt accounted for
+    _check_replicas_and_versions(out)  # every replica served every step with that step's weights
+    assert len(formed) == 2 and fallbacks == []  # one weight group per arm, no update by the fallback
+    steps = table_rows(out, "steps")
+    assert {s["arm"] for s in steps} == {"sync", "april"}
+    assert all(s["weight_sync_time_s"] > 0 for s in steps)  # timed per update
+    placement = json.loads((out / "provenance.json").read_text())["placement"]
+    for arm in ("sync", "april"):
+        assert {p["node_id"] for p in placement[f"{arm}#0"]} == set(two_nodes)
 
 
 def test_rank_actor_options_are_checked() -> None:

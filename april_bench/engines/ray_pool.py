@@ -72,6 +72,11 @@ class RayEnginePool(RouterFront, Configurable):
         placement: str = param(
             "PACK", help="placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"
         )
+        weights: str = param(
+            "collective",
+            help="how new weights reach the replicas: collective (a gloo broadcast from the trainer's "
+            "rank 0 to every replica) or object_store (a state dict put in Ray's object store)",
+        )
         placement_timeout_s: float = param(120.0, help="seconds to wait for Ray to place the replicas")
         faults: FaultOptions = param(help="failure handling and chaos", default_factory=FaultOptions)
         engine_args: Mapping[str, Any] = param(help="options of each replica's engine", default_factory=dict)
@@ -83,6 +88,8 @@ class RayEnginePool(RouterFront, Configurable):
                 raise ConfigError(f"--engine-arg router_policy must be one of {', '.join(ROUTER_POLICIES)}")
             if self.placement not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
                 raise ConfigError("--engine-arg placement must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
+            if self.weights not in ("collective", "object_store"):
+                raise ConfigError("--engine-arg weights must be collective or object_store")
 
     def __init__(self, config: Config, *, replica: Spec, settings: EngineSettings, simulated: bool) -> None:
         self.config = config
@@ -109,6 +116,8 @@ class RayEnginePool(RouterFront, Configurable):
         )
         #: Where each replica runs: ``{"replica", "node_id", "node_ip", "bundle"}`` (provenance).
         self.placement: list[dict[str, Any]] = []
+        self._actors: dict[int, Any] = {}  # each replica's current actor
+        self._weight_group: dict[int, Any] = {}  # the actors that joined the weight group, by replica
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -153,6 +162,7 @@ class RayEnginePool(RouterFront, Configurable):
         ).remote(index, self._replica_spec, self._settings, dict(self.config.engine_args))
         replica = RayReplica(handle, index)
         await replica.start()
+        self._actors[index] = handle  # a restart replaces it: the weight group is formed again
         where = await handle.node.remote()
         self.placement = [p for p in self.placement if p["replica"] != index]
         self.placement.append({"replica": index, "bundle": index, **where})
@@ -190,6 +200,33 @@ class RayEnginePool(RouterFront, Configurable):
         if update.weights is not None:
             update = dataclasses.replace(update, weights=ray.put(update.weights))
         await self._router.update_weights(update)
+
+    # ------------------------------------------------------------ weights over a process group
+    # (april_bench.collective.WeightReceivers: the trainer side broadcasts, each replica is a receiver)
+    def weight_receivers(self) -> int:
+        return self.config.replicas if self.config.weights == "collective" else 0
+
+    def weight_group_current(self) -> bool:
+        return bool(self._weight_group) and self._weight_group == self._actors
+
+    async def join_weight_group(self, address: str, first: int, world: int, backend: str) -> None:
+        """Every replica actor joins the weight group at ``address`` as rank ``first + replica``."""
+        actors = dict(self._actors)
+        await asyncio.gather(
+            *(
+                a.join_weight_group.remote(address, first + i, world, backend)
+                for i, a in sorted(actors.items())
+            )
+        )
+        self._weight_group = actors
+
+    async def receive_weights(self, version: int) -> None:
+        """Every replica receives one broadcast and installs it as ``version``; replica 0 also puts
+        it in the object store, where a replica restarted later reads it (the router remembers it)."""
+        refs = await asyncio.gather(
+            *(a.receive_weights.remote(version, i == 0) for i, a in sorted(self._weight_group.items()))
+        )
+        self._router.remember(WeightUpdate(version=version, weights=refs[0]))
 
 
 class RayReplica:
@@ -282,6 +319,7 @@ class ReplicaActor:
         self._ready: asyncio.Event | None = None
         self._error: BaseException | None = None
         self._consumers: set[asyncio.Task[None]] = set()
+        self._weights: Any = None  # the weight group, once joined (april_bench.collective.WeightGroup)
 
     async def start(self) -> EngineInfo:
         self._ready = asyncio.Event()
@@ -323,6 +361,20 @@ class ReplicaActor:
     async def update_weights(self, update: WeightUpdate, weights: Any) -> None:
         # ``weights`` came in as a top-level argument: Ray resolved it from the object store
         await self.engine.update_weights(dataclasses.replace(update, weights=weights))
+
+    async def join_weight_group(self, address: str, rank: int, world: int, backend: str) -> None:
+        from april_bench.collective import WeightGroup
+
+        self._weights = await asyncio.to_thread(WeightGroup, address, rank, world, backend=backend)
+
+    async def receive_weights(self, version: int, keep: bool) -> Any:
+        """One broadcast received (in a thread: the engine keeps generating meanwhile) and installed;
+        with ``keep``, its object-store reference for a replica restarted later."""
+        import ray
+
+        state = await asyncio.to_thread(self._weights.receive)
+        await self.engine.update_weights(WeightUpdate(version=version, weights=state))
+        return ray.put(state) if keep else None
 
     async def node(self) -> dict[str, Any]:
         """Where this actor runs (the placement written into provenance)."""

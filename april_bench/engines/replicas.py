@@ -442,6 +442,12 @@ class ReplicaRouter:
         await self._each("update_weights", lambda e: e.update_weights(update))
         self._router.forget_prefixes()
 
+    def remember(self, update: WeightUpdate) -> None:
+        """``update`` reached every replica some other way (a weight group's broadcast): a restarting
+        replica installs it before it serves, and cached prefixes are stale."""
+        self._current = update
+        self._router.forget_prefixes()
+
     def work(self) -> EngineWork | None:
         """Every replica's work counters summed, the dead ones' up to their failure (``None`` when a
         replica does not count its work)."""

@@ -22,6 +22,7 @@ all-gathers and reduce-scatters over gloo; ``torch.distributed.checkpoint.state_
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -109,6 +110,23 @@ class FSDPTrainer(Configurable):
         """The full policy, gathered to rank 0 (CPU tensors)."""
         state: dict[str, torch.Tensor] = self._call("weights")[0]
         return state
+
+    # ---------------------------------------------- weights over a process group (collective.WeightSource)
+    async def weight_group_address(self) -> str:
+        """A free port on rank 0's node: rank 0 sends the weights."""
+        address: str = (await asyncio.to_thread(self._ranks.call, "weight_address"))[0]
+        return address
+
+    async def join_weight_group(self, address: str, world: int, backend: str) -> None:
+        # in a thread: rank 0's join waits for the engine's workers, joining meanwhile
+        await asyncio.to_thread(self._ranks.call, "join_weights", address, world, backend)
+
+    async def send_weights(self) -> None:
+        """Every rank gathers the full policy (an FSDP collective); rank 0 broadcasts it."""
+        await asyncio.to_thread(self._ranks.call, "send_weights")
+
+    def leave_weight_group(self) -> None:
+        self._ranks.call("leave_weights")
 
     def save_state(self, path: str) -> None:
         """Full model and optimizer state dicts, written atomically by rank 0."""
@@ -208,8 +226,6 @@ def _build_rank(config: FSDPTrainer.Config, model: PolicySpec, rank: int, device
 
 
 def _handler(trainer: _RankTrainer, rank: int) -> Handler:
-    import asyncio
-
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -218,7 +234,10 @@ def _handler(trainer: _RankTrainer, rank: int) -> Handler:
         set_optimizer_state_dict,
     )
 
+    from april_bench.collective import WeightGroup, host_address
+
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights: list[WeightGroup] = []  # rank 0's weight group, once joined
 
     def handle(command: str, args: list[Any]) -> Any:
         if command == "train":
@@ -227,6 +246,20 @@ def _handler(trainer: _RankTrainer, rank: int) -> Handler:
         if command == "weights":
             state = get_model_state_dict(trainer.model, options=full)  # a collective: every rank
             return state if rank == 0 else None
+        if command == "weight_address":
+            return host_address() if rank == 0 else None
+        if command == "join_weights":
+            address, world, backend = args
+            weights[:] = [WeightGroup(address, 0, world, backend=backend)] if rank == 0 else []
+            return None
+        if command == "send_weights":
+            state = get_model_state_dict(trainer.model, options=full)  # a collective: every rank
+            for group in weights:
+                group.send(state)
+            return None
+        if command == "leave_weights":
+            weights.clear()
+            return None
         if command == "save_state":
             (path,) = args
             model_state = get_model_state_dict(trainer.model, options=full)
