@@ -8,6 +8,7 @@ import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -70,6 +71,35 @@ def test_two_fsdp_rank_actors_on_two_nodes_match_the_one_process_trainer(
         for key in ("loss", "pg_loss", "grad_norm", "entropy"):
             assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     # the same update (compared as updates, as in test_fsdp_trainer.py: AdamW's float noise)
+    moved, theirs = _moved(single.model.state_dict(), start), _moved(weights, start)
+    assert moved.norm() > 1e-4
+    assert (theirs - moved).norm() / moved.norm() < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.megatron
+def test_two_megatron_rank_actors_on_two_nodes_match_the_one_process_trainer(two_nodes: list[str]) -> None:
+    from april_bench.trainers.megatron_trainer import MegatronTrainer
+    from april_bench.trainers.ray_ranks import RayRanks
+
+    start = _start()
+    options: dict[str, Any] = {"algorithm": "dapo", "mini_batches": 2, "lr": 3e-3}
+    single = TorchTrainer.Config(device="cpu", **options).build(module=_module(start))
+    expected = _run(single, steps=2)
+    launcher = RayRanks(num_cpus=1, placement="STRICT_SPREAD", timeout_s=300)
+    megatron = MegatronTrainer.Config(device="cpu", tp=2, **options).build(
+        model=PolicySpec("tiny", VOCAB, 3, start), launcher=launcher
+    )
+    try:
+        assert sorted(p["node_id"] for p in megatron.placement) == sorted(two_nodes)
+        got = _run(megatron, steps=2)
+        weights = megatron.weights()
+    finally:
+        megatron.close()
+    for want, have in zip(expected, got, strict=True):
+        for key in ("loss", "pg_loss", "grad_norm", "entropy"):
+            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     moved, theirs = _moved(single.model.state_dict(), start), _moved(weights, start)
     assert moved.norm() > 1e-4
     assert (theirs - moved).norm() / moved.norm() < 1e-3
