@@ -124,6 +124,26 @@ def test_a_rank_actor_that_fails_to_build_reports_its_traceback_and_frees_its_bu
 
 @pytest.mark.slow
 @pytest.mark.ray
+def test_a_killed_rank_actor_is_a_lost_trainer(two_nodes: list[str]) -> None:
+    import ray
+
+    from april_bench.trainers.protocol import TrainerLost
+    from april_bench.trainers.ray_ranks import RayRanks
+
+    launcher = RayRanks(num_cpus=1, placement="STRICT_SPREAD", timeout_s=300)
+    fsdp = FSDPTrainer.Config(device="cpu", world_size=2).build(
+        model=PolicySpec("tiny", VOCAB, 3, _start()), launcher=launcher
+    )
+    try:
+        ray.kill(fsdp._ranks.actor(1))  # its node lost, as far as the driver can tell
+        with pytest.raises(TrainerLost, match="fsdp rank actor died"):
+            _run(fsdp, steps=1)
+    finally:
+        fsdp.close()
+
+
+@pytest.mark.slow
+@pytest.mark.ray
 def test_sync_and_april_with_fsdp_rank_actors_and_replicas_on_two_nodes_weights_over_gloo(
     two_nodes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,6 +69,7 @@ class RayRankGroup:
 
         self.name = name
         self._actors: list[Any] = []
+        self._lost = False
         bundle = {"CPU": launcher.num_cpus, **({"GPU": launcher.num_gpus} if launcher.num_gpus > 0 else {})}
         self._group: Any = placement_group([bundle] * world, strategy=launcher.placement)
         try:
@@ -132,12 +133,12 @@ class RayRankGroup:
         import ray
 
         actors, self._actors = self._actors, []
-        stops = []
-        for actor in actors:
-            with contextlib.suppress(ray.exceptions.RayActorError):
-                stops.append(actor.stop.remote())
-        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
-            ray.get(stops, timeout=60)
+        if not self._lost:  # a lost rank leaves the others waiting in a collective: no orderly stop
+            stops = [actor.stop.remote() for actor in actors]
+            with contextlib.suppress(
+                ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError
+            ):
+                ray.get(stops, timeout=60)
         for actor in actors:
             ray.kill(actor)
         if self._group is not None:
@@ -158,6 +159,7 @@ class RayRankGroup:
         import ray
 
         if isinstance(exc, ray.exceptions.RayActorError):
+            self._lost = True
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return TrainerLost(f"a {self.name} rank actor died ({type(exc).__name__}: {first})")
         return RuntimeError(f"{self.name} rank failed:\n{exc}")
