@@ -60,12 +60,14 @@ class WeightReceivers(Protocol):
         ...
 
 
-def host_address() -> str:
-    """A ``tcp://`` address on a free port of this node, reachable from the cluster's other nodes."""
-    host = "127.0.0.1"
+def host_address(host: str | None = None) -> str:
+    """A ``tcp://`` address on a free port of this node, reachable from the cluster's other nodes: at
+    this node's Ray IP inside a Ray driver or worker, else at ``host`` (the driver's, for a process it
+    spawned on its own node), else the loopback."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         host = ray.util.get_node_ip_address()
+    host = host or "127.0.0.1"
     with socket.socket() as probe:
         probe.bind((host, 0))
         port: int = probe.getsockname()[1]

@@ -113,8 +113,12 @@ class FSDPTrainer(Configurable):
 
     # ---------------------------------------------- weights over a process group (collective.WeightSource)
     async def weight_group_address(self) -> str:
-        """A free port on rank 0's node: rank 0 sends the weights."""
-        address: str = (await asyncio.to_thread(self._ranks.call, "weight_address"))[0]
+        """A free port on rank 0's node: rank 0 sends the weights (a local process at this process's
+        node address, which is its own)."""
+        from april_bench.collective import host_address
+
+        here = host_address().removeprefix("tcp://").rpartition(":")[0]
+        address: str = (await asyncio.to_thread(self._ranks.call, "weight_address", here))[0]
         return address
 
     async def join_weight_group(self, address: str, world: int, backend: str) -> None:
@@ -247,7 +251,8 @@ def _handler(trainer: _RankTrainer, rank: int) -> Handler:
             state = get_model_state_dict(trainer.model, options=full)  # a collective: every rank
             return state if rank == 0 else None
         if command == "weight_address":
-            return host_address() if rank == 0 else None
+            (here,) = args
+            return host_address(here) if rank == 0 else None
         if command == "join_weights":
             address, world, backend = args
             weights[:] = [WeightGroup(address, 0, world, backend=backend)] if rank == 0 else []
