@@ -245,7 +245,7 @@ HELPERS: tuple[str, ...] = (
     "april_bench.redact",
     "april_bench.threads",
 )
-HELPERS += ("april_bench.hub",)
+HELPERS += ("april_bench.hub", "april_bench.collective")
 #: The protocols every layer above implements or calls.
 PROTOCOLS: tuple[str, ...] = (
     "april_bench.engines.protocol",
