@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,11 @@ def test_a_rank_actor_that_fails_to_build_reports_its_traceback_and_frees_its_bu
     config = FSDPTrainer.Config(device="cpu", world_size=2)
     with pytest.raises(RuntimeError, match=r"(?s)fsdp rank failed:.*no-such-model"):
         config.build(model=PolicySpec("no-such-model", VOCAB, 3, _start()), launcher=launcher)
-    assert ray.available_resources().get("CPU", 0) == before  # the placement group is gone
+    # the placement group is gone: Ray frees its bundles asynchronously, so wait (bounded) for them
+    deadline = time.monotonic() + 120
+    while ray.available_resources().get("CPU", 0) != before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0) == before
 
 
 @pytest.mark.slow

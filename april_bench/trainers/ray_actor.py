@@ -219,8 +219,8 @@ def _rank_actors(config: RayTrainer.Config, inner: Spec, settings: Any) -> Any:
         placement=config.placement,
         timeout_s=config.placement_timeout_s,
     )
-    assert inner.checker is not None  # fsdp's and megatron's checkers return their Config
-    return inner.load(inner.checker)(settings, config.trainer_args).build(model=model, launcher=launcher)
+    # fsdp's and megatron's Config, parsed as the one-process trainer's would be (check_ray checked it)
+    return inner.configure(settings, config.trainer_args).build(model=model, launcher=launcher)
 
 
 @dataclass(frozen=True, slots=True)
