@@ -131,6 +131,13 @@ class ExperimentConfig(BaseConfig):
         "partial buffer and the status are saved after every step; --resume continues from the last "
         "checkpoint with the trainer's state, running the steps after it again (docs/run-directories.md)",
     )
+    colocate: bool = param(
+        False,
+        help="engines and trainer share the accelerators: before each train step the engine releases its "
+        "weights and KV memory (vLLM sleep mode level 2, SGLang release_memory_occupation) and after it "
+        "wakes and takes the new weights; the switch is timed as its own phase (switch_time_s). Needs an "
+        "engine that sleeps (vllm on a GPU, sglang, fake, ray with those) and the sync driver",
+    )
     length_oracle: str | None = param(
         None,
         help="force every response's length and reward from a length profile (DATASET[@MODEL][opts] or a "

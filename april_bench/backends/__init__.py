@@ -132,6 +132,7 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         num_gpus=config.num_gpus,
         initial_weights=task.initial_weights,
         checkpoint=task.checkpoint,
+        colocate=config.colocate,
     )
     trainer_settings = TrainerSettings(
         algorithm=config.algorithm,
@@ -182,8 +183,18 @@ def check_drivers(config: ExperimentConfig, components: Components) -> None:
     from april_bench.strategies import STRATEGIES
 
     spec = components.engine_spec
+    if config.colocate and not spec.sleeps:
+        raise ConfigError(
+            f"--colocate: engine {components.engine_name!r} cannot release its memory for the trainer; "
+            "use vllm (on a GPU), sglang, or ray with engine=vllm or sglang"
+        )
     for arm in config.arms:
         driver = arm.driver
+        if config.colocate and driver.asynchronous:
+            raise ConfigError(
+                f"arm {arm.label!r}: --colocate time-shares the accelerators, so rollout and training "
+                "cannot overlap; drop the arm's driver= (or --colocate)"
+            )
         strategy = STRATEGIES.get(arm.strategy)
         partial = bool(strategy.partial_rollout)
         if strategy.pins_versions and not spec.holds_versions:

@@ -203,6 +203,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     env = p.add_argument_group("engine, trainer, task and workload")
     env.add_argument("--eval-every", type=_int, help=exp["eval_every"])
     env.add_argument("--num-gpus", type=_int, help=exp["num_gpus"])
+    env.add_argument("--colocate", action="store_true", default=None, help=exp["colocate"])
     for flag, example in (
         ("engine", "max_running_requests=64 (simulator: SGLang's names; hf: device=cuda)"),
         ("trainer", "lr=3e-4 or mini_batches=2"),
@@ -304,6 +305,7 @@ _TOP_LEVEL = {
     "warmup_steps": "warmup_steps",
     "length_oracle": "length_oracle",
     "checkpoint_every": "checkpoint_every",
+    "colocate": "colocate",
 }
 _ROLLOUT = (
     "rollout_batch_size",

@@ -92,6 +92,9 @@ class EngineSpec(Spec):
     #: (``WeightVersions``: what consistent rollout needs); else ``versions_missing`` says why not.
     holds_versions: bool = False
     versions_missing: str = "it holds one set of weights and a request cannot name a weight version"
+    #: True when it can release its accelerator memory while a colocated trainer steps and take it
+    #: back (``Sleepable``: what ``--colocate`` needs; a Ray pool's replicas decide for it).
+    sleeps: bool = False
 
     def recipe_changes(self, recipe_model: str, *, model_given: bool) -> dict[str, Any]:
         """What this engine changes in a recipe before the user's flags apply: a simulated engine pairs
@@ -185,6 +188,7 @@ ENGINES.register(
         virtual_time=True,
         inflight_updates=True,
         holds_versions=True,
+        sleeps=True,
     ),
     "deterministic fake: one token per tick per request (virtual time)",
 )
@@ -214,6 +218,7 @@ ENGINES.register(
         launch_install="install SGLang in its own environment and pass --engine-arg python=PATH, or "
         "attach to a running server with --engine-url (docs/sglang.md)",
         versions_missing=_SGLANG_ONE_VERSION,
+        sleeps=True,
     ),
     "SGLang over its HTTP API: launched on loopback (needs CUDA), or attached with --engine-url",
 )
@@ -230,6 +235,7 @@ ENGINES.register(
         no_inflight_args=("url", "server"),
         model_for_recipe=(("tiny", "tiny32"),),
         cpu_fits="april_bench.engines.vllm.engine:cpu_head_size_fits",
+        sleeps=True,
         versions_missing="vLLM's engine holds one model's weights: a reload overwrites them in place and a "
         "request can select only a LoRA adapter (LoRARequest), not a full weight version",
     ),
@@ -243,6 +249,7 @@ ENGINES.register(
         produces_tokens=True,
         simulated=True,
         versions_missing=_SGLANG_ONE_VERSION,
+        sleeps=True,
     ),
     "the sglang adapter over april-bench's fake SGLang server (HTTP, real time, modelled decode)",
 )

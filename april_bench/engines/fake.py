@@ -28,6 +28,12 @@ and an abort issued during it takes effect when it ends.
 It holds old weight versions (:class:`~april_bench.engines.protocol.WeightVersions`): a request
 naming one (``policy_version``) carries that version on every token, an update leaves it alone,
 and a resumed partial on its own version prefills only its last input token (its KV is kept).
+
+It sleeps as a colocated engine does (:class:`~april_bench.engines.protocol.Sleepable`, what
+``--colocate`` asks of vLLM and SGLang): ``sleep(level)`` with nothing in flight takes ``switch_s``
+and records the call in :attr:`FakeEngine.switches`; until ``wake_up()`` (``switch_s`` again)
+``generate`` raises, and after a level-2 sleep (weights dropped) it raises until the next weight
+update.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     ACCOUNTING,
     SATURATION,
+    SLEEP,
     STATE,
     VERSIONS,
     Completion,
@@ -94,6 +101,7 @@ class FakeEngine(Configurable):
         )
         default_len: int = param(16, help="response length when a request has no replayed length")
         weight_sync_s: float = param(0.0, help="seconds update_weights takes")
+        switch_s: float = param(0.0, help="seconds a sleep and a wake-up each take (--colocate)")
 
         def __post_init__(self) -> None:
             if self.token_time_s <= 0:
@@ -102,6 +110,8 @@ class FakeEngine(Configurable):
                 raise ConfigError("max_running must be >= 1 or None")
             if not self.landing_delays or min(self.landing_delays) < 0:
                 raise ConfigError("landing_delays needs at least one delay, all >= 0")
+            if self.switch_s < 0:
+                raise ConfigError("switch_s must be >= 0")
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -114,8 +124,13 @@ class FakeEngine(Configurable):
             simulated=True,
             produces_tokens=True,
             virtual_time=True,
-            capabilities=frozenset({ACCOUNTING, STATE, SATURATION, VERSIONS}),
+            capabilities=frozenset({ACCOUNTING, STATE, SATURATION, VERSIONS, SLEEP}),
         )
+        #: Every sleep and wake-up, in order: ``("sleep", level)`` / ``("wake_up", None)``.
+        self.switches: list[tuple[str, int | None]] = []
+        #: The level it sleeps at (``None``: awake); whether a level-2 sleep dropped its weights.
+        self.asleep: int | None = None
+        self._weights_dropped = False
         #: Old weight versions held, and those the loop asked to keep for requests still to come.
         self._held: set[int] = set()
         self._retained: set[int] = set()
@@ -141,6 +156,10 @@ class FakeEngine(Configurable):
         """Nothing to release."""
 
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
+        if self.asleep is not None:
+            raise EngineError(f"the fake engine is asleep (level {self.asleep}): wake_up() before generating")
+        if self._weights_dropped:
+            raise EngineError("the fake engine dropped its weights in a level-2 sleep: update_weights first")
         stream = CompletionStream(len(requests))
         loop = asyncio.get_running_loop()
         for req in requests:
@@ -279,10 +298,33 @@ class FakeEngine(Configurable):
         self.version = state["version"]
         self._submitted = state["submitted"]
 
+    async def sleep(self, level: int) -> None:
+        """Release the (pretend) accelerator memory; refused with requests in flight."""
+        if level not in (1, 2):
+            raise EngineError(f"sleep level must be 1 or 2, got {level}")
+        if self._running or self._queued or self._landing:
+            raise EngineError("sleep with requests in flight: abort and drain first")
+        if self.asleep is not None:
+            raise EngineError("the fake engine is asleep already")
+        self.switches.append(("sleep", level))
+        self.asleep = level
+        await asyncio.sleep(self.config.switch_s)
+
+    async def wake_up(self) -> None:
+        if self.asleep is None:
+            raise EngineError("wake_up: the fake engine is not asleep")
+        self.switches.append(("wake_up", None))
+        await asyncio.sleep(self.config.switch_s)
+        self._weights_dropped = self.asleep == 2
+        self.asleep = None
+
     async def update_weights(self, update: WeightUpdate) -> None:
         """Pause, install, continue: see the module docstring for what in-flight requests see."""
         if not self._unpaused.is_set():
             raise EngineError("update_weights while another update is in progress")
+        if self.asleep is not None:
+            raise EngineError("update_weights while asleep: wake_up() first")
+        self._weights_dropped = False
         loop = asyncio.get_running_loop()
         now = loop.time()
         dt = self.config.token_time_s

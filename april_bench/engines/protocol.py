@@ -56,6 +56,9 @@ checks that every engine declares exactly what it implements.
   weight version, so a request may name the version it generates with
   (:attr:`GenerateRequest.policy_version`: consistent rollout finishes a partial on the version
   that began it).
+* :class:`Sleepable` - ``sleep(level)`` / ``wake_up()``: an engine that releases its accelerator
+  memory while a colocated trainer steps (``--colocate``: vLLM's sleep mode, SGLang's
+  ``release_memory_occupation``) and refuses to generate until it wakes.
 
 Weights reach an engine as a :class:`WeightUpdate`: an in-process state dict
 (``weights``), or a checkpoint directory (``path``) for an engine in another
@@ -84,6 +87,7 @@ __all__ = [
     "METRICS",
     "PLACEMENT",
     "SATURATION",
+    "SLEEP",
     "STATE",
     "VERSIONS",
     "Capability",
@@ -108,6 +112,7 @@ __all__ = [
     "Placed",
     "SamplingParams",
     "SaturationModel",
+    "Sleepable",
     "WeightUpdate",
     "WeightVersions",
 ]
@@ -288,6 +293,10 @@ class EngineSettings:
     initial_weights: Callable[[], Any] | None = None
     #: A checkpoint directory holding the starting weights, for engines in another process.
     checkpoint: Callable[[], str] | None = None
+    #: The trainer shares the engine's accelerators (``--colocate``): the engine must be able to
+    #: release its memory before each train step (vLLM ``--enable-sleep-mode``, SGLang
+    #: ``--enable-memory-saver``) and take it back after.
+    colocate: bool = False
 
 
 @runtime_checkable
@@ -487,6 +496,20 @@ class DecodeHistogram(Protocol):
         ...
 
 
+@runtime_checkable
+class Sleepable(Protocol):
+    """Optional: an engine that gives its accelerator memory to a colocated trainer between rollouts.
+
+    ``sleep(level)`` releases it with nothing in flight (level 1: weights moved to host memory and
+    the KV cache dropped; level 2: both dropped, the next weight update brings the weights back);
+    until ``wake_up()`` the engine refuses to generate (:class:`EngineError`).  ``wake_up()`` takes
+    the memory back; the session then pushes the trainer's new weights."""
+
+    async def sleep(self, level: int) -> None: ...
+
+    async def wake_up(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capability(Generic[P]):
     """One optional protocol, as an engine declares it in :attr:`EngineInfo.capabilities`."""
@@ -511,6 +534,7 @@ KILL: Capability[Killable] = Capability("kill", Killable)
 ITERATIONS: Capability[IterationLog] = Capability("iterations", IterationLog)
 VERSIONS: Capability[WeightVersions] = Capability("versions", WeightVersions)
 HISTOGRAM: Capability[DecodeHistogram] = Capability("histogram", DecodeHistogram)
+SLEEP: Capability[Sleepable] = Capability("sleep", Sleepable)
 #: Every optional protocol an engine may declare.
 CAPABILITIES: tuple[Capability[Any], ...] = (
     SATURATION,
@@ -524,4 +548,5 @@ CAPABILITIES: tuple[Capability[Any], ...] = (
     ITERATIONS,
     VERSIONS,
     HISTOGRAM,
+    SLEEP,
 )

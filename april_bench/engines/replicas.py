@@ -51,6 +51,7 @@ from april_bench.engines.protocol import (
     ACCOUNTING,
     HEALTH,
     KILL,
+    SLEEP,
     STATE,
     Completion,
     Engine,
@@ -189,6 +190,8 @@ class ReplicaRouter:
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._watchers: list[Callable[[FaultEvent], None]] = []
+        #: ``(slot, generation)`` of the replicas put to sleep (``--colocate``), to wake.
+        self._sleeping: set[tuple[int, int]] = set()
 
     @property
     def info(self) -> EngineInfo:
@@ -387,9 +390,16 @@ class ReplicaRouter:
         self._failed(i, generation, reason)
         raise EngineError(reason)
 
-    async def _each(self, what: str, fn: Callable[[Engine], Awaitable[Any]]) -> list[Any]:
-        """``fn`` on every live replica; the answers of those that answered."""
-        live = [(i, s.generation, s.engine) for i, s in enumerate(self._slots) if s.alive and s.engine]
+    async def _each(
+        self, what: str, fn: Callable[[Engine], Awaitable[Any]], only: set[tuple[int, int]] | None = None
+    ) -> list[Any]:
+        """``fn`` on every live replica (of the ``(slot, generation)`` pairs ``only``, when given); the
+        answers of those that answered."""
+        live = [
+            (i, s.generation, s.engine)
+            for i, s in enumerate(self._slots)
+            if s.alive and s.engine and (only is None or (i, s.generation) in only)
+        ]
         answers = await asyncio.gather(
             *(self._call(i, g, what, fn(e)) for i, g, e in live), return_exceptions=True
         )
@@ -447,6 +457,23 @@ class ReplicaRouter:
         replica installs it before it serves, and cached prefixes are stale."""
         self._current = update
         self._router.forget_prefixes()
+
+    async def sleep(self, level: int) -> None:
+        """Every live replica releases its memory (``--colocate``); a replica that cannot sleep is an
+        error, not a replica failure: colocation was asked of an engine without it."""
+        self._check_sleepers()
+        self._sleeping = {(i, s.generation) for i, s in enumerate(self._slots) if s.alive and s.engine}
+        await self._each("sleep", lambda e: _sleepable(e).sleep(level))
+
+    async def wake_up(self) -> None:
+        """Wake the replicas that went to sleep (one restarted since came up awake)."""
+        asleep, self._sleeping = self._sleeping, set()
+        await self._each("wake_up", lambda e: _sleepable(e).wake_up(), only=asleep)
+
+    def _check_sleepers(self) -> None:
+        for i, slot in enumerate(self._slots):
+            if slot.alive and slot.engine is not None and SLEEP.of(slot.engine) is None:
+                raise EngineError(f"replica {i} ({slot.engine.info.name}) cannot release its memory (sleep)")
 
     def work(self) -> EngineWork | None:
         """Every replica's work counters summed, the dead ones' up to their failure (``None`` when a
@@ -529,6 +556,12 @@ class ReplicaRouter:
     async def _bounded(self, call: Awaitable[Any]) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(call, self._faults.health_timeout_s)
+
+
+def _sleepable(engine: Engine) -> Any:
+    sleeper = SLEEP.of(engine)
+    assert sleeper is not None  # _check_sleepers ran
+    return sleeper
 
 
 def _plus(a: EngineWork, b: EngineWork) -> EngineWork:

@@ -15,7 +15,16 @@ from tqdm import tqdm
 import april_bench.experiment.checkpoint as checkpoint
 from april_bench.backends import Components
 from april_bench.backends.weights import WeightSync, choose_weight_sync
-from april_bench.engines.protocol import FAULTS, ITERATIONS, METRICS, PLACEMENT, Engine, FaultEvent
+from april_bench.engines.protocol import (
+    FAULTS,
+    ITERATIONS,
+    METRICS,
+    PLACEMENT,
+    SLEEP,
+    Engine,
+    EngineError,
+    FaultEvent,
+)
 from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.recorder import RunRecorder
@@ -264,22 +273,45 @@ class ArmSession:
         t_rollout = loop.time()
         first_round = rounds.iteration_count() if (rounds := ITERATIONS.of(self._engine)) else 0
         outcome = await self._rollout.run_step(step, version)
-        t_train = loop.time()
-        self._engine_metrics(step, "rollout_end", t_train - self._origin)
+        t_rollout_end = loop.time()
+        self._engine_metrics(step, "rollout_end", t_rollout_end - self._origin)
         self._iterations(step, first_round)
         self._trainer_at_saved = False  # from here until the step's checkpoint the trainer is ahead of it
+        switch = await self._switch(step, "sleep") if self.config.colocate else 0.0
+        t_train = loop.time()
         result = await self._trainer.train(outcome.batch, step=step, policy_version=version)
+        t_trained = loop.time()
+        switch += await self._switch(step, "wake") if self.config.colocate else 0.0
         t_sync = loop.time()
         await self._sync.push(self._trainer, self._engine, version + 1)
         t_end = loop.time()
         record = outcome.record
-        record.train_time_s = t_sync - t_train
+        record.switch_time_s = switch
+        record.train_time_s = t_trained - t_train
         record.weight_sync_time_s = t_end - t_sync
         record.step_time_s = t_end - (self._origin + record.t_start)
-        done = StepDone(step, outcome, result, version, t_rollout, t_train, t_train, t_sync, t_sync, t_end)
+        done = StepDone(
+            step, outcome, result, version, t_rollout, t_rollout_end, t_train, t_trained, t_sync, t_end
+        )
         self._record(done)
         record.accuracy = await self._evaluate(step + 1)
         self.recorder.add(record)
+
+    async def _switch(self, step: int, to: str) -> float:
+        """``--colocate``: the engine gives its memory to the trainer (``sleep``, level 2: the weights
+        come back with the push after the wake) or takes it back (``wake``); its seconds, with an event
+        at each end."""
+        assert self._engine is not None
+        engine = SLEEP.of(self._engine)
+        if engine is None:  # validate refused this engine already; a pool's replica may still lack it
+            raise EngineError(f"--colocate: engine {self._engine.info.name!r} cannot release its memory")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        self._event(step, f"engine_{to}_start", start)
+        await (engine.sleep(2) if to == "sleep" else engine.wake_up())
+        end = loop.time()
+        self._event(step, f"engine_{to}_end", end)
+        return end - start
 
     async def _run_pipelined(self, steps: range, bars: Bars) -> None:
         """Steps of an asynchronous arm: the pipeline runs up to each due evaluation, drains, and

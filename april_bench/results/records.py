@@ -165,6 +165,9 @@ class StepRecord:
     observation_tokens: int = 0
     #: Environment calls cancelled at the stop (``env_calls_at_stop=cancel``; made again on resume).
     env_cancelled: int = 0
+    #: ``--colocate``: seconds the engine took to release its memory before training and to take it
+    #: back after (sleep + wake-up; the weight push after it is ``weight_sync_time_s``); 0 otherwise.
+    switch_time_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -231,11 +234,12 @@ class EventRecord:
     ``time.monotonic`` based; virtual seconds for a simulated run), the clock telemetry samples use.
     ``kind``: ``arm_start``, ``rollout_start``, ``rollout_stop`` (N groups in: the abort begins),
     ``rollout_end``, ``train_start``, ``train_end``, ``weight_sync_start``, ``weight_sync_end``,
-    ``eval_start``, ``eval_end``, ``arm_end``; a replica pool adds ``replica_placed`` (``detail``: the
-    Ray node) and, handling failures, ``fault_injected``, ``replica_failed``, ``requests_requeued``
-    (``tokens``: re-prefilled), ``replica_restarted``, ``replica_restart_failed``, ``replica_lost_all``
-    (:mod:`april_bench.engines.replicas`), with the replica, the requests and tokens concerned
-    and a reason in ``detail``."""
+    ``eval_start``, ``eval_end``, ``arm_end``; ``--colocate`` adds ``engine_sleep_start``,
+    ``engine_sleep_end``, ``engine_wake_start``, ``engine_wake_end``; a replica pool adds
+    ``replica_placed`` (``detail``: the Ray node) and, handling failures, ``fault_injected``,
+    ``replica_failed``, ``requests_requeued`` (``tokens``: re-prefilled), ``replica_restarted``,
+    ``replica_restart_failed``, ``replica_lost_all`` (:mod:`april_bench.engines.replicas`), with the
+    replica, the requests and tokens concerned and a reason in ``detail``."""
 
     arm: str
     step: int

