@@ -21,6 +21,7 @@ from april_bench.engines.protocol import (
     KILL,
     PLACEMENT,
     SATURATION,
+    SLEEP,
     STATE,
     Engine,
     EngineInfo,
@@ -44,7 +45,7 @@ def test_the_simulator_and_the_pools_declare_exactly_what_they_implement() -> No
         assert _declared(engine) == _implemented(engine), name
     sim = {"faults", "histogram", "state", "saturation", "versions"}
     assert _declared(ENGINES.get("sim").build(settings, {})) == sim
-    assert _declared(ENGINES.get("ray-fake").build(settings, {})) == {"faults", "placement", "state"}
+    assert _declared(ENGINES.get("ray-fake").build(settings, {})) == {"faults", "placement", "state", "sleep"}
 
 
 def test_a_replica_declares_its_own_capabilities_not_its_engines() -> None:
@@ -85,7 +86,7 @@ def test_a_ray_replica_declares_a_probe_and_a_kill_not_its_engines_capabilities(
         replica._pump.cancel()
 
     asyncio.run(main())
-    assert replica.info.capabilities == frozenset({HEALTH, KILL})
+    assert replica.info.capabilities == frozenset({HEALTH, KILL, SLEEP})  # its engine sleeps: so does it
     assert _declared(replica) == _implemented(replica)
     assert replica.info.name == info.name
 
@@ -122,4 +123,5 @@ def test_capabilities_travel_with_the_info() -> None:
         "iterations",
         "versions",
         "histogram",
+        "sleep",
     }

@@ -62,7 +62,7 @@ def test_a_composite_spec_gets_its_parts_from_the_registry() -> None:
     from april_bench.engines import ENGINES
     from april_bench.trainers.registry import TRAINERS
 
-    assert ENGINES.get("ray").parts == (ENGINES.get("hf"),)
+    assert ENGINES.get("ray").parts == tuple(ENGINES.get(n) for n in ("hf", "vllm", "sglang", "sglang-fake"))
     assert ENGINES.get("ray-fake").parts == (ENGINES.get("fake"),)
     assert [p.name for p in TRAINERS.get("ray").parts] == ["torch", "fsdp", "megatron"]
     inner = Spec("inner", f"{__name__}:_composite")

@@ -262,10 +262,12 @@ ENGINES.register(
         requires=("ray", "torch", "transformers"),
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_settings",
-        parts=(ENGINES.get("hf"),),
-        versions_missing="its Ray replicas do not pass the versions to keep on to their hf engines",
+        parts=tuple(ENGINES.get(name) for name in ("hf", "vllm", "sglang", "sglang-fake")),
+        versions_missing="its Ray replicas do not pass the versions to keep on to their engines",
+        sleeps=True,  # when its replicas' engine does (vllm, sglang): checked with the pool's options
     ),
-    "hf engine replicas as Ray actors on one or more nodes, behind the router (replicas=N)",
+    "engine replicas as Ray actors on one or more nodes, behind the router (replicas=N; engine=hf, "
+    "vllm or sglang servers, sglang-fake)",
 )
 ENGINES.register(
     "ray-fake",
@@ -278,6 +280,7 @@ ENGINES.register(
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_fake_settings",
         parts=(ENGINES.get("fake"),),
+        sleeps=True,
     ),
     "fake engine replicas as Ray actors (real clock): placement, routing, weight broadcast, no model",
 )

@@ -1,8 +1,14 @@
 """``ray`` and ``ray-fake``: engine replicas as Ray actors on one or more nodes, behind one router.
 
-Each replica is an async Ray actor that builds a registered engine (``hf`` for ``ray``, ``fake``
-for ``ray-fake``) from the run's :class:`EngineSettings` and the ``--engine-arg`` options the pool
-does not own.  The pool is the engine the rollout loop sees:
+Each replica is an async Ray actor that builds a registered engine from the run's
+:class:`EngineSettings` and the ``--engine-arg`` options the pool does not own: for ``ray`` the
+``engine`` option chooses it (``hf``, the default; ``vllm``; ``sglang``; ``sglang-fake``), for
+``ray-fake`` it is ``fake``.  A ``vllm`` replica is vLLM's OpenAI-compatible server and an
+``sglang`` one SGLang's server, each launched by its actor on the actor's node (a child process,
+so it sees the GPUs Ray gave the actor's bundle: ``CUDA_VISIBLE_DEVICES``), with ``tp`` GPUs of
+tensor parallelism inside it (``--tensor-parallel-size`` / ``--tp-size``).  Server replicas load
+the run's starting checkpoint and every later one from a directory the driver writes: on several
+machines it must be on storage every node reads.  The pool is the engine the rollout loop sees:
 
 * ``generate`` routes every request with :class:`~april_bench.engines.routing.Router` (the
   simulator's policies) on the driver's count of each replica's outstanding requests, and submits
@@ -11,7 +17,8 @@ does not own.  The pool is the engine the rollout loop sees:
 * ``abort``, ``load`` and ``update_weights`` go to every replica; new weights are put in Ray's object
   store once and every replica reads them from there (a broadcast, not one copy per replica);
 * replicas are placed with a placement group: ``PACK`` (fill a node first) or ``SPREAD`` (one per
-  node where there are several).
+  node where there are several), one bundle of ``num_cpus`` / ``num_gpus`` per replica;
+* ``sleep`` / ``wake_up`` (``--colocate``) go to every replica whose engine can release its memory.
 
 Ray is imported only when the pool starts.  Checked against ray 2.60.0: async actors
 (``@ray.remote`` on a class with ``async def`` methods), awaiting ``ObjectRef`` in asyncio,
@@ -33,6 +40,7 @@ from april_bench.engines.protocol import (
     HEALTH,
     KILL,
     PLACEMENT,
+    SLEEP,
     STATE,
     Completion,
     Engine,
@@ -49,6 +57,8 @@ from april_bench.engines.stream import CompletionStream
 from april_bench.registry import Spec
 
 __all__ = [
+    "REPLICA_ENGINES",
+    "SERVER_ENGINES",
     "RayEnginePool",
     "check_fake_settings",
     "check_settings",
@@ -58,13 +68,23 @@ __all__ = [
 ]
 
 
+#: The engines a ``ray`` pool's replicas may run (``--engine-arg engine``); ``ray-fake`` runs ``fake``.
+REPLICA_ENGINES = ("hf", "vllm", "sglang", "sglang-fake")
+#: Those whose replicas are servers launched by the actor (tensor parallel inside, weights from a path).
+SERVER_ENGINES = ("vllm", "sglang")
+#: Seconds a server replica's actor gets to stop its server (SIGTERM, then SIGKILL after 30 s) before
+#: the actor itself is killed.
+SERVER_STOP_S = 45.0
+
+
 class RayEnginePool(RouterFront, Configurable):
     """``replicas`` engines as Ray actors behind the replica router (:mod:`.replicas`)."""
 
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
-        engine: str = param("hf", help="the engine each replica runs (a registered name)")
+        engine: str = param("hf", help=f"the engine each replica runs: {', '.join(REPLICA_ENGINES)}")
         replicas: int = param(2, help="engine replicas (Ray actors)")
+        tp: int = param(1, help="tensor-parallel GPUs inside each vllm or sglang replica (<= num_gpus)")
         router_policy: str = param("cache_aware", help=f"request routing: {', '.join(ROUTER_POLICIES)}")
         address: str | None = param(None, help="Ray cluster address (None: join or start a local one)")
         num_cpus: float = param(0.5, help="CPUs each replica reserves (each arm holds its own replicas)")
@@ -90,6 +110,16 @@ class RayEnginePool(RouterFront, Configurable):
                 raise ConfigError("--engine-arg placement must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
             if self.weights not in ("collective", "object_store"):
                 raise ConfigError("--engine-arg weights must be collective or object_store")
+            if self.tp < 1:
+                raise ConfigError(f"--engine-arg tp must be >= 1, got {self.tp}")
+            if self.tp > 1 and self.engine not in SERVER_ENGINES:
+                raise ConfigError(
+                    f"--engine-arg tp: only {' and '.join(SERVER_ENGINES)} replicas shard a model"
+                )
+            if self.tp > 1 and self.num_gpus < self.tp:
+                raise ConfigError(
+                    f"--engine-arg tp={self.tp} needs num_gpus >= {self.tp} per replica (its bundle's GPUs)"
+                )
 
     def __init__(self, config: Config, *, replica: Spec, settings: EngineSettings, simulated: bool) -> None:
         self.config = config
@@ -105,7 +135,7 @@ class RayEnginePool(RouterFront, Configurable):
             replicas=config.replicas,
             hardware=settings.hardware,
             model=settings.model,
-            capabilities=frozenset({FAULTS, PLACEMENT, STATE}),
+            capabilities=frozenset({FAULTS, PLACEMENT, STATE, SLEEP}),
         )
         self._router = ReplicaRouter(
             make=self._replica,
@@ -160,7 +190,7 @@ class RayEnginePool(RouterFront, Configurable):
                 self._group, placement_group_bundle_index=index
             ),
         ).remote(index, self._replica_spec, self._settings, dict(self.config.engine_args))
-        replica = RayReplica(handle, index)
+        replica = RayReplica(handle, index, server=self.config.engine in SERVER_ENGINES)
         await replica.start()
         self._actors[index] = handle  # a restart replaces it: the weight group is formed again
         where = await handle.node.remote()
@@ -191,6 +221,13 @@ class RayEnginePool(RouterFront, Configurable):
         if self._group is None:
             raise EngineError("ray engine pool not started: call await engine.start() first")
         return self._router.generate(requests)
+
+    async def sleep(self, level: int) -> None:
+        """Every replica releases its accelerator memory (``--colocate``)."""
+        await self._router.sleep(level)
+
+    async def wake_up(self) -> None:
+        await self._router.wake_up()
 
     async def update_weights(self, update: WeightUpdate) -> None:
         """The same update on every replica; a state dict travels through the object store once (and a
@@ -233,9 +270,12 @@ class RayReplica:
     """One replica actor as an engine (the router's view of it): a pump long-polls its finished
     completions; a dead actor fails every stream it holds; ``health()`` asks the actor to answer."""
 
-    def __init__(self, actor: Any, index: int) -> None:
+    def __init__(self, actor: Any, index: int, *, server: bool = False) -> None:
         self.actor = actor
         self.index = index
+        #: Its engine is a server process the actor launched, in a session of its own: killing the
+        #: actor would leave it running (and holding its GPUs), so a kill asks the actor to stop it first.
+        self.server = server
         self._streams: dict[str, CompletionStream] = {}
         self._pump: asyncio.Task[None] | None = None
         self._info: EngineInfo | None = None
@@ -247,8 +287,10 @@ class RayReplica:
 
     async def start(self) -> None:
         info: EngineInfo = await self.actor.start.remote()
-        # the replica's own capabilities, not its engine's: the actor answers probes and can be killed
-        self._info = dataclasses.replace(info, capabilities=frozenset({HEALTH, KILL}))
+        # the replica's own capabilities, not its engine's: the actor answers probes and can be killed;
+        # it sleeps when its engine does
+        sleeps = info.capabilities & {SLEEP}
+        self._info = dataclasses.replace(info, capabilities=frozenset({HEALTH, KILL, *sleeps}))
         self._pump = asyncio.ensure_future(self._poll())
 
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[Completion]:
@@ -288,6 +330,12 @@ class RayReplica:
         # the state dict's ObjectRef travels as a top-level argument: Ray resolves it in the actor
         await self.actor.update_weights.remote(dataclasses.replace(update, weights=None), update.weights)
 
+    async def sleep(self, level: int) -> None:
+        await self.actor.sleep.remote(level)
+
+    async def wake_up(self) -> None:
+        await self.actor.wake_up.remote()
+
     async def close(self) -> None:
         import ray
 
@@ -298,9 +346,13 @@ class RayReplica:
         ray.kill(self.actor, no_restart=True)
 
     async def kill(self) -> None:
-        """Fault injection: the actor process is killed (its pending calls raise ``RayActorError``)."""
+        """Fault injection, and the end of a dead replica: the actor process is killed (its pending calls
+        raise ``RayActorError``); a server replica's actor first stops its server, if it still answers."""
         import ray
 
+        if self.server:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.actor.close.remote(), SERVER_STOP_S)
         ray.kill(self.actor, no_restart=True)
 
     async def hang(self) -> None:
@@ -376,6 +428,20 @@ class ReplicaActor:
         await self.engine.update_weights(WeightUpdate(version=version, weights=state))
         return ray.put(state) if keep else None
 
+    async def sleep(self, level: int) -> None:
+        await self._sleeper().sleep(level)
+
+    async def wake_up(self) -> None:
+        await self._sleeper().wake_up()
+
+    def _sleeper(self) -> Any:
+        sleeper = SLEEP.of(self.engine)
+        if sleeper is None:
+            raise EngineError(
+                f"replica {self.index}: engine {self.engine.info.name} cannot release its memory"
+            )
+        return sleeper
+
     async def node(self) -> dict[str, Any]:
         """Where this actor runs (the placement written into provenance)."""
         import ray
@@ -407,32 +473,56 @@ class _Value:
         return self.value
 
 
-def portable_settings(settings: EngineSettings, *, weights: bool) -> EngineSettings:
+def portable_settings(settings: EngineSettings, *, weights: bool, checkpoint: bool = False) -> EngineSettings:
     """``settings`` as they pickle to the actors: the starting weights evaluated once here (when the
-    replicas' engine loads them: ``weights``), the checkpoint callable dropped (the pool's engines,
-    hf and fake, never read it; evaluating it may write a random multi-GB checkpoint)."""
+    replicas' engine loads them: ``weights``), the checkpoint directory written once here when the
+    replicas' servers load it (``checkpoint``: vllm, sglang) and dropped otherwise (hf and fake never
+    read it; evaluating it may write a random multi-GB checkpoint)."""
     start = settings.initial_weights if weights else None
+    directory = settings.checkpoint if checkpoint else None
     return dataclasses.replace(
-        settings, initial_weights=None if start is None else _Value(start()), checkpoint=None
+        settings,
+        initial_weights=None if start is None else _Value(start()),
+        checkpoint=None if directory is None else _Value(directory()),
     )
+
+
+def _replica_spec(args: Mapping[str, Any], parts: Sequence[Spec]) -> Spec:
+    """The part named by ``--engine-arg engine`` (default: the first)."""
+    names = [p.name for p in parts]
+    wanted = args.get("engine", names[0])
+    if wanted not in names:
+        if len(names) == 1:
+            raise ConfigError(f"--engine-arg engine: this pool always runs {names[0]!r} replicas")
+        raise ConfigError(f"--engine-arg engine must be one of {', '.join(names)}, got {wanted!r}")
+    return parts[names.index(wanted)]
 
 
 def _config(settings: EngineSettings, args: Mapping[str, Any], parts: Sequence[Spec]) -> RayEnginePool.Config:
-    """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine (the one
-    registered engine in ``parts``, which ``ENGINES`` hands the pool)."""
-    (replica,) = parts
-    engine = replica.name
+    """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine (the
+    registered engine in ``parts`` that ``engine`` names; ``ENGINES`` hands the pool its parts)."""
+    replica = _replica_spec(args, parts)
     own = {f.name for f in dataclasses.fields(RayEnginePool.Config)} - {"engine", "engine_args", "faults"}
     pool, faults, inner = split_options(args, own)
-    if "engine" in args:
-        raise ConfigError(f"--engine-arg engine: this pool always runs {engine!r} replicas")
+    inner.pop("engine", None)  # the pool's choice of replica engine, not an option of it
     fault_options = config_from(FaultOptions, faults, where="--engine-arg", owner="ray")
     config = config_from(
         RayEnginePool.Config,
-        {**pool, "faults": fault_options, "engine": engine, "engine_args": inner},
+        {**pool, "faults": fault_options, "engine": replica.name, "engine_args": inner},
         where="--engine-arg",
         owner="ray",
     )
+    if replica.name in SERVER_ENGINES:
+        if "url" in inner:
+            raise ConfigError("--engine-arg url: Ray replicas launch their own servers (drop url)")
+        inner = {**inner, **({"server": True} if replica.name == "vllm" else {})}
+        if config.tp > 1:
+            inner[{"vllm": "tensor_parallel_size", "sglang": "tp_size"}[replica.name]] = config.tp
+        config = config.replace(engine_args=inner)
+    if settings.colocate and not getattr(replica, "sleeps", False):
+        raise ConfigError(
+            f"--colocate: {replica.name} replicas cannot release their memory; use engine=vllm or sglang"
+        )
     replica.check(settings, inner)  # the replicas' options, checked before any actor starts
     return config
 
@@ -440,9 +530,14 @@ def _config(settings: EngineSettings, args: Mapping[str, Any], parts: Sequence[S
 def from_settings(
     settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]
 ) -> RayEnginePool:
-    """Replicas of the embedded ``hf`` engine (``parts``: its spec)."""
-    pool: RayEnginePool = _config(settings, args, parts).build(
-        replica=parts[0], settings=portable_settings(settings, weights=True), simulated=False
+    """Replicas of the engine ``--engine-arg engine`` names among ``parts`` (``hf`` by default)."""
+    config = _config(settings, args, parts)
+    replica = _replica_spec(args, parts)
+    portable = portable_settings(
+        settings, weights=replica.name == "hf", checkpoint=replica.name in SERVER_ENGINES
+    )
+    pool: RayEnginePool = config.build(
+        replica=replica, settings=portable, simulated=bool(getattr(replica, "simulated", False))
     )
     return pool
 
