@@ -37,7 +37,14 @@ def test_sync_and_april_on_two_vllm_server_replicas_on_ray(tmp_path: Path) -> No
     out = tmp_path / "run"
     env = {**os.environ, "APRIL_BENCH_CACHE": os.environ.get("APRIL_BENCH_CACHE", str(tmp_path / "cache"))}
     argv = ["run", "--engine", "ray", "--model", "tiny32", "--out", str(out)]
-    for option in ("engine=vllm", "replicas=2", "num_cpus=0.25", "router_policy=round_robin"):
+    # address=local: a Ray cluster of its own (None would join one another process left running)
+    for option in (
+        "engine=vllm",
+        "replicas=2",
+        "num_cpus=0.25",
+        "router_policy=round_robin",
+        "address=local",
+    ):
         argv += ["--engine-arg", option]
     # a small held-out set: this test is about the replicas, not the evaluation
     argv += embedded_flags(strategies="sync,april", steps=2, eval_every=100, task_arg="max_n=30")
