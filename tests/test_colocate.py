@@ -144,6 +144,9 @@ def test_colocate_launches_servers_able_to_release_memory() -> None:
     vllm = VLLMServerEngine.Config(model_path="/m", enable_sleep_mode=True, tensor_parallel_size=2)
     words = vllm_launch(vllm, 1)
     assert "--enable-sleep-mode" in words and words[words.index("--tensor-parallel-size") + 1] == "2"
+    assert "--enable-sleep-mode" not in vllm_launch(VLLMServerEngine.Config(model_path="/m"), 1)
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be >= 1"):
+        VLLMServerEngine.Config(model_path="/m", tensor_parallel_size=0)
 
 
 def test_colocate_is_refused_where_it_cannot_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

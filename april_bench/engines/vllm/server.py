@@ -174,6 +174,8 @@ class VLLMServerEngine(ServerAdapter, Configurable):
                 )
             if self.url is not None and not self.url.startswith(("http://", "https://")):
                 raise ConfigError(f"url must start with http:// or https://, got {self.url!r}")
+            if self.tensor_parallel_size < 1:
+                raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
     def __init__(self, config: Config) -> None:
         self.config = config
