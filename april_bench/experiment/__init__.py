@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.backends import Components, build_components
-from april_bench.experiment.session import ArmSession, Bars
+from april_bench.experiment.session import ArmSession, Bars, open_session, run_alone, session_rollout
 from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.recorder import RunRecorder
 from april_bench.results.resume import RunStatus
+from april_bench.rollout.loop import RolloutConfig
 from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.vtime import run_real, run_virtual
 
@@ -117,13 +118,14 @@ def run(
         for repeat in range(config.repeats)
         for arm in config.arms
     ]
+    rollout = session_rollout(config, components)
     bars = Bars(sessions, config.steps, progress, status)
     try:
         if components.virtual_time:
             for session in sessions:  # virtual time: each session alone, on its own clock
-                run_virtual(session.run_alone(bars))
+                run_virtual(run_alone(session, rollout, bars))
         else:
-            run_real(_interleaved(sessions, config, bars))
+            run_real(_interleaved(sessions, config, rollout, bars))
     finally:
         bars.close()
     first = sessions[0]
@@ -148,7 +150,9 @@ def schedule(sessions: int, steps: int, block: int) -> Iterator[tuple[int, range
             yield s, range(start, min(start + block, steps))
 
 
-async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bars: Bars) -> None:
+async def _interleaved(
+    sessions: list[ArmSession], config: ExperimentConfig, rollout: RolloutConfig, bars: Bars
+) -> None:
     """Measured sessions on one loop and one run clock, with one GPU telemetry sampler for the run."""
     loop = asyncio.get_running_loop()
     origin = loop.time() - max(s.saved_run_elapsed() for s in sessions)  # a resumed run's clock continues
@@ -165,7 +169,7 @@ async def _interleaved(sessions: list[ArmSession], config: ExperimentConfig, bar
         for session in sessions:
             session.run_origin = origin
             session.after_step = drain
-            await session.open()
+            await open_session(session, rollout)
             opened.append(session)
         block = config.block_steps or config.steps
         for index, steps in schedule(len(sessions), config.steps, block):

@@ -32,12 +32,12 @@ from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRec
 from april_bench.results.resume import RunStatus
 from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
-from april_bench.rollout.loop import RolloutLoop, RolloutStalled
+from april_bench.rollout.loop import RolloutConfig, RolloutLoop, RolloutStalled
 from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.trainers.protocol import ClosableTrainer, Trainer, has_state
 from april_bench.vtime import VirtualTimeLoop
 
-__all__ = ["ArmSession", "Bars"]
+__all__ = ["ArmSession", "Bars", "open_session", "run_alone", "session_rollout"]
 
 log = logging.getLogger(__name__)
 
@@ -132,26 +132,20 @@ class ArmSession:
         #: step (not part-way into the next): then an interruption can add the trainer's state to it.
         self._saved: dict[str, Any] | None = None
         self._trainer_at_saved = False
+        #: The checkpoint the session continues from (``None``: a fresh start), read when it opens.
+        self._resume_from: dict[str, Any] | None = None
+        self._alone = False  # on its own (virtual) clock, not the interleaved run's
 
     # ------------------------------------------------------------------ lifecycle
-    async def run_alone(self, bars: Bars) -> None:
-        await self.open()
-        try:
-            await self.run_steps(range(self.config.steps), bars)
-            await self.finish()
-        except BaseException:
-            self.save_trainer_state()
-            raise
-        finally:
-            await self.close()
-
-    async def open(self) -> None:
+    async def _start_engine(self) -> Engine:
+        """Start the arm's engine and trainer and choose the weight sync; the run's clock is set (a
+        resumed simulated run continues on the same virtual clock)."""
         loop = asyncio.get_running_loop()
-        saved = self._load_checkpoint()
+        saved = self._resume_from = self._load_checkpoint()
         if saved is not None and isinstance(loop, VirtualTimeLoop):
             loop.set_time(saved["clock_now"])  # a simulated run continues on the same virtual clock
-        alone = self.run_origin is None  # alone on its own (virtual) clock
-        if alone:
+        self._alone = self.run_origin is None  # alone on its own (virtual) clock
+        if self._alone:
             self.run_origin = loop.time() if saved is None else loop.time() - saved["run_elapsed"]
         driver = self.arm.driver
         make_engine, make_trainer = self.components.engine, self.components.trainer
@@ -168,27 +162,21 @@ class ArmSession:
         self._trainer = make_trainer()
         self._scratch = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch_root(self.status))
         self._sync = choose_weight_sync(engine, self._trainer, Path(self._scratch.name))
-        rollout_config = self.config.rollout_config()
-        if self.components.task.replay_lengths:
-            rollout_config = rollout_config.replace(replay_lengths=True)
-        self._rollout = rollout_config.build(
-            arm=self.arm.label,
-            engine=engine,
-            strategy=build_strategy(self.arm, self.config.strategy_args),
-            workload=self.components.workload,
-            prompts=self.components.workload.prompt_stream(),
-            recorder=self.recorder,
-            repeat=self.repeat,
-        )
+        return engine
+
+    async def _begin(self) -> None:
+        """With the rollout loop built: the first evaluation, or the checkpoint restored; the pipeline."""
+        loop = asyncio.get_running_loop()
+        saved = self._resume_from
         if saved is None:
             self._set_origin(loop.time())
             self._event(0, "arm_start")
             await self._evaluate(0)
         else:
             await self._restore(saved)
-            if alone:  # the restore's weight push is cut out of the run's clock as out of the session's
+            if self._alone:  # the restore's weight push is cut out of the run's clock as out of the session's
                 self.run_origin = loop.time() - saved["run_elapsed"]
-        if driver.asynchronous:
+        if self.arm.driver.asynchronous:
             self._pipeline = self._build_pipeline()
         self._pause()  # other sessions may open or run before this one's first block
 
@@ -572,3 +560,41 @@ class ArmSession:
         )
         self._saved, self._trainer_at_saved = saved, True
         self._set_origin(asyncio.get_running_loop().time() - saved["session_elapsed"])
+
+
+def session_rollout(config: ExperimentConfig, components: Components) -> RolloutConfig:
+    """The rollout settings every session of the run builds its loop from: the config's (its seed and
+    dynamic sampling), replaying the workload's lengths where the task says so."""
+    rollout = config.rollout_config()
+    return rollout.replace(replay_lengths=True) if components.task.replay_lengths else rollout
+
+
+async def open_session(session: ArmSession, rollout: RolloutConfig) -> None:
+    """Start ``session``'s engine and trainer, build its rollout loop from ``rollout`` and the arm's
+    strategy, then evaluate at step 0 (or restore its checkpoint)."""
+    engine = await session._start_engine()
+    session._rollout = RolloutLoop(
+        rollout,
+        arm=session.arm.label,
+        engine=engine,
+        strategy=build_strategy(session.arm, session.config.strategy_args),
+        workload=session.components.workload,
+        prompts=session.components.workload.prompt_stream(),
+        recorder=session.recorder,
+        repeat=session.repeat,
+    )
+    await session._begin()
+
+
+async def run_alone(session: ArmSession, rollout: RolloutConfig, bars: Bars) -> None:
+    """One session from open to close on its own (virtual) clock; an interruption saves the trainer's
+    state where it is whole."""
+    await open_session(session, rollout)
+    try:
+        await session.run_steps(range(session.config.steps), bars)
+        await session.finish()
+    except BaseException:
+        session.save_trainer_state()
+        raise
+    finally:
+        await session.close()
