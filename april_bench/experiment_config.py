@@ -282,8 +282,13 @@ class ExperimentConfig(BaseConfig):
             return self.dynamic_sampling
         return ALGORITHMS.get(self.algorithm).dynamic_sampling
 
-    def rollout_config(self) -> RolloutConfig:
-        return self.rollout.replace(dynamic_sampling=self.dynamic_sampling_on, seed=self.seed)
+    def rollout_config(self, *, replay_lengths: bool = False) -> RolloutConfig:
+        """The rollout loop's settings: the config's, with its seed and dynamic sampling (and
+        ``replay_lengths`` on where the task replays the workload's lengths)."""
+        changes: dict[str, Any] = {"dynamic_sampling": self.dynamic_sampling_on, "seed": self.seed}
+        if replay_lengths:
+            changes["replay_lengths"] = True
+        return dataclasses.replace(self.rollout, **changes)
 
 
 def hardware_defaults(hardware: str) -> dict[str, Any]:

@@ -118,8 +118,8 @@ def run(
         for repeat in range(config.repeats)
         for arm in config.arms
     ]
-    rollout = session_rollout(config, components)
     bars = Bars(sessions, config.steps, progress, status)
+    rollout = session_rollout(config, components)
     try:
         if components.virtual_time:
             for session in sessions:  # virtual time: each session alone, on its own clock

@@ -565,8 +565,7 @@ class ArmSession:
 def session_rollout(config: ExperimentConfig, components: Components) -> RolloutConfig:
     """The rollout settings every session of the run builds its loop from: the config's (its seed and
     dynamic sampling), replaying the workload's lengths where the task says so."""
-    rollout = config.rollout_config()
-    return rollout.replace(replay_lengths=True) if components.task.replay_lengths else rollout
+    return config.rollout_config(replay_lengths=components.task.replay_lengths)
 
 
 async def open_session(session: ArmSession, rollout: RolloutConfig) -> None:
