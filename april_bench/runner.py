@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from april_bench.backends import Components
     from april_bench.experiment import RunResult
     from april_bench.experiment_config import ExperimentConfig
-    from april_bench.results.lock import RunLock
     from april_bench.results.recorder import RunRecorder
     from april_bench.results.resume import RunStatus
+    from april_bench.results.rundir import RunLock
     from april_bench.results.store import RunDirectory, RunWriter
     from april_bench.results.trackers import TrackerSet
 
@@ -297,8 +297,7 @@ class ClaimedRun:
         ``config``, holding its lock until the ``with`` block on the result ends (``lock=False``: a
         directory inside one the caller holds).  A tracker whose library is missing is refused before
         the claim."""
-        from april_bench.results.lock import RunLock
-        from april_bench.results.rundir import default_run_name, start_run_dir
+        from april_bench.results.rundir import RunLock, default_run_name, start_run_dir
         from april_bench.results.trackers import check_trackers
 
         check_reference_run(out, allow_dirty=allow_dirty)
@@ -329,9 +328,8 @@ class ClaimedRun:
         """An interrupted run directory, locked (until the ``with`` block on the result ends), checked and
         rewound to its checkpoints (``--resume``)."""
         from april_bench.config import ConfigError
-        from april_bench.results.lock import RunLock
         from april_bench.results.resume import RunStatus, read_rows_for_resume
-        from april_bench.results.rundir import remove_stale_scratch
+        from april_bench.results.rundir import RunLock, remove_stale_scratch
         from april_bench.results.validate_files import check_resumable
 
         if not out.is_dir():

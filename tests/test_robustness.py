@@ -28,7 +28,7 @@ from helpers import comparable_rows, embedded_flags, interrupt_at, one_error, si
 
 from april_bench.cli import main
 from april_bench.config import ConfigError
-from april_bench.results.lock import LOCK_NAME, RunLock
+from april_bench.results.rundir import LOCK_NAME, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = sim_flags()
@@ -117,7 +117,7 @@ def test_a_killed_holders_lock_is_taken_over(tmp_path: Path) -> None:
 _HOLD = (
     "import sys, time\n"
     "from pathlib import Path\n"
-    "from april_bench.results.lock import RunLock\n"
+    "from april_bench.results.rundir import RunLock\n"
     "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(600)\n"
 )
 

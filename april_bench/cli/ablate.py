@@ -142,9 +142,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from april_bench import runner
     from april_bench.algorithms import OFF_POLICY_MODES
     from april_bench.cli.args import config_from_args
-    from april_bench.results.lock import RunLock
     from april_bench.results.reference import check_reference_output
-    from april_bench.results.rundir import claim_run_dir, default_run_name
+    from april_bench.results.rundir import RunLock, claim_run_dir, default_run_name
     from april_bench.results.schema import SCHEMA_VERSION
     from april_bench.results.store import write_json_atomic
 
@@ -211,8 +210,8 @@ def _resume(args: argparse.Namespace) -> int:
     from april_bench.cli.args import flags_set
     from april_bench.experiment_config import load_config
     from april_bench.redact import redacted_fields
-    from april_bench.results.lock import RunLock
     from april_bench.results.reference import check_reference_output
+    from april_bench.results.rundir import RunLock
     from april_bench.results.schema import SCHEMA_VERSION, schema_version_of
     from april_bench.results.validate_files import read_json_object
 

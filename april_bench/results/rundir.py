@@ -1,7 +1,21 @@
-"""Where a run is written: unique default names, refusing to mix runs, checked before the first step."""
+"""Where a run is written: unique default names, refusing to mix runs, checked before the first step.
+
+One process per run directory (:class:`RunLock`): an exclusive ``flock`` on ``<run>/.lock`` held for
+the whole run.
+
+``run`` and ``run --resume`` take the lock before they look at or write anything in the directory, and
+keep it until they exit.  A second process that finds it taken stops with one line naming the holder's
+pid.  The kernel drops a ``flock`` when its holder dies (SIGKILL, a power cut reboots anyway), so a lock
+left by a killed run never blocks the next ``--resume``: there is no stale lock to clean up.
+
+The lock file's content (the holder's pid) is informational only; the lock is the ``flock`` itself.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
@@ -10,17 +24,19 @@ import stat
 import tempfile
 import time
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from april_bench.config import ConfigError
 from april_bench.fsio import MANIFEST_NAME, RUN_SUBDIRS, read_manifest, record, start_manifest
-from april_bench.results.lock import LOCK_NAME, RunLock
 
 if TYPE_CHECKING:
     from april_bench.results.resume import RunStatus
 
 __all__ = [
+    "LOCK_NAME",
     "SCRATCH_PREFIX",
+    "RunLock",
     "claim_run_dir",
     "clear_run_dir",
     "default_run_name",
@@ -28,6 +44,98 @@ __all__ = [
     "scratch_root",
     "start_run_dir",
 ]
+
+#: The lock file inside a run directory (a dot file: readers never see it as a run file; kept by
+#: ``--overwrite``).
+LOCK_NAME = ".lock"
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on a run directory; a context manager, or ``acquire``/``release``."""
+
+    def __init__(self, run_dir: Path | None = None) -> None:
+        self.path = Path(run_dir or ".") / LOCK_NAME
+        self._fd: int | None = None
+        self._created = False
+
+    def acquire(self, run_dir: Path | None = None) -> RunLock:
+        """Take the lock (of ``run_dir``, else the directory given at construction), or raise
+        ``ConfigError`` naming the process that holds it."""
+        if run_dir is not None:
+            self.path = Path(run_dir) / LOCK_NAME
+        try:
+            fd, created = _open_lock_file(self.path)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot lock run directory {self.path.parent} ({exc.strerror}); choose another --out"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(
+                    f"cannot lock run directory {self.path.parent} ({exc.strerror}); choose another --out"
+                ) from None
+            holder = _holder(self.path)
+            raise ConfigError(
+                f"{self.path.parent} is in use by {holder}: wait for it to end (or stop it), "
+                "or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd, self._created = fd, created
+        return self
+
+    def abandon(self) -> None:
+        """Release the lock, removing the lock file if this lock created it: a directory the run was
+        refused (it holds a user's files) is left exactly as it was found."""
+        if self._fd is not None and self._created:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self.release()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _open_lock_file(path: Path) -> tuple[int, bool]:
+    """The lock file, opened never through a link (a ``.lock`` that is a symbolic link is refused, not
+    followed: its target is never truncated); whether this call created it."""
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
+    except FileExistsError:
+        pass
+    fd = os.open(path, flags)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "the lock file is not a regular file", str(path))
+    return fd, False
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text().strip()
+    except OSError:
+        pid = ""
+    return f"another april-bench process (pid {pid})" if pid.isdigit() else "another april-bench process"
+
 
 #: A session's scratch directory (weights handed to an engine in another process).
 SCRATCH_PREFIX = "april-bench-weights-"
@@ -239,13 +347,9 @@ def _collect(directory: Path, rel: Path, files: list[Path], dirs: list[Path], *,
     """Add what april-bench wrote in ``directory`` to ``files`` (files and whole trees) and ``dirs``
     (directories to remove once empty, deepest first); the first foreign entry (relative path), or
     ``None``."""
-    manifest = read_manifest(directory)
-    if manifest is not None:
-        allowed: frozenset[str] = manifest.names
-    elif _made_by_april_bench(directory):
-        allowed = _known_files()
-    else:
-        allowed = frozenset()  # a directory that holds no run: only an empty one (or a lock) is a run's
+    written, by_manifest = _written_names(directory)
+    # a directory that holds no run: only an empty one (or a lock) is a run's
+    allowed = written if written is not None else frozenset()
     for name in sorted(os.listdir(directory)):
         child, where = directory / name, rel / name
         if name in (LOCK_NAME, MANIFEST_NAME) or _leftover(name, allowed):
@@ -255,7 +359,7 @@ def _collect(directory: Path, rel: Path, files: list[Path], dirs: list[Path], *,
         mode = os.lstat(child).st_mode
         if stat.S_ISDIR(mode):
             if name not in allowed and not (
-                allowed and manifest is None and (read_manifest(child) or _made_by_april_bench(child))
+                allowed and not by_manifest and _written_names(child)[0] is not None
             ):
                 return where  # a directory a run made before manifests is a nested run or a known one
             if name in _TREES:
@@ -274,6 +378,16 @@ def _collect(directory: Path, rel: Path, files: list[Path], dirs: list[Path], *,
         else:
             return where
     return None
+
+
+def _written_names(directory: Path) -> tuple[frozenset[str] | None, bool]:
+    """The names a run wrote in ``directory`` (``None``: it holds no run) and whether its manifest says
+    so: the manifest's names, else the files any run writes where its status or provenance shows a run
+    made before manifests."""
+    manifest = read_manifest(directory)
+    if manifest is not None:
+        return manifest.names, True
+    return (_known_files() if _made_by_april_bench(directory) else None), False
 
 
 def _collect_state(directory: Path, rel: Path, files: list[Path]) -> Path | None:
