@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from april_bench.backends import Components, build_components
-from april_bench.experiment.session import ArmSession, Bars, open_session, run_alone, session_rollout
+from april_bench.experiment.session import ArmSession, Bars, open_session, run_alone
 from april_bench.experiment_config import ExperimentConfig, load_config
 from april_bench.results.recorder import RunRecorder
 from april_bench.results.resume import RunStatus
@@ -103,6 +103,8 @@ def run(
         if echo:
             echo(note)
     recorder = recorder if recorder is not None else RunRecorder()
+    # every session's rollout loop: the config's settings, the workload's lengths replayed if the task says
+    rollout = config.rollout_config(replay_lengths=components.task.replay_lengths)
     if status is not None and echo is not None and (status.completed or status.finished):
         for arm in config.arms:  # a resumed run: say what an asynchronous arm cannot continue
             unfinished = any(
@@ -119,11 +121,11 @@ def run(
         for arm in config.arms
     ]
     bars = Bars(sessions, config.steps, progress, status)
-    rollout = session_rollout(config, components)
     try:
         if components.virtual_time:
             for session in sessions:  # virtual time: each session alone, on its own clock
-                run_virtual(run_alone(session, rollout, bars))
+                alone = run_alone(session, rollout, bars)
+                run_virtual(alone)
         else:
             run_real(_interleaved(sessions, config, rollout, bars))
     finally:

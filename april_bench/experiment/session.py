@@ -37,7 +37,7 @@ from april_bench.strategies import ArmSpec, build_strategy
 from april_bench.trainers.protocol import ClosableTrainer, Trainer, has_state
 from april_bench.vtime import VirtualTimeLoop
 
-__all__ = ["ArmSession", "Bars", "open_session", "run_alone", "session_rollout"]
+__all__ = ["ArmSession", "Bars", "open_session", "run_alone"]
 
 log = logging.getLogger(__name__)
 
@@ -560,12 +560,6 @@ class ArmSession:
         )
         self._saved, self._trainer_at_saved = saved, True
         self._set_origin(asyncio.get_running_loop().time() - saved["session_elapsed"])
-
-
-def session_rollout(config: ExperimentConfig, components: Components) -> RolloutConfig:
-    """The rollout settings every session of the run builds its loop from: the config's (its seed and
-    dynamic sampling), replaying the workload's lengths where the task says so."""
-    return config.rollout_config(replay_lengths=components.task.replay_lengths)
 
 
 async def open_session(session: ArmSession, rollout: RolloutConfig) -> None:
