@@ -230,6 +230,7 @@ def test_cli_flags_stay_few() -> None:
             "--no-progress",
             "--log-level",
             "--recipe",
+            "--colocate",  # engines give their memory to the trainer between rollouts (docs/scale-out.md)
             "--config",  # the field's conventions (docs/conventions.md): config files, trackers, labels
             "--logger",
             "--logger-project",
