@@ -46,6 +46,9 @@ PAPER = {"dapo-math-17k": 0.17, "deepscaler": 0.21, "deepmath-103k": 0.35}
 ARMS = ("sync", "oversample-discard", "april")
 MATCHED = {"max_running_requests": 64}  # 32 groups x 8 / 4 replicas: sync's own concurrency
 UNCAPPED = 262_144  # a response limit the sweep's lengths (almost) never reach
+#: The uncapped arms' engine: concurrency matched, and a context that holds prompt + UNCAPPED (Qwen3-4B's
+#: 40,960 would refuse the limit; with max_running_requests set, context_length moves nothing else).
+UNCAPPED_ENGINE = {**MATCHED, "context_length": 2 * UNCAPPED}
 
 
 def _summary(config: ExperimentConfig) -> tuple[dict[str, Any], float]:
@@ -110,7 +113,7 @@ def sanity(steps: int) -> dict[str, Any]:
                     steps,
                     strategies=arms,
                     workload_args=spread,
-                    engine_args=MATCHED,
+                    engine_args=UNCAPPED_ENGINE,
                     rollout=RolloutConfig(max_response_len=UNCAPPED),
                 )
             )
