@@ -25,13 +25,27 @@ reads, and runs without CUDA graphs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from april_bench.profiles.hardware import HardwareProfile
 from april_bench.profiles.models import ModelProfile
 
-__all__ = ["CostModel", "DecodeCost"]
+__all__ = ["CostModel", "DecodeCost", "iterations_within"]
+
+
+def iterations_within(run_time: Callable[[int], float], limit: int, budget: float) -> int:
+    """Largest k <= limit with ``run_time(k) <= budget`` (bisection: a run's time grows with its
+    iterations): how many decode steps of a run completed when it was interrupted.  The one bisection
+    of the simulator (one cost model's run, or the sum over weight versions' forwards)."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if run_time(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class DecodeCost:
@@ -48,16 +62,8 @@ class DecodeCost:
         raise NotImplementedError
 
     def iterations_within(self, batch: int, context_sum: float, limit: int, budget: float) -> int:
-        """Largest k <= limit with decode_run_time(batch, context_sum, k) <= budget (bisection: the
-        run time grows with k)."""
-        lo, hi = 0, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.decode_run_time(batch, context_sum, mid) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        """Largest k <= limit with decode_run_time(batch, context_sum, k) <= budget."""
+        return iterations_within(lambda k: self.decode_run_time(batch, context_sum, k), limit, budget)
 
     def saturated_tokens_per_s(self, batch: int, mean_context: float) -> float:
         """Decode tokens/s with ``batch`` requests always running at ``mean_context`` tokens each."""

@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from april_bench.engines.protocol import Completion, EngineError, GenerateRequest
-from april_bench.engines.sim.cost import CostModel
+from april_bench.engines.sim.cost import CostModel, iterations_within
 from april_bench.engines.sim.cost_curve import MeasuredCost
 from april_bench.engines.sim.speculative import SpeculativeCost
 from april_bench.engines.stream import CompletionStream
@@ -370,11 +370,8 @@ class SimReplica:
         end = start + run_time(k)
         kicked = await self._sleep_until(end)
         if kicked and loop.time() < end:
-            lo, hi = 0, k  # iterations completed so far (the run time grows with them)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if run_time(mid) <= loop.time() - start else (lo, mid - 1)
-            k = min(lo + 1, k)  # the iteration in progress completes
+            done = iterations_within(run_time, k, loop.time() - start)
+            k = min(done + 1, k)  # the iteration in progress completes
             if start + run_time(k) > loop.time():
                 await asyncio.sleep(start + run_time(k) - loop.time())
         self._advance(k, loop.time())
