@@ -97,6 +97,10 @@ class ToolSandbox:
         self._slots: dict[int, asyncio.Semaphore] = {}  # one per event loop (one per arm's run)
         #: (uid, sample, call, latency) of every call, in the order they returned: what the tests read.
         self.calls: list[tuple[int, int, int, float]] = []
+        #: Observation ids 3 + j % 97 for j < 97 + observation_tokens: each observation is a slice (a
+        #: call builds no tuple token by token; the simulator's hot path).
+        n = episodes.shape.observation_tokens
+        self._cycle = tuple(3 + j % 97 for j in range(97 + n))
 
     def _plan(self, state: Mapping[str, Any]) -> EpisodePlan:
         return self._episodes.plan(int(state["uid"]), int(state["sample"]), int(state["length"]))
@@ -123,7 +127,8 @@ class ToolSandbox:
             await asyncio.sleep(plan.latencies[turn])
         self.calls.append((int(state["uid"]), int(state["sample"]), turn, plan.latencies[turn]))
         n = self._episodes.shape.observation_tokens
-        obs = tuple(3 + (int(state["uid"]) * 31 + turn * 7 + i) % 97 for i in range(n))
+        start = (int(state["uid"]) * 31 + turn * 7) % 97
+        obs = self._cycle[start : start + n]  # = tuple(3 + (start + i) % 97 for i in range(n))
         return EnvStep(obs, {**state, "turn": turn + 1, "done_len": done_len + n})
 
 
