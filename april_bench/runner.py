@@ -16,7 +16,6 @@ CLI prints the ``table.md`` the run wrote (:func:`april_bench.results.store.run_
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import sys
 import threading
@@ -42,7 +41,6 @@ __all__ = [
     "ClaimedRun",
     "RunOutcome",
     "check_reference_run",
-    "execute",
     "execute_grid",
     "other_readings",
     "prepare",
@@ -75,9 +73,6 @@ class RunOutcome:
     #: The signal that stopped the run (``"SIGINT"`` for Ctrl-C), or :data:`ENGINE_LOST`; ``None``: it
     #: completed.
     interrupted_by: str | None = None
-    #: A completed paper row's other readings, as the section added to its ``table.md``
-    #: (:func:`other_readings`); ``None`` for any other run.
-    readings: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -387,7 +382,7 @@ class ClaimedRun:
             return self._stopped(exc, received)
         outcome = self._finish(result, recorder, run_writer, writer)
         if readings:  # the library and the CLI write the same directory: a paper row's other readings too
-            outcome = dataclasses.replace(outcome, readings=other_readings(outcome))
+            other_readings(outcome)
         return outcome
 
     def _start_provenance(self) -> None:
@@ -505,21 +500,6 @@ class ClaimedRun:
         return RunOutcome(out=self.out, result=result, stored=stored)
 
 
-def execute(
-    config: ExperimentConfig,
-    components: Components,
-    status: RunStatus,
-    *,
-    progress: bool,
-    echo: Echo | None = _stderr,
-    kept: dict[str, list[dict[str, Any]]] | None = None,
-) -> RunOutcome:
-    """Run (or continue) the validated experiment into ``status``'s claimed directory
-    (:meth:`ClaimedRun.execute`)."""
-    claimed = ClaimedRun(config, components, status, progress=progress, echo=echo, kept=kept)
-    return claimed.execute()
-
-
 def execute_grid(
     claimed: ClaimedRun,
 ) -> tuple[RunOutcome, ExperimentConfig, dict[str, str]]:
@@ -564,11 +544,11 @@ def execute_grid(
         return outcome, claimed.config, left_out
 
 
-def other_readings(outcome: RunOutcome) -> str | None:
+def other_readings(outcome: RunOutcome) -> None:
     """A completed simulated paper row whose algorithm its sources leave uncertain: simulate the row's
     other readings (:mod:`april_bench.experiment.readings`), write ``readings.json`` and add their
-    section to ``table.md``; the section, or ``None`` (no other reading, or not such a run).  The run's
-    own rows and summary are untouched."""
+    section to ``table.md`` (the screen prints that file); nothing for any other run.  The run's own
+    rows and summary are untouched."""
     from april_bench.experiment.readings import write_readings
     from april_bench.experiment_config import load_config
     from april_bench.results.readings import render_readings
@@ -576,14 +556,12 @@ def other_readings(outcome: RunOutcome) -> str | None:
 
     stored = outcome.stored
     if stored is None or not stored.simulated:
-        return None
+        return
     record = write_readings(stored.path, load_config(stored.config), stored.summary())
     if record is None:
-        return None
-    section = render_readings(record)
+        return
     table = stored.path / "table.md"
-    write_text_atomic(table, table.read_text() + "\n" + section + "\n")
-    return section
+    write_text_atomic(table, table.read_text() + "\n" + render_readings(record) + "\n")
 
 
 def _prog() -> str:

@@ -9,6 +9,7 @@ each query that failed.  The sampler never sees a vendor exception.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import importlib
 import io
@@ -83,7 +84,7 @@ class DeviceReader(Protocol):
         ...
 
 
-class VendorReader:
+class VendorReader(abc.ABC):
     """What the NVML and AMD SMI readers share: the open library, the handles of the devices sampled
     and their names, the field errors, :meth:`open` (the library shut down again when picking the
     devices fails) and :meth:`close`.  A subclass says how its library starts (:meth:`_start`), which
@@ -120,25 +121,28 @@ class VendorReader:
         return cls(lib, handles, names)
 
     @classmethod
+    @abc.abstractmethod
     def _start(cls, loader: ModuleLoader | None) -> tuple[ModuleType, Any]:
         """The started library, and what it found at the start (passed on to :meth:`_select`)."""
-        raise NotImplementedError
+        ...
 
     @classmethod
+    @abc.abstractmethod
     def _select(
         cls, lib: ModuleType, found: Any, devices: Sequence[int] | None, env: Mapping[str, str]
     ) -> dict[int, Any]:
         """The handle of every device to sample, by physical index."""
-        raise NotImplementedError
+        ...
 
     @staticmethod
-    def _name(lib: ModuleType, handle: Any, index: int) -> str:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _name(lib: ModuleType, handle: Any, index: int) -> str: ...
 
     @staticmethod
+    @abc.abstractmethod
     def shutdown(lib: ModuleType) -> None:
         """Release ``lib``; never raises."""
-        raise NotImplementedError
+        ...
 
     def close(self) -> None:
         self.shutdown(self._lib)
