@@ -9,6 +9,7 @@ closest registered names.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -65,6 +66,11 @@ class Spec:
     fixed: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
     #: What errors call it ("the simulator"); default "the NAME KIND".
     owner: str = field(default="", kw_only=True)
+    #: ``"module:Class.Config"`` targets whose fields a composite (no ``config``) takes as options, in
+    #: the order ``ls`` lists them (a pool's own, its fault options; an adapter's two variants).
+    option_configs: tuple[str, ...] = field(default=(), kw_only=True)
+    #: A line ``ls`` prints under the options (where the rest of a composite's options go).
+    options_note: str = field(default="", kw_only=True)
 
     #: The flag its options come from (``--engine-arg``), named by errors.
     option_flag: ClassVar[str] = "--option"
@@ -104,6 +110,26 @@ class Spec:
             fixed=self._fixed(),
         )
 
+    def option_help(self) -> dict[str, str]:
+        """Option name -> its help, read from the Config fields it parses (``ls engines`` prints them):
+        fields another flag sets are left out, what the run decides says so, a nested Config (a
+        pool's ``faults``) is listed through its own entry in :attr:`option_configs`.  Imports the
+        component's module, not its engine package."""
+        targets = (self.config,) if self.config is not None else self.option_configs
+        decided = dict(self.decided)
+        fixed = set(self._fixed())
+        options: dict[str, str] = {}
+        for target in targets:
+            config = load(target)
+            for item in dataclasses.fields(config):
+                if item.name in fixed or item.name in options or _is_section(item):
+                    continue
+                text = item.metadata.get("help", "")
+                if item.name in decided:
+                    text += f"; unless given, the run's {decided[item.name]}"
+                options[item.name] = text
+        return options
+
     def fixed_from(self) -> tuple[tuple[str, str], ...]:
         """``(Config field, settings attribute)`` of the fixed fields: the same names."""
         return tuple((name, name) for name, _ in self.fixed)
@@ -135,6 +161,14 @@ class Spec:
 
     def _fixed(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.fixed)
+
+
+def _is_section(item: dataclasses.Field[Any]) -> bool:
+    """A field holding a nested Config (a pool's ``faults``), whose fields are given flat and listed
+    through that Config."""
+    if item.default_factory is dataclasses.MISSING:
+        return False
+    return isinstance(item.default_factory(), BaseConfig)
 
 
 class UnknownNameError(ConfigError, KeyError):

@@ -94,3 +94,41 @@ def test_case_slips_get_a_did_you_mean(
 def test_the_program_name_is_the_one_invoked() -> None:
     assert prog_name("/venv/bin/april-bench") == "april-bench"
     assert prog_name("/src/april_bench/__main__.py") == "python -m april_bench"
+
+
+def test_ls_lists_each_components_options_from_its_config(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ls engines` / `ls trainers` print the options each component parses, read from its Config: what
+    another flag sets is left out, what the run decides says so, a composite names where the rest go."""
+    from april_bench.engines import ENGINES
+    from april_bench.registry import load
+
+    assert main(["ls", "engines"]) == 0
+    out = capsys.readouterr().out
+    sim = out.split("\n  sim ", 1)[1].split("\n  hf ", 1)[0]
+    assert "      max_running_requests: " in sim and "      hardware:" not in sim  # --hw sets it
+    hf = out.split("\n  hf ", 1)[1].split("\n  fake ", 1)[0]
+    assert "      seed: " in hf and "unless given, the run's seed" in hf
+    pool = out.split("\n  fake-pool ", 1)[1].split("\n  sglang ", 1)[0]
+    assert "      chaos_seed: " in pool and "      faults:" not in pool  # FaultOptions, flat
+    assert "+ any other option goes to each fake replica" in pool
+
+    # what is listed is what parse_options takes: a listed name is known, a name not listed is not
+    hf_spec = ENGINES.get("hf")
+    listed = set(hf_spec.option_help())
+    fields = set(load(str(hf_spec.config)).field_help())
+    assert listed == fields - {"model"}
+    with pytest.raises(Exception, match="--engine-arg model is set by --model"):
+        hf_spec.parse_options({"model": "tiny"})
+
+    assert main(["ls", "trainers"]) == 0
+    out = capsys.readouterr().out
+    assert "      mini_batches: optimizer steps per rollout step" in out
+    assert "      world_size: " in out.split("\n  fsdp ", 1)[1].split("\n  megatron ", 1)[0]
+    assert "(no options: its flags set it)" in out.split("\n  sim ", 1)[1]
+
+
+def test_component_arg_help_points_at_ls() -> None:
+    run = _subparser("run")
+    helps = {a.dest: str(a.help) for a in run._actions}
+    assert "`ls engines` lists each engine's options" in helps["engine_arg"]
+    assert "`ls trainers` lists each trainer's options" in helps["trainer_arg"]

@@ -25,6 +25,12 @@ __all__ = [
 ]
 
 
+_OPTIONS_LISTED = {
+    "engine": "; `ls engines` lists each engine's options",
+    "trainer": "; `ls trainers` lists each trainer's options",
+}
+
+
 def key_value(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
@@ -217,7 +223,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
             type=key_value,
             default=[],
             metavar="NAME=VALUE",
-            help=f"{exp[flag + '_args']}, e.g. {example} (repeatable)",
+            help=f"{exp[flag + '_args']}, e.g. {example} (repeatable)" + _OPTIONS_LISTED.get(flag, ""),
         )
     data = p.add_argument_group(
         "math data sets (a checkpoint --model trains on real prompts; the sim takes prompt lengths from them)"

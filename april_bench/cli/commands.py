@@ -147,11 +147,29 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 if name == "strategies" and args.what == name:
                     for option, text in strategy_options(key).items():
                         print(f"      {option}: {text}")
+                if name in ("engines", "trainers") and args.what == name:
+                    _print_options(registry.get(key))
     if args.what in ("all", "datasets"):
         _ls_datasets()
     if args.what in ("all", "hardware"):
         _ls_hardware(verbose=args.what == "hardware")
     return 0
+
+
+def _print_options(spec: Any) -> None:
+    """A component's ``--engine-arg``/``--trainer-arg`` options, read from its Config's fields (a module
+    that cannot be imported here says so instead)."""
+    try:
+        options = spec.option_help()
+    except ImportError as exc:
+        print(f"      (options not listed: {exc.name or exc} is not importable here)")
+        return
+    for option, text in options.items():
+        print(f"      {option}: {text}")
+    if not options and not spec.options_note:
+        print("      (no options: its flags set it)")
+    if spec.options_note:
+        print(f"      + {spec.options_note}")
 
 
 def _engine_here(spec: Any) -> str:

