@@ -82,7 +82,7 @@ def config_from_file(
     """The configuration in ``path`` over the recipe of its hardware (``hardware``: the --hw flag, used
     when the file names none; a different one is a conflict)."""
     from april_bench.experiment_config import CONFIG_VERSION, ExperimentConfig, engine_rules
-    from april_bench.recipes import default_hardware, recipe_for
+    from april_bench.recipes import recipe_for
 
     data = read_config_file(path)
     version = data.pop("config_version", CONFIG_VERSION)  # a run's config.yaml names its version
@@ -94,7 +94,8 @@ def config_from_file(
     named = data.get("hardware")
     if named is not None and hardware is not None and named != hardware:
         raise ConfigError(f"--hw {hardware} and --config {path} (hardware = {named!r}) disagree; drop one")
-    base = recipe_for(str(named or hardware or default_hardware(recipe)), recipe).to_dict()
+    given = named or hardware  # neither: the recipe's own hardware
+    base = recipe_for(str(given) if given else None, recipe).to_dict()
     del base["config_version"]  # the file's fields over the recipe's; the version is checked above
     merged = dict(base)
     for key, value in data.items():

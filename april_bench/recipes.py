@@ -133,7 +133,11 @@ def default_hardware(recipe: str | None) -> str:
     return "h100" if recipe == GPU_CHECK else "mi300x"
 
 
-def recipe_for(hardware: str, recipe: str | None = None, **overrides: Any) -> ExperimentConfig:
+def recipe_for(hardware: str | None, recipe: str | None = None, **overrides: Any) -> ExperimentConfig:
+    """The recipe ``recipe`` (``None``: the embedded default on the CPU, APRIL's paper setting on a GPU)
+    on ``hardware`` (``None``: the recipe's own, :func:`default_hardware`), ``overrides`` on top."""
+    if hardware is None:
+        hardware = default_hardware(recipe)
     if recipe == GPU_CHECK:
         return gpu_check(hardware, **overrides)
     if recipe is not None:

@@ -355,15 +355,6 @@ def _split_arms(text: str) -> list[str]:
     return parts
 
 
-def run_hardware(args: argparse.Namespace) -> str:
-    """``--hw`` as given, else the recipe's default (:func:`april_bench.recipes.default_hardware`)."""
-    from april_bench.recipes import default_hardware
-
-    if args.hw is not None:
-        return str(args.hw)
-    return default_hardware(getattr(args, "recipe", None))
-
-
 def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     """The hardware's recipe, with every flag the user set applied on top (on top of ``base`` instead,
     when given: a resumed run's stored configuration)."""
@@ -379,7 +370,7 @@ def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
 
         base = config_from_file(args.config, hardware=args.hw, recipe=getattr(args, "recipe", None))
     else:
-        base = recipe_for(run_hardware(args), getattr(args, "recipe", None))
+        base = recipe_for(args.hw, getattr(args, "recipe", None))  # no --hw: the recipe's hardware
     if args.engine is not None:  # first: its recipe rules change the recipe, the flags then apply on top
         base = base.replace(engine=args.engine)
     changes: dict[str, Any] = {
