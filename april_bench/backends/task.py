@@ -14,9 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from april_bench.backends.claims import check_data_claims
 from april_bench.tasks import TASKS
-from april_bench.tasks.base import Task, check_model, check_options_used
+from april_bench.tasks.base import Task, check_data_claims, check_model, check_options_used
 
 if TYPE_CHECKING:
     from april_bench.experiment_config import ExperimentConfig
