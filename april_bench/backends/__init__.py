@@ -34,8 +34,9 @@ from april_bench.workload import Workload
 
 if TYPE_CHECKING:
     from april_bench.experiment_config import ExperimentConfig
+    from april_bench.rollout.loop import RolloutConfig
 
-__all__ = ["Components", "build_components", "check_drivers", "resolve_engine", "validate"]
+__all__ = ["Components", "build_components", "check_drivers", "resolve_engine"]
 
 
 @dataclass(slots=True)
@@ -54,6 +55,12 @@ class Components:
     trainer_settings: TrainerSettings
     engine_args: Mapping[str, Any]
     trainer_args: Mapping[str, Any]
+    #: Every session's rollout loop settings: the config's, with its seed and dynamic sampling, and the
+    #: workload's lengths replayed where the task says (resolved once, here).
+    rollout: RolloutConfig
+    #: The simulator's GPUs (``--num-gpus``, else one node of the hardware), looked up once here: an
+    #: asynchronous arm splits them (:meth:`split`); ``None`` on other engines.
+    sim_gpus: int | None
 
     @property
     def virtual_time(self) -> bool:
@@ -68,11 +75,9 @@ class Components:
         node, the rest in whole engine replicas for rollout), as verl's and AReaL's disaggregated
         setups run; other engines run as they are (a real engine and trainer share what they share,
         and the timing measures it).  Also a note saying which split was made (``None``: none)."""
-        if self.engine_name != "sim":
+        total = self.sim_gpus
+        if total is None:
             return self.engine, self.trainer, None
-        from april_bench.profiles.hardware import hardware_profile
-
-        total = self.engine_settings.num_gpus or hardware_profile(self.engine_settings.hardware).gpus_per_node
         tp = int(self.engine_args.get("tp_size") or min(2, total))
         # default: a quarter of the node for the trainer, the rest (whole engine replicas) for rollout
         train = train_gpus if train_gpus is not None else total - tp * ((total - max(1, total // 4)) // tp)
@@ -98,8 +103,11 @@ class Components:
 
 
 def build_components(config: ExperimentConfig, *, progress: bool = False) -> Components:
-    """Resolve the engine and trainer, check the telemetry option, assemble the task, prepare engine and
-    trainer factories, and validate them (:func:`validate`): the run's one validation.
+    """The run's one validation, in the order of what each step needs: resolve the engine and check
+    every arm's driver on it (:func:`check_drivers`), resolve the trainer, check the telemetry option,
+    assemble the task (its own checks), resolve the rollout settings, prepare engine and trainer
+    factories and check their options (:meth:`Components.check`).  Raises ``ConfigError`` naming the
+    fix.
 
     Nothing heavy happens here (no warm start, no model load): ``validate`` calls it too.
     """
@@ -108,8 +116,14 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
     missing = spec.missing()
     if missing:
         raise ConfigError(missing)
+    check_drivers(config, engine_name, spec)  # every arm's driver on this engine, before anything is built
     trains = spec.produces_tokens and not spec.simulated  # a model's tokens: something to train on
     trainer_spec = resolve_trainer(config.trainer, engine=engine_name, produces_tokens=trains)
+    sim_gpus = None  # the simulator's GPUs, which an asynchronous arm splits (Components.split)
+    if engine_name == "sim":
+        from april_bench.profiles.hardware import hardware_profile
+
+        sim_gpus = config.num_gpus or hardware_profile(config.hardware).gpus_per_node
     telemetry_note = None  # a measured run's telemetry: checked before any download or task is built
     if config.telemetry is not None and not spec.virtual_time:
         from april_bench.telemetry.sampler import check_backend
@@ -147,6 +161,8 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         num_gpus=config.num_gpus,
         initial_weights=task.initial_weights,
     )
+    # every session's rollout loop: the config's settings, the workload's lengths replayed if the task says
+    rollout = config.rollout_config(replay_lengths=task.replay_lengths)
     components = Components(
         engine_name=engine_name,
         engine=lambda: spec.build(engine_settings, config.engine_args),
@@ -160,32 +176,24 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         trainer_settings=trainer_settings,
         engine_args=config.engine_args,
         trainer_args=config.trainer_args,
+        rollout=rollout,
+        sim_gpus=sim_gpus,
         notes=([note] if note else []) + task.notes + ([telemetry_note] if telemetry_note else []),
     )
-    validate(config, components)
+    components.check()  # every engine and trainer option, with the settings the task decided
     return components
 
 
-def validate(config: ExperimentConfig, components: Components) -> None:
-    """The rest of the one validation of a run (:func:`build_components` checks the telemetry option as
-    soon as the engine is chosen, then calls this once for ``run``, ``validate``, ``ablate``, a resume
-    and the library): every engine and trainer option, and every arm's driver on this engine.  Raises
-    ``ConfigError`` naming the fix; nothing heavy runs."""
-    components.check()
-    check_drivers(config, components)
-
-
-def check_drivers(config: ExperimentConfig, components: Components) -> None:
+def check_drivers(config: ExperimentConfig, engine_name: str, spec: EngineSpec) -> None:
     """Refuse, before any engine starts, an arm that updates weights in flight on an engine that
     cannot (SGLang's adapters, vLLM's server adapter: use weight_update=drain or one-step-off), and
     a consistent-rollout arm on an engine that holds one weight version (vLLM, SGLang)."""
     from april_bench.rollout.driver_config import WeightUpdateMode
     from april_bench.strategies import STRATEGIES
 
-    spec = components.engine_spec
     if config.colocate and not spec.sleeps:
         raise ConfigError(
-            f"--colocate: engine {components.engine_name!r} cannot release its memory for the trainer; "
+            f"--colocate: engine {engine_name!r} cannot release its memory for the trainer; "
             "use vllm (on a GPU), sglang, or ray with engine=vllm or sglang"
         )
     for arm in config.arms:
@@ -200,15 +208,15 @@ def check_drivers(config: ExperimentConfig, components: Components) -> None:
         if strategy.pins_versions and not spec.holds_versions:
             raise ConfigError(
                 f"arm {arm.label!r} finishes each partial on the policy version that began it, which needs "
-                f"two weight versions in one engine; engine {components.engine_name!r} cannot: "
+                f"two weight versions in one engine; engine {engine_name!r} cannot: "
                 f"{spec.versions_missing}; use --engine sim or hf"
             )
         if (
             driver.asynchronous
             and driver.update_mode(partial) is WeightUpdateMode.INFLIGHT
-            and not components.engine_spec.updates_in_flight(components.engine_args)
+            and not spec.updates_in_flight(config.engine_args)
         ):
             raise ConfigError(
-                f"arm {arm.label!r}: engine {components.engine_name!r} cannot update weights with requests "
+                f"arm {arm.label!r}: engine {engine_name!r} cannot update weights with requests "
                 "in flight (pause, install, continue); add weight_update=drain or use driver=one-step-off"
             )

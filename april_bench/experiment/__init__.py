@@ -48,7 +48,7 @@ from april_bench.rollout.loop import RolloutConfig
 from april_bench.telemetry.records import ListSink, TelemetryRecord
 from april_bench.vtime import run_real, run_virtual
 
-__all__ = ["ArmSession", "ExperimentConfig", "RunResult", "load_config", "run", "schedule"]
+__all__ = ["ArmSession", "ExperimentConfig", "RunResult", "load_config", "run", "run_prepared", "schedule"]
 
 
 @dataclass(slots=True)
@@ -93,18 +93,32 @@ def run(
     status: RunStatus | None = None,
 ) -> RunResult:
     """Run every session of ``config`` and return the tidy records (also streamed to ``recorder``'s
-    sink).  With ``status`` (a run directory's), sessions checkpoint after every step (the trainer's
-    state every ``checkpoint_every`` steps and at an interruption) and continue from the steps
-    ``status`` says they completed.  ``components`` given are already validated
-    (:func:`april_bench.backends.build_components` validates what it builds)."""
+    sink): :func:`run_prepared` on ``components``, built and validated here when not given
+    (:func:`april_bench.backends.build_components`)."""
     if components is None:
         components = build_components(config, progress=progress)
+    return run_prepared(config, components, progress=progress, echo=echo, recorder=recorder, status=status)
+
+
+def run_prepared(
+    config: ExperimentConfig,
+    components: Components,
+    *,
+    progress: bool = True,
+    echo: Callable[[str], None] | None = None,
+    recorder: RunRecorder | None = None,
+    status: RunStatus | None = None,
+) -> RunResult:
+    """Run every session of ``config`` on its validated ``components`` (the runner's: it built them
+    before claiming the run directory) and return the tidy records (also streamed to ``recorder``'s
+    sink).  With ``status`` (a run directory's), sessions checkpoint after every step (the trainer's
+    state every ``checkpoint_every`` steps and at an interruption) and continue from the steps
+    ``status`` says they completed."""
     for note in components.notes:
         if echo:
             echo(note)
     recorder = recorder if recorder is not None else RunRecorder()
-    # every session's rollout loop: the config's settings, the workload's lengths replayed if the task says
-    rollout = config.rollout_config(replay_lengths=components.task.replay_lengths)
+    rollout = components.rollout  # every session's rollout loop settings, resolved with the components
     if status is not None and echo is not None and (status.completed or status.finished):
         for arm in config.arms:  # a resumed run: say what an asynchronous arm cannot continue
             unfinished = any(
