@@ -102,15 +102,11 @@ def run(
 ) -> RunResult:
     """Run every arm of ``config``; with ``out``, into a run directory exactly as ``python -m april_bench
     run --out`` writes it (an interruption is saved, then re-raised as ``KeyboardInterrupt``)."""
-    from april_bench.experiment import run as run_sessions
+    from april_bench.experiment import run_prepared
 
     if out is None:
-        return run_sessions(
-            config,
-            progress=progress,
-            echo=echo,
-            recorder=recorder,
-            components=prepare(config, progress=progress),
+        return run_prepared(
+            config, prepare(config, progress=progress), progress=progress, echo=echo, recorder=recorder
         )
     outcome = run_into(
         config, Path(out), overwrite=overwrite, allow_dirty=allow_dirty, progress=progress, echo=echo
@@ -135,10 +131,10 @@ def run_into(
     metadata: dict[str, Any] | None = None,
     trackers: dict[str, Any] | None = None,
 ) -> RunOutcome:
-    """Validate, claim ``out`` (``None``: a fresh directory under ``runs/``) and run into it, holding
-    its lock throughout.  ``metadata``: labels merged into provenance and summary (``--metadata``);
-    ``trackers``: the ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
-    components = components or prepare(config, progress=progress)
+    """Validate (``components`` given: already validated), claim ``out`` (``None``: a fresh directory
+    under ``runs/``) and run into it, holding its lock throughout (one :class:`ClaimedRun`).
+    ``metadata``: labels merged into provenance and summary (``--metadata``); ``trackers``: the
+    ``--logger`` sinks (:func:`april_bench.results.trackers.open_trackers` options)."""
     claimed = ClaimedRun.claim(
         config,
         components,
@@ -275,7 +271,7 @@ class ClaimedRun:
     def claim(
         cls,
         config: ExperimentConfig,
-        components: Components,
+        components: Components | None,
         out: Path | None,
         *,
         overwrite: bool = False,
@@ -288,14 +284,17 @@ class ClaimedRun:
         kind: str = "run",
         lock: bool = True,
     ) -> ClaimedRun:
-        """Claim ``out`` (``None``: a fresh directory ``runs/<name>``) for a new run of the validated
-        ``config``, holding its lock until the ``with`` block on the result ends (``lock=False``: a
-        directory inside one the caller holds).  A tracker whose library is missing is refused before
-        the claim."""
+        """Claim ``out`` (``None``: a fresh directory ``runs/<name>``) for a new run of ``config``,
+        holding its lock until the ``with`` block on the result ends (``lock=False``: a directory inside
+        one the caller holds).  The config is validated first (:func:`prepare`, unless ``components``
+        are given, already validated), then the checks of the directory: a reference run's, and a
+        tracker whose library is missing, are refused before the claim."""
+        from april_bench.results.reference import check_reference_output
         from april_bench.results.rundir import RunLock, default_run_name, start_run_dir
         from april_bench.results.trackers import check_trackers
 
-        check_reference_run(out, allow_dirty=allow_dirty)
+        components = components or prepare(config, progress=progress)  # nothing claimed for a bad config
+        check_reference_output(out, allow_dirty=allow_dirty)
         check_trackers((trackers or {}).get("names", ()))
         name = name or default_run_name(config.hardware, config.algorithm, config.dataset)
         held = RunLock() if lock else None  # taken by the claim: a second process is refused
@@ -367,12 +366,12 @@ class ClaimedRun:
         received: list[str] = []
         try:
             with signals_as_interrupts(received):
-                result = experiment.run(
+                result = experiment.run_prepared(
                     self.config,
+                    self.components,
                     progress=self.progress,
                     echo=self.echo,
                     recorder=recorder,
-                    components=self.components,
                     status=self.status,
                 )
         except BaseException as exc:
