@@ -92,3 +92,17 @@ def test_the_screen_prints_the_table_md_the_run_wrote(
     from april_bench.results.store import load_run, run_report
 
     assert run_report(load_run(out), out).startswith("## Results: edited\n\nrun directory: ")
+
+
+def test_claim_validates_before_it_claims(tmp_path: Path) -> None:
+    """``ClaimedRun.claim`` without components validates first: a config the wiring refuses (here an
+    arm the engine cannot run) is one error line and leaves no directory behind."""
+    from april_bench.config import ConfigError
+    from april_bench.experiment_config import ExperimentConfig
+    from april_bench.runner import ClaimedRun
+
+    config = ExperimentConfig(hardware="h100", engine="sim", colocate=True, steps=2)
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="--colocate: engine 'sim' cannot release its memory"):
+        ClaimedRun.claim(config, None, out)
+    assert not out.exists()
