@@ -91,7 +91,11 @@ class _Receivers:
 
 
 @pytest.mark.slow
-def test_collective_sync_forms_the_group_once_again_after_a_replacement_and_falls_back() -> None:
+def test_collective_sync_forms_the_group_once_again_after_a_replacement_and_falls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the sender waits for the failed receiver this long, then the fallback runs (not gloo's 30 min)
+    monkeypatch.setattr("april_bench.collective.GROUP_TIMEOUT_S", 3.0)
     trainer = TorchTrainer.Config(device="cpu").build(module=_module(_start()))
     engine = _Receivers(2, fail_at=3)
     assert isinstance(engine, WeightReceivers)
@@ -121,7 +125,10 @@ def test_collective_sync_forms_the_group_once_again_after_a_replacement_and_fall
     for _, _, state in engine.installed:
         assert state.keys() == reference.keys()
         assert all(torch.equal(state[k], reference[k]) for k in reference)
-    assert len(sync.fallbacks) == 1 and "worker lost" in sync.fallbacks[0]
+    assert len(sync.fallbacks) == 1
+    # one clear line: the receivers' error, and the sender's own (it gave up at the group's timeout)
+    assert "engine receivers: RuntimeError: worker lost" in sync.fallbacks[0]
+    assert "sender: " in sync.fallbacks[0]
 
 
 class _ObjectStore:
@@ -162,3 +169,40 @@ def test_the_fsdp_trainers_rank_0_broadcasts_the_gathered_policy() -> None:
     assert (version, how) == (1, "collective")
     assert state.keys() == start.keys()
     assert all(torch.equal(state[k], start[k]) for k in start)
+
+
+def test_the_vllm_worker_extension_joins_receives_and_reloads_in_place() -> None:
+    """april-bench's vLLM worker extension (what ``/collective_rpc`` calls, string arguments): the
+    worker joins as rank ``first + its rank``, receives one broadcast and hands it to vLLM's in-place
+    ``reload_weights`` as (name, tensor) pairs."""
+    from april_bench.engines.vllm.worker import WeightReload
+
+    class Worker(WeightReload):
+        rank = 1  # the second tensor-parallel worker
+
+        def __init__(self) -> None:
+            self.model_runner = type("Runner", (), {"model": torch.nn.Linear(2, 2)})()
+            self.reloaded: list[tuple[str, torch.Tensor]] = []
+
+        def reload_weights(self, weights_iterator: Any) -> None:
+            self.reloaded = list(weights_iterator)
+
+    worker = Worker()
+    with pytest.raises(RuntimeError, match="before join_weight_group"):
+        worker.receive_weights()
+    address = host_address()
+    state = {"a": torch.arange(4.0), "b": torch.ones(2, 2, dtype=torch.bfloat16)}
+    # first rank 0 of the server's workers plus this worker's own rank 1: group rank 1 of 2
+    joined = threading.Thread(target=worker.join_weight_group, args=(address, "0", "2", "gloo", "20"))
+    joined.start()
+    sender = WeightGroup(address, 0, 2, timeout_s=20)
+    joined.join(30)
+    assert worker._april_weight_group.rank == 1
+    received: list[int] = []
+    receiving = threading.Thread(target=lambda: received.append(worker.receive_weights()))
+    receiving.start()
+    sender.send(state)
+    receiving.join(30)
+    assert received == [2]
+    assert [name for name, _ in worker.reloaded] == ["a", "b"]
+    assert all(torch.equal(t, state[n]) and t.dtype == state[n].dtype for n, t in worker.reloaded)

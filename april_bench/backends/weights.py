@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Protocol
 
-from april_bench.collective import WeightGroup, WeightReceivers, WeightSource, host_address
+from april_bench.collective import (
+    WeightGroup,
+    WeightReceivers,
+    WeightSource,
+    header,
+    host_address,
+    weight_wire,
+)
 from april_bench.config import ConfigError
 from april_bench.engines.protocol import Engine, WeightUpdate
 from april_bench.trainers.protocol import CheckpointWriter, Trainer
@@ -80,6 +88,7 @@ class CollectiveSync:
         self.fallback = fallback
         self.backend = backend
         self._source: WeightSource | None = None
+        self._header: dict[str, list[Any]] | None = None  # the policy's names, dtypes, shapes (fixed)
         #: Pushes that went by the fallback, and why (the run's provenance can say so).
         self.fallbacks: list[str] = []
 
@@ -89,7 +98,12 @@ class CollectiveSync:
             if self._source is None or not engine.weight_group_current():
                 await self._form(trainer, engine)
             assert self._source is not None
-            await asyncio.gather(self._source.send_weights(), engine.receive_weights(version))
+            if weight_wire(engine) == "per_tensor":  # SGLang's: the receivers are told the header first
+                if self._header is None:
+                    self._header = await self._source.weight_header()
+                await _both(self._source.send_weights(True), engine.receive_weights(version, self._header))
+            else:
+                await _both(self._source.send_weights(), engine.receive_weights(version))
         except Exception as exc:  # a lost worker or sender: this update by the fallback
             self.fallbacks.append(f"version {version}: {type(exc).__name__}: {exc}")
             print(
@@ -104,16 +118,35 @@ class CollectiveSync:
         source = trainer if isinstance(trainer, WeightSource) else DriverSource(trainer)
         address = await source.weight_group_address()
         world = 1 + engine.weight_receivers()
-        await asyncio.gather(
-            source.join_weight_group(address, world, self.backend),
-            engine.join_weight_group(address, 1, world, self.backend),
-        )
+        try:
+            await _both(
+                source.join_weight_group(address, world, self.backend),
+                engine.join_weight_group(address, 1, world, self.backend),
+            )
+        except Exception:
+            source.leave_weight_group()
+            raise
         self._source = source
 
     def _leave(self) -> None:
         if self._source is not None:
             source, self._source = self._source, None
             source.leave_weight_group()
+
+
+async def _both(sender: Awaitable[None], receivers: Awaitable[None]) -> None:
+    """Await the sending and the receiving side to the end, both (a side that failed leaves the other
+    blocked in the group until its timeout, ``collective.GROUP_TIMEOUT_S``: the fallback must not start
+    before it returns, or the sender's rank would be busy); then raise one error naming the side."""
+    outcomes: list[object] = list(await asyncio.gather(sender, receivers, return_exceptions=True))
+    sent, received = outcomes
+    failures = [
+        f"{side}: {type(exc).__name__}: {exc}"
+        for side, exc in (("engine receivers", received), ("sender", sent))
+        if isinstance(exc, BaseException)
+    ]
+    if failures:
+        raise RuntimeError(f"weight group failed ({'; '.join(failures)})")
 
 
 class DriverSource:
@@ -130,18 +163,25 @@ class DriverSource:
     async def join_weight_group(self, address: str, world: int, backend: str) -> None:
         self._group = await asyncio.to_thread(WeightGroup, address, 0, world, backend=backend)
 
-    async def send_weights(self) -> None:
+    async def send_weights(self, per_tensor: bool = False) -> None:
         state = self.trainer.weights()
-        await asyncio.to_thread(self._group.send, state)
+        await asyncio.to_thread(self._group.send_each if per_tensor else self._group.send, state)
+
+    async def weight_header(self) -> dict[str, list[Any]]:
+        return header(self.trainer.weights())
 
     def leave_weight_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
         self._group = None
 
 
 def choose_weight_sync(engine: Engine, trainer: Trainer, scratch: Path) -> WeightSync:
     """The first weight form the engine accepts that the trainer can produce."""
     formats = engine.info.weight_formats
-    if trainer.weights() is None:  # a simulated trainer: nothing to send but the version
+    # ``has_weights``: a trainer whose weights() is a gather (FSDP, Megatron, an actor) says so, rather
+    # than gathering the whole policy here only to see it is not None
+    if not getattr(trainer, "has_weights", False) and trainer.weights() is None:  # simulated
         if "none" not in formats:
             raise ConfigError(
                 f"engine {engine.info.name!r} needs real weights; use a real trainer (--trainer torch)"

@@ -53,6 +53,10 @@ class PolicySpec:
 class FSDPTrainer(Configurable):
     """Drives ``world_size`` FSDP2 ranks; the trainer protocol on this side, collectives on theirs."""
 
+    #: ``weights()`` gathers every rank's shard: callers that only ask whether there are weights must
+    #: not call it (``backends.weights.choose_weight_sync``).
+    has_weights = True
+
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(TorchTrainer.Config):
         world_size: int = param(2, help="data-parallel ranks (processes; one GPU each on CUDA)")
@@ -125,9 +129,15 @@ class FSDPTrainer(Configurable):
         # in a thread: rank 0's join waits for the engine's workers, joining meanwhile
         await asyncio.to_thread(self._ranks.call, "join_weights", address, world, backend)
 
-    async def send_weights(self) -> None:
-        """Every rank gathers the full policy (an FSDP collective); rank 0 broadcasts it."""
-        await asyncio.to_thread(self._ranks.call, "send_weights")
+    async def send_weights(self, per_tensor: bool = False) -> None:
+        """Every rank gathers the full policy (an FSDP collective); rank 0 broadcasts it (``per_tensor``:
+        SGLang's wire, one broadcast per tensor)."""
+        await asyncio.to_thread(self._ranks.call, "send_weights", per_tensor)
+
+    async def weight_header(self) -> dict[str, list[Any]]:
+        """Names, dtypes and full shapes from rank 0's sharded parameters (no gather)."""
+        found: dict[str, list[Any]] = (await asyncio.to_thread(self._ranks.call, "weight_header"))[0]
+        return found
 
     def leave_weight_group(self) -> None:
         self._ranks.call("leave_weights")
@@ -238,7 +248,7 @@ def _handler(trainer: _RankTrainer, rank: int) -> Handler:
         set_optimizer_state_dict,
     )
 
-    from april_bench.collective import WeightGroup, host_address
+    from april_bench.collective import WeightGroup, header, host_address
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights: list[WeightGroup] = []  # rank 0's weight group, once joined
@@ -258,10 +268,13 @@ def _handler(trainer: _RankTrainer, rank: int) -> Handler:
             weights[:] = [WeightGroup(address, 0, world, backend=backend)] if rank == 0 else []
             return None
         if command == "send_weights":
+            (per_tensor,) = args
             state = get_model_state_dict(trainer.model, options=full)  # a collective: every rank
             for group in weights:
-                group.send(state)
+                group.send_each(state) if per_tensor else group.send(state)
             return None
+        if command == "weight_header":  # a DTensor's shape is the full tensor's
+            return header(trainer.model.state_dict()) if rank == 0 else None
         if command == "leave_weights":
             weights.clear()
             return None

@@ -64,6 +64,10 @@ _VOCAB_KEYS = ("model.embed_tokens.weight", "lm_head.weight")
 class MegatronTrainer(Configurable):
     """Drives ``tp x pp`` megatron-core ranks; the trainer protocol on this side, megatron on theirs."""
 
+    #: ``weights()`` gathers every rank's shard: callers that only ask whether there are weights must
+    #: not call it (``backends.weights.choose_weight_sync``).
+    has_weights = True
+
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(TorchTrainer.Config):
         tp: int = param(1, help="tensor-parallel size (ranks; one GPU each on CUDA)")

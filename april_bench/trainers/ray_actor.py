@@ -36,6 +36,8 @@ __all__ = ["RayTrainer", "TrainerActor", "build_ray", "check_ray"]
 class RayTrainer(Configurable):
     """The trainer protocol on the driver; the inner trainer in a Ray actor."""
 
+    has_weights = True  # a real trainer in an actor (``weights()`` fetches them: not a cheap check)
+
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
         trainer: str = param("torch", help="the trainer the actor runs: torch, fsdp or megatron")
