@@ -23,6 +23,7 @@ class ScriptedServer:
         self.step_s = step_s
         self.bodies: list[dict[str, Any]] = []
         self.disconnects = 0
+        self.calls: list[tuple[str, Any]] = []  # every other request: its path and JSON body
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -34,6 +35,7 @@ class ScriptedServer:
                 if path == "/v1/completions":
                     await self._stream(json.loads(raw), reader, writer)
                     return
+                self.calls.append((path, json.loads(raw) if raw else None))
                 reply = {"/v1/models": {"data": [{"id": "m"}]}, "/version": {"version": "0.0-test"}}.get(
                     path, {}
                 )
@@ -131,3 +133,29 @@ def test_abort_hangs_up_and_returns_what_was_streamed_and_nothing_for_a_queued_r
 
     run(body, server)
     assert server.disconnects >= 2
+
+
+def test_weights_over_a_group_go_to_the_workers_through_collective_rpc() -> None:
+    """``join_weight_group`` and ``receive_weights`` (collective.EngineWorkers) are april-bench's worker
+    extension's methods through ``/collective_rpc`` (string arguments only), the receive between a
+    pause and a resume, then the new version."""
+    server = ScriptedServer()
+
+    async def body(engine: VLLMServerEngine) -> None:
+        assert engine.weight_workers() == 1
+        server.calls.clear()
+        await engine.join_weight_group("tcp://10.0.0.1:1234", 3, 5, "gloo")
+        await engine.receive_weights(7)
+        assert server.calls == [
+            (
+                "/collective_rpc",
+                {"method": "join_weight_group", "args": ["tcp://10.0.0.1:1234", "3", "5", "gloo", "60.0"]},
+            ),
+            ("/pause?mode=abort&clear_cache=true", None),
+            ("/collective_rpc", {"method": "receive_weights"}),
+            ("/resume", None),
+            ("/update_weight_version", {"new_version": "7"}),
+        ]
+        assert engine.version == 7
+
+    run(body, server)

