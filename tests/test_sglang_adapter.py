@@ -383,3 +383,54 @@ def test_an_attached_engine_leaves_the_server_running() -> None:
             await server.stop()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+# ----------------------------------------------------------------------------- weights over a group
+def test_weights_over_a_gloo_group_reach_the_fake_server_tensor_by_tensor() -> None:
+    """``/init_weights_update_group`` then ``/update_weights_from_distributed``: the fake joins the
+    sender's gloo group as rank ``rank_offset`` and receives every tensor of the header exactly (one
+    broadcast each, SGLang's wire); later completions carry the update's version."""
+    import torch
+
+    from april_bench.collective import WeightGroup, header, host_address
+
+    state = {
+        "model.b": torch.arange(6, dtype=torch.float32).view(2, 3),
+        "model.a": torch.tensor([7, -1, 3]),
+        "lm_head.weight": torch.full((2, 2), 0.5, dtype=torch.bfloat16),
+    }
+
+    async def body(engine: SGLangEngine) -> None:
+        with pytest.raises(EngineError, match="needs their header"):
+            await engine.receive_weights(1)
+        assert engine.weight_workers() == 1 and engine.weight_wire() == "per_tensor"
+        address = host_address()
+        sender, _ = await asyncio.gather(
+            asyncio.to_thread(WeightGroup, address, 0, 2, timeout_s=20),
+            engine.join_weight_group(address, 1, 2, "gloo"),
+        )
+        for version in (3, 4):
+            sent = {k: v * version for k, v in state.items()}
+            await asyncio.gather(
+                asyncio.to_thread(sender.send_each, sent), engine.receive_weights(version, header(sent))
+            )
+            fake = engine.server
+            assert isinstance(fake, FakeSGLangServer)
+            assert list(fake.received) == sorted(state)
+            for name, tensor in sent.items():
+                got = fake.received[name]
+                assert got.dtype == tensor.dtype and torch.equal(got, tensor), name
+            out = await collect(engine, [request("after", 5, 3, seed=1)])
+            assert out["after"].policy_version == version
+        async with httpx2.AsyncClient(base_url=engine.url, trust_env=False) as other:
+            rows = (
+                await other.post("/get_weights_by_name", json={"name": "model.a", "truncate_size": 2})
+            ).json()
+            assert rows == [28, -4]
+            bad = await other.post(
+                "/update_weights_from_distributed", json={**header(state), "group_name": "x"}
+            )
+            assert bad.status_code == 400 and "no weight update group" in bad.text
+        sender.close()
+
+    run(body, eos_token_id=2)

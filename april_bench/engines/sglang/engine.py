@@ -23,7 +23,13 @@ re-abort sends.
 
 Weights: ``WeightUpdate.path`` -> ``/update_weights_from_disk`` (a Hugging
 Face checkpoint directory) with ``weight_version = str(version)``; a
-version-only update -> ``/update_weight_version``.  Every completion's
+version-only update -> ``/update_weight_version``.  Over a process group
+(:class:`~april_bench.collective.EngineWorkers`): ``/init_weights_update_group``
+(``master_address``, ``master_port``, ``rank_offset``, ``world_size``,
+``group_name``, ``backend``) once, then per update
+``/update_weights_from_distributed`` (``names``, ``dtypes``, ``shapes``,
+``group_name``, ``flush_cache``, ``weight_version``) while the sender
+broadcasts each tensor in that order.  Every completion's
 ``meta_info.weight_version`` (or ``weight_versions`` spans) is parsed back
 into its policy version, so versions come from the server, not from us.
 
@@ -74,6 +80,9 @@ __all__ = ["SGLangEngine", "launch_command"]
 _CAPABILITIES: frozenset[Capability[Any]] = frozenset({HEALTH, KILL, METRICS, SLEEP})
 
 MIN_SGLANG = "0.5.9"  # oldest version whose API this adapter was checked against (/v1/loads, sampling_seed)
+
+#: The weight group's name on the server (``group_name`` of ``/init_weights_update_group``).
+WEIGHT_GROUP = "april_bench_weights"
 
 #: Seconds an attached server may refuse connections before the run stops (nothing listens there).
 ATTACH_REFUSED_S = 3.0
@@ -350,6 +359,57 @@ class SGLangEngine(ServerAdapter, Configurable):
             raise EngineError(f"sglang POST {path} at {self.url} failed: {exc}") from None
         if response.status != 200:
             raise EngineError(f"sglang {path} failed: {error_message(response.body, response.status)}")
+
+    # ------------------------------------------ weights over a process group (collective.EngineWorkers)
+    def weight_workers(self) -> int:
+        """The server's tensor-parallel workers, each a receiving rank (``rank_offset + tp_rank``)."""
+        return self.config.tp_size
+
+    def weight_wire(self) -> str:
+        return "per_tensor"  # SGLang's: one broadcast per tensor, names, dtypes and shapes by HTTP
+
+    async def join_weight_group(self, address: str, first: int, world: int, backend: str) -> None:
+        """``/init_weights_update_group``: the server's workers join the group the sender hosts at
+        ``address`` (blocks until every member joined)."""
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        body = {
+            "master_address": host,
+            "master_port": int(port),
+            "rank_offset": first,
+            "world_size": world,
+            "group_name": WEIGHT_GROUP,
+            "backend": backend,
+        }
+        await self._post_success("/init_weights_update_group", body)
+
+    async def receive_weights(self, version: int, header: dict[str, list[Any]] | None = None) -> None:
+        """``/update_weights_from_distributed``: the workers receive one broadcast per tensor of
+        ``header`` and load them; completions after it carry ``version`` (its ``weight_version``)."""
+        if header is None:
+            raise EngineError("the sglang engine receives weights per tensor: it needs their header")
+        if self._inflight:
+            raise EngineError("receive_weights while requests are in flight: abort and drain first")
+        body = {
+            **header,
+            "group_name": WEIGHT_GROUP,
+            "flush_cache": True,
+            "abort_all_requests": False,
+            "weight_version": str(version),
+        }
+        await self._post_success("/update_weights_from_distributed", body)
+
+    async def _post_success(self, path: str, body: dict[str, Any]) -> None:
+        """A weight route: HTTP 200 with ``{"success": true, ...}``, else one error with its message."""
+        try:
+            response = await self._http.post(path, body, timeout=self.config.weight_update_timeout_s)
+        except HTTPError as exc:
+            raise EngineError(f"sglang POST {path} at {self.url} failed: {exc}") from None
+        data = response.json() if response.status == 200 else None
+        if not isinstance(data, dict) or not data.get("success", False):
+            message = data.get("message") if isinstance(data, dict) else None
+            raise EngineError(
+                f"sglang {path} failed: {message or error_message(response.body, response.status)}"
+            )
 
     # ------------------------------------------------------- SGLang extras
     def metrics(self) -> dict[str, float]:

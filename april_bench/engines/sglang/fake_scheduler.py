@@ -30,6 +30,7 @@ import contextlib
 import os
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from april_bench.engines.sglang.fake_requests import (
@@ -152,9 +153,17 @@ class FakeScheduler:
         self._wake.set()
 
     async def update_weights(
-        self, model_path: str, version: str | None, *, abort_all: bool, flush: bool
+        self,
+        model_path: str | None,
+        version: str | None,
+        *,
+        abort_all: bool,
+        flush: bool,
+        load: Callable[[], Awaitable[str | None]] | None = None,
     ) -> tuple[bool, str]:
-        """``/update_weights_from_disk``: waits for in-flight requests (the writer lock) unless paused."""
+        """``/update_weights_from_disk`` (``model_path``) and ``/update_weights_from_distributed``
+        (``load``: receives the tensors, returns an error or None): waits for in-flight requests (the
+        writer lock) unless paused."""
         if abort_all:
             self.abort(abort_all=True)
         locked = self.paused is None
@@ -164,7 +173,11 @@ class FakeScheduler:
         try:
             if locked:
                 await self._idle.wait()
-            if not os.path.isdir(model_path):
+            if load is not None:
+                error = await load()
+                if error is not None:
+                    return False, f"Failed to update parameter online: {error}"
+            elif model_path is None or not os.path.isdir(model_path):
                 return False, f"Failed to update weights: {model_path!r} is not a checkpoint directory."
             if self.s.weight_load_s:
                 await asyncio.sleep(self.s.weight_load_s)

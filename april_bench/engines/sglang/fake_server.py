@@ -12,6 +12,10 @@ it launches SGLang (``launch_module="april_bench.engines.sglang.fake_server"``).
 Endpoints (same paths, bodies and status codes as SGLang): ``/generate``,
 ``/abort_request``, ``/pause_generation``, ``/continue_generation``,
 ``/flush_cache``, ``/update_weights_from_disk``, ``/update_weight_version``,
+``/init_weights_update_group`` and ``/update_weights_from_distributed`` (the fake
+really joins the sender's gloo group, april-bench's
+:class:`~april_bench.collective.WeightGroup`, as one worker, and receives every
+tensor; it keeps them for ``/get_weights_by_name`` and computes nothing with them),
 ``/release_memory_occupation``, ``/resume_memory_occupation``,
 ``/health``, ``/health_generate``, ``/ready``, ``/server_info`` and
 ``/get_server_info``, ``/model_info`` and ``/get_model_info``, ``/v1/loads``,
@@ -140,6 +144,10 @@ class FakeSGLangServer(Configurable):
         #: Every release and resume, in order, with the tags asked for (``None``: all).
         self.memory_calls: list[tuple[str, list[str] | None]] = []
         self.released = False
+        #: ``/init_weights_update_group``'s groups by name (april_bench.collective.WeightGroup: this
+        #: fake is one worker, rank ``rank_offset``), and the tensors the last update received.
+        self.weight_groups: dict[str, Any] = {}
+        self.received: dict[str, Any] = {}
         self._routes: dict[str, dict[str, Callable[[Call], Awaitable[Response]]]] = {
             "/generate": {"POST": self._generate, "PUT": self._generate},
             "/abort_request": {"POST": self._abort},
@@ -148,6 +156,9 @@ class FakeSGLangServer(Configurable):
             "/flush_cache": {"GET": self._flush_cache, "POST": self._flush_cache},
             "/update_weights_from_disk": {"POST": self._update_weights_from_disk},
             "/update_weight_version": {"POST": self._update_weight_version},
+            "/init_weights_update_group": {"POST": self._init_weights_update_group},
+            "/update_weights_from_distributed": {"POST": self._update_weights_from_distributed},
+            "/get_weights_by_name": {"GET": self._get_weights_by_name, "POST": self._get_weights_by_name},
             "/release_memory_occupation": {"GET": self._release, "POST": self._release},
             "/resume_memory_occupation": {"GET": self._resume, "POST": self._resume},
             "/health": {"GET": self._health},
@@ -310,6 +321,69 @@ class FakeSGLangServer(Configurable):
         return json_response(
             200 if ok else 400, {"success": ok, "message": message, "num_paused_requests": 0}
         )
+
+    async def _init_weights_update_group(self, call: Call) -> Response:
+        """Join the sender's group as rank ``rank_offset`` (SGLang: ``rank_offset + tp_rank`` per
+        worker; this fake has one).  Blocks until every member joined, as SGLang's does."""
+        from april_bench.collective import WeightGroup
+
+        fields = ("master_address", "master_port", "rank_offset", "world_size")
+        missing = [f for f in fields if f not in call.data]
+        if missing:
+            raise RequestError(f"{', '.join(missing)} required")
+        d = call.data
+        address = f"tcp://{d['master_address']}:{int(d['master_port'])}"
+        try:
+            group = await asyncio.to_thread(
+                WeightGroup,
+                address,
+                int(d["rank_offset"]),
+                int(d["world_size"]),
+                backend=str(d.get("backend", "nccl")),
+            )
+        except Exception as exc:  # SGLang answers success=False with the reason
+            return json_response(200, {"success": False, "message": f"Failed to init group: {exc}."})
+        self.weight_groups[str(d.get("group_name", "weight_update_group"))] = group
+        return json_response(200, {"success": True, "message": "Succeeded to init group."})
+
+    async def _update_weights_from_distributed(self, call: Call) -> Response:
+        """Receive one broadcast per named tensor from the group's rank 0 (under the writer lock, as a
+        disk update); the tensors are kept (``received``, ``/get_weights_by_name``), nothing computes
+        with them."""
+        d = call.data
+        names, dtypes, shapes = d.get("names"), d.get("dtypes"), d.get("shapes")
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
+            raise RequestError("names, dtypes and shapes (lists) are required")
+        if not len(names) == len(dtypes) == len(shapes):
+            raise RequestError("names, dtypes and shapes must have the same length")
+        group = self.weight_groups.get(str(d.get("group_name", "weight_update_group")))
+        if group is None:
+            raise RequestError(f"no weight update group {d.get('group_name')!r}: init it first")
+
+        async def load() -> str | None:
+            try:
+                self.received = await asyncio.to_thread(group.receive_each, names, dtypes, shapes)
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+            return None
+
+        version = d.get("weight_version")
+        ok, message = await self._sched.update_weights(
+            None,
+            None if version is None else str(version),
+            abort_all=bool(d.get("abort_all_requests", False)),
+            flush=bool(d.get("flush_cache", True)),
+            load=load,
+        )
+        return json_response(200 if ok else 400, {"success": ok, "message": message})
+
+    async def _get_weights_by_name(self, call: Call) -> Response:
+        """The first ``truncate_size`` rows of a tensor the last distributed update received."""
+        name = call.data.get("name")
+        if name not in self.received:
+            raise RequestError(f"no received tensor {name!r} (the fake loads weights only from a group)")
+        rows = self.received[name][: int(call.data.get("truncate_size", 100))]
+        return json_response(200, rows.tolist())
 
     async def _update_weight_version(self, call: Call) -> Response:
         if "new_version" not in call.data:
