@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,9 @@ class RayEnginePool(RouterFront, Configurable):
         self.placement: list[dict[str, Any]] = []
         self._actors: dict[int, Any] = {}  # each replica's current actor
         self._weight_group: dict[int, Any] = {}  # the actors that joined the weight group, by replica
+        #: Each replica's receiving workers, as its actor reported when it started (none for a replica
+        #: whose engine cannot receive over a weight group).
+        self._receives: dict[int, tuple[int, bool]] = {}  # (ranks, whether its server's workers)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -193,6 +196,9 @@ class RayEnginePool(RouterFront, Configurable):
         replica = RayReplica(handle, index, server=self.config.engine in SERVER_ENGINES)
         await replica.start()
         self._actors[index] = handle  # a restart replaces it: the weight group is formed again
+        workers: tuple[int, bool] | None = await handle.weight_workers.remote()
+        if workers is not None:
+            self._receives[index] = workers
         where = await handle.node.remote()
         self.placement = [p for p in self.placement if p["replica"] != index]
         self.placement.append({"replica": index, "bundle": index, **where})
@@ -240,28 +246,46 @@ class RayEnginePool(RouterFront, Configurable):
 
     # ------------------------------------------------------------ weights over a process group
     # (april_bench.collective.WeightReceivers: the trainer side broadcasts, each replica is a receiver)
+    # A replica's ranks: an hf replica's actor receives itself (one rank); a server replica's workers
+    # receive (``collective.EngineWorkers``: tp ranks), and replica 0's actor takes one more rank to keep
+    # a copy in the object store, where a replica restarted later reads it (the router remembers it).
     def weight_receivers(self) -> int:
-        return self.config.replicas if self.config.weights == "collective" else 0
+        if self.config.weights != "collective" or len(self._receives) < self.config.replicas:
+            return 0  # some replica cannot receive: weights go by the object store or a checkpoint
+        return sum(self._ranks(i) for i in range(self.config.replicas))
+
+    def _ranks(self, replica: int) -> int:
+        workers, by_server = self._receives.get(replica, (1, False))
+        return workers + (1 if replica == 0 and by_server else 0)
 
     def weight_group_current(self) -> bool:
         return bool(self._weight_group) and self._weight_group == self._actors
 
+    def weight_wire(self) -> str:
+        """SGLang servers take SGLang's wire (``collective.weight_wire``); every other replica ours."""
+        return "per_tensor" if self.config.engine in ("sglang", "sglang-fake") else "flat"
+
     async def join_weight_group(self, address: str, first: int, world: int, backend: str) -> None:
-        """Every replica actor joins the weight group at ``address`` as rank ``first + replica``."""
+        """Every replica's receivers join the weight group at ``address``, replica ``i``'s from rank
+        ``first`` + the ranks of replicas ``0..i-1``."""
         actors = dict(self._actors)
+        starts = [first + sum(self._ranks(j) for j in range(i)) for i in range(self.config.replicas)]
         await asyncio.gather(
             *(
-                a.join_weight_group.remote(address, first + i, world, backend)
+                a.join_weight_group.remote(address, starts[i], world, backend, i == 0)
                 for i, a in sorted(actors.items())
             )
         )
         self._weight_group = actors
 
-    async def receive_weights(self, version: int) -> None:
-        """Every replica receives one broadcast and installs it as ``version``; replica 0 also puts
-        it in the object store, where a replica restarted later reads it (the router remembers it)."""
+    async def receive_weights(self, version: int, header: dict[str, list[Any]] | None = None) -> None:
+        """Every replica receives one broadcast and installs it as ``version``; replica 0's actor also
+        puts it in the object store, where a replica restarted later reads it."""
         refs = await asyncio.gather(
-            *(a.receive_weights.remote(version, i == 0) for i, a in sorted(self._weight_group.items()))
+            *(
+                a.receive_weights.remote(version, i == 0, header)
+                for i, a in sorted(self._weight_group.items())
+            )
         )
         self._router.remember(WeightUpdate(version=version, weights=refs[0]))
 
@@ -374,9 +398,26 @@ class ReplicaActor:
         self._weights: Any = None  # the weight group, once joined (april_bench.collective.WeightGroup)
 
     async def start(self) -> EngineInfo:
+        """Start the engine; its info, with ``state_dict`` among its weight formats when this actor can
+        install a state dict on its workers (:meth:`update_weights`)."""
+        from april_bench.collective import EngineWorkers
+
         self._ready = asyncio.Event()
         await self.engine.start()
-        return self.engine.info
+        info = self.engine.info
+        if isinstance(self.engine, EngineWorkers) and "state_dict" not in info.weight_formats:
+            info = dataclasses.replace(info, weight_formats=("state_dict", *info.weight_formats))
+        return info
+
+    async def weight_workers(self) -> tuple[int, bool] | None:
+        """How many ranks this replica's engine receives on, and whether they are its server's
+        workers (else this actor receives: an engine in it that takes a state dict); None when it
+        cannot receive."""
+        from april_bench.collective import EngineWorkers
+
+        if isinstance(self.engine, EngineWorkers):
+            return self.engine.weight_workers(), True
+        return (1, False) if "state_dict" in self.engine.info.weight_formats else None
 
     async def submit(self, requests: list[GenerateRequest]) -> None:
         stream = self.engine.generate(requests)
@@ -412,18 +453,70 @@ class ReplicaActor:
 
     async def update_weights(self, update: WeightUpdate, weights: Any) -> None:
         # ``weights`` came in as a top-level argument: Ray resolved it from the object store
+        from april_bench.collective import EngineWorkers
+
+        engine = self.engine
+        if (
+            weights is not None
+            and isinstance(engine, EngineWorkers)
+            and "state_dict" not in engine.info.weight_formats
+        ):
+            await self._install(engine, update.version, weights)
+            return
         await self.engine.update_weights(dataclasses.replace(update, weights=weights))
 
-    async def join_weight_group(self, address: str, rank: int, world: int, backend: str) -> None:
-        from april_bench.collective import WeightGroup
+    async def _install(self, engine: Any, version: int, state: Any) -> None:
+        """A state dict onto a server's workers: a weight group of this actor (rank 0, on this node)
+        and the workers, one broadcast (the object-store path, and a restarted replica's weights)."""
+        from april_bench.collective import WeightGroup, header, host_address, weight_wire
 
-        self._weights = await asyncio.to_thread(WeightGroup, address, rank, world, backend=backend)
+        address = host_address()
+        world = 1 + engine.weight_workers()
+        sender, _ = await asyncio.gather(
+            asyncio.to_thread(WeightGroup, address, 0, world),
+            engine.join_weight_group(address, 1, world, "gloo"),
+        )
+        if weight_wire(engine) == "per_tensor":  # SGLang's wire
+            await asyncio.gather(
+                asyncio.to_thread(sender.send_each, state), engine.receive_weights(version, header(state))
+            )
+        else:
+            await asyncio.gather(asyncio.to_thread(sender.send, state), engine.receive_weights(version))
+        sender.close()
+        self._weights = None  # the workers left the pool's weight group for this one
 
-    async def receive_weights(self, version: int, keep: bool) -> Any:
+    async def join_weight_group(self, address: str, first: int, world: int, backend: str, keep: bool) -> None:
+        """This replica's receivers join from rank ``first``: its engine's workers (a server's), and
+        with ``keep`` this actor after them (it keeps a copy); an engine in this actor: the actor."""
+        from april_bench.collective import EngineWorkers, WeightGroup
+
+        if isinstance(self.engine, EngineWorkers):
+            mine = first + self.engine.weight_workers()
+            joins: list[Awaitable[Any]] = [self.engine.join_weight_group(address, first, world, backend)]
+            if keep:
+                joins.append(asyncio.to_thread(WeightGroup, address, mine, world, backend=backend))
+            joined = await asyncio.gather(*joins)
+            self._weights = joined[1] if keep else None
+            return
+        self._weights = await asyncio.to_thread(WeightGroup, address, first, world, backend=backend)
+
+    async def receive_weights(self, version: int, keep: bool, header: dict[str, list[Any]] | None) -> Any:
         """One broadcast received (in a thread: the engine keeps generating meanwhile) and installed;
-        with ``keep``, its object-store reference for a replica restarted later."""
+        with ``keep``, its object-store reference for a replica restarted later.  ``header``: SGLang's
+        wire (one broadcast per tensor, these names, dtypes and shapes)."""
         import ray
 
+        from april_bench.collective import EngineWorkers
+
+        def receive() -> Any:
+            return self._weights.receive_each(**header) if header is not None else self._weights.receive()
+
+        if isinstance(self.engine, EngineWorkers):
+            got = await asyncio.gather(
+                self.engine.receive_weights(version, header),
+                *([asyncio.to_thread(receive)] if keep else []),
+            )
+            return ray.put(got[1]) if keep else None
         state = await asyncio.to_thread(self._weights.receive)
         await self.engine.update_weights(WeightUpdate(version=version, weights=state))
         return ray.put(state) if keep else None
