@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from april_bench.machine import detect_accelerators
+
+if TYPE_CHECKING:
+    from april_bench.results.store import RunDirectory
 
 # Property tests run on loaded, shared machines: no per-example deadline (hypothesis's default of
 # 200 ms fails a correct test when the CPU is busy) and no too-slow health check.
@@ -51,3 +56,22 @@ def shared_data() -> Path:
     if not (root / "README.md").is_file():
         raise FileNotFoundError(f"math data samples not found at {root}: check APRIL_BENCH_SHARED_DATA")
     return root
+
+
+@pytest.fixture(scope="session")
+def committed_run() -> Callable[[Path], RunDirectory]:
+    """``load_run`` for the committed run directories (``results/runs``, ``results/gates``), each read once
+    per test session (per worker under ``-n 2``): the simulated reference alone is 34 MB of rows (about
+    1.3 CPU-seconds to read), and several files check the same runs.  The loaded runs are shared, so a
+    test only reads them; one that changes a run copies its directory first (``tmp_path``)."""
+    from april_bench.results.store import load_run
+
+    loaded: dict[Path, RunDirectory] = {}
+
+    def load(path: Path) -> RunDirectory:
+        key = path.resolve()
+        if key not in loaded:
+            loaded[key] = load_run(key)
+        return loaded[key]
+
+    return load

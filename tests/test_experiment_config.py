@@ -4,6 +4,7 @@ caller, a versioned config.json that older runs' files migrate from."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from april_bench.cli.args import config_from_args
 from april_bench.config import ConfigError
 from april_bench.experiment_config import CONFIG_VERSION, ExperimentConfig, load_config
 from april_bench.recipes import paper, recipe_for
-from april_bench.results.store import load_run
+from april_bench.results.store import RunDirectory
 from april_bench.rollout.loop import RolloutConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,12 +161,14 @@ def test_a_version_1_config_json_migrates_with_the_defaults_it_was_written_under
 
 
 @pytest.mark.parametrize("run", COMMITTED_RUNS, ids=lambda p: p.name)
-def test_every_committed_run_directory_still_loads(run: Path) -> None:
+def test_every_committed_run_directory_still_loads(
+    run: Path, committed_run: Callable[[Path], RunDirectory]
+) -> None:
     stored = json.loads((run / "config.json").read_text())
     loaded = load_config(stored).to_dict()
     moved = ("max_version_span", "max_aborts_per_sample")  # version 1's April options: in strategy_args
     assert _within({k: v for k, v in stored.items() if k not in moved}, loaded)  # nothing said is lost
-    assert load_run(run).config == stored
+    assert committed_run(run).config == stored
 
 
 def _within(stored: object, loaded: object) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from helpers import sim_flags
 from april_bench.cli import main
 from april_bench.results.records import TABLES
 from april_bench.results.schema import RENAMED, SCHEMA_VERSION, read_summary
-from april_bench.results.store import check_run, load_run
+from april_bench.results.store import RunDirectory, check_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results-schema.md"
@@ -60,8 +61,8 @@ def test_a_new_run_writes_its_version_its_metadata_and_both_names(fresh_run: Pat
 
 
 @pytest.mark.parametrize("run", COMMITTED, ids=[p.name for p in COMMITTED])
-def test_committed_runs_still_load(run: Path) -> None:
-    loaded = load_run(run)
+def test_committed_runs_still_load(run: Path, committed_run: Callable[[Path], RunDirectory]) -> None:
+    loaded = committed_run(run)
     assert check_run(loaded) == []
     summary = read_summary(run / "summary.json")
     recomputed = loaded.summary()
