@@ -140,7 +140,9 @@ def test_an_ablation_is_replaced_with_its_mode_runs(tmp_path: Path, capsys) -> N
 
 def test_a_whatif_directory_is_replaced(tmp_path: Path) -> None:
     out = tmp_path / "wi"
+    # two arms, no drivers: what is checked is the replacement, not the zoo (test_whatif.py replays it)
     argv = ["whatif", "example", "--hw", "h100", "--model", "qwen3-4b", "--gpus", "8", "--steps", "2"]
+    argv += ["--strategies", "sync,april", "--drivers", "none"]
     assert main([*argv, "--out", str(out), "--no-progress"]) == 0
     manifest = read_manifest(out)
     assert manifest is not None and manifest.kind == "whatif"
