@@ -23,6 +23,7 @@ import contextlib
 import selectors
 import signal
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -38,9 +39,14 @@ class SimulationDeadlock(RuntimeError):
 class _VirtualSelector(selectors.BaseSelector):
     """Polls real descriptors, and turns blocking waits into virtual-clock jumps."""
 
+    #: Real seconds between two polls of the real descriptors while virtual time runs: a poll is a
+    #: system call, and a simulated run passes through ``select`` about ten times per request.
+    POLL_EVERY_S = 0.002
+
     def __init__(self) -> None:
         self._real = selectors.DefaultSelector()
         self.now = 0.0
+        self._next_poll = 0.0
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -52,9 +58,16 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._real.modify(fileobj, events, data)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        events = self._real.select(0)
-        if events:
-            return events
+        # The real descriptors (the loop's self-pipe: signals, another thread's call_soon_threadsafe)
+        # are polled every POLL_EVERY_S real seconds, and always before a deadlock is declared.  A
+        # callback from another thread is in the ready queue already (the pipe only wakes a blocked
+        # select, which this one never is), so polling less often delays nothing but a signal, by
+        # at most POLL_EVERY_S.
+        if timeout is None or time.monotonic() >= self._next_poll:
+            events = self._real.select(0)
+            self._next_poll = time.monotonic() + self.POLL_EVERY_S
+            if events:
+                return events
         if timeout is None:
             raise SimulationDeadlock(
                 "virtual-time deadlock: every task is waiting and no timer is set "

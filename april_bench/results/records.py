@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,15 +292,25 @@ def as_row(record: Any) -> dict[str, Any]:
     """A record as a plain dict (enums to values); a dict row is returned as a copy."""
     if isinstance(record, dict):
         return dict(record)
-    names = _FIELD_NAMES.get(type(record))
-    if names is None:  # once per record type: dataclasses.fields() was a tenth of a simulated run
-        names = _FIELD_NAMES[type(record)] = tuple(f.name for f in dataclasses.fields(record))
-    row = {name: getattr(record, name) for name in names}
+    fields = _FIELDS.get(type(record))
+    if fields is None:  # once per record type: dataclasses.fields() was a tenth of a simulated run
+        names = tuple(f.name for f in dataclasses.fields(record))
+        fields = _FIELDS[type(record)] = (names, _getter(names))
+    names, values = fields
+    row = dict(zip(names, values(record), strict=True))  # a record per request: the hot path
     for key, value in row.items():
         if isinstance(value, enum.Enum):
             row[key] = value.value
     return row
 
 
-#: Field names per record type, in declaration order (the order of a row's keys).
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+#: Per record type: its field names in declaration order (the order of a row's keys), and a getter
+#: of their values as a tuple.
+_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """The values of ``names`` of a record, as a tuple (``attrgetter`` returns a lone value bare)."""
+    if len(names) >= 2:
+        return operator.attrgetter(*names)
+    return lambda record: tuple(getattr(record, name) for name in names)

@@ -86,6 +86,10 @@ class CostModel(DecodeCost):
     _mem_b: float = field(init=False, repr=False)
     _comp_per_seq: float = field(init=False, repr=False)
     _comp_b: float = field(init=False, repr=False)
+    #: ``_linear_terms`` per batch size, computed once each (the terms depend on the batch alone).
+    _terms: dict[int, tuple[float, float, float, float, float]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         # Constants of the roofline terms, computed once: decode_run_time is on the simulator's hot path.
@@ -116,8 +120,12 @@ class CostModel(DecodeCost):
 
     def _linear_terms(self, batch: int) -> tuple[float, float, float, float, float]:
         """(c, mem_a, mem_b, comp_a, comp_b) with t = c + max(mem_a + mem_b*S, comp_a + comp_b*S)."""
-        constant = self._overhead(batch) + self._allreduce(batch)
-        return constant, self._mem_a, self._mem_b, self._comp_per_seq * batch, self._comp_b
+        terms = self._terms.get(batch)
+        if terms is None:
+            constant = self._overhead(batch) + self._allreduce(batch)
+            terms = constant, self._mem_a, self._mem_b, self._comp_per_seq * batch, self._comp_b
+            self._terms[batch] = terms
+        return terms
 
     # -- decode ------------------------------------------------------------
     def decode_iteration_time(self, batch: int, context_sum: float) -> float:
