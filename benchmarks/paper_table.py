@@ -26,6 +26,7 @@ Every number is SIMULATED.  The simulator is deterministic, so the committed
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from typing import Any
 
 from april_bench.experiment import run
 from april_bench.recipes import paper_experiment
+from april_bench.results.recorder import SMALL_TABLES, RunRecorder
 from april_bench.results.table import render_markdown
 from april_bench.sim.calibration import (
     PUBLISHED,
@@ -83,13 +85,19 @@ OBSERVABLES: tuple[tuple[str, str, str, float, float, str], ...] = (
 ARMS = ("sync", "april")
 
 
+def _summary(config: Any) -> dict[str, dict[str, Any]]:
+    """The per-arm summary of ``config``'s run, accumulated as rows come, as ``run`` accumulates it:
+    only the per-step tables are kept (a cell holds no request or sample rows it never reads)."""
+    return run(config, progress=False, recorder=RunRecorder(keep=SMALL_TABLES)).recorder.summary()
+
+
 def simulate_setting(
     setting: PaperSetting, hardware: str, *, steps: int = STEPS, **overrides: Any
 ) -> dict[str, Any]:
     """One cell of the paper table: APRIL against the scripted baseline (SIMULATED); ``overrides`` (the
     sensitivity rows only) change the experiment."""
     config = paper_experiment(setting, hardware, steps=steps, strategies=ARMS, **overrides)
-    summary = run(config, progress=False).recorder.summary()
+    summary = _summary(config)
     april, sync = summary["april"], summary["sync"]
     launched = (sync.get("prompts") or {}).get("launched")
     return {
@@ -134,7 +142,7 @@ def simulate_agent(
         hardware, model=row.model, dataset=row.dataset, algorithm=row.algorithm, engine="sim", trainer="sim",
         steps=steps, workload_args=workload, strategies=ARMS,
     )  # fmt: skip
-    summary = run(config, progress=False).recorder.summary()
+    summary = _summary(config)
     april, sync = summary["april"], summary["sync"]
     episodes = sync.get("episodes") or {}
     return {
@@ -156,23 +164,43 @@ def simulate_agent(
     }
 
 
-def _call(job: tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]) -> dict[str, Any]:
+Job = tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]
+
+
+def _call(job: Job) -> dict[str, Any]:
     function, args, kwargs = job
     return function(*args, **kwargs)
 
 
-def _map(jobs: Sequence[tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]], workers: int):
-    """Every job's result, in the jobs' order (``workers`` > 1: in that many processes; each cell is
-    deterministic and independent, so the answer is the same)."""
+def _weight(job: Job) -> float:
+    """A job's relative CPU cost, to start the longest first: an agent cell's grows with its tool calls
+    (every call is a turn of its own), any other cell costs about what an agent cell without tools does."""
+    function, args, _ = job
+    if function is simulate_agent and args[1] is not None:
+        return 1.0 + float(args[1])
+    return 1.0
+
+
+def _map(jobs: Sequence[Job], workers: int) -> list[dict[str, Any]]:
+    """Every job's result, in the jobs' order; a job equal to an earlier one is simulated once (the
+    DAPO row on MI300X is a cell of the table and a sensitivity case).  ``workers`` > 1: in that many
+    processes, the costliest jobs started first so that no process is left with a long one at the end;
+    each cell is deterministic and independent, so the answer is the same."""
+    first = [next(j for j in range(i + 1) if jobs[j] == jobs[i]) for i in range(len(jobs))]
+    unique = sorted(set(first))
     if workers <= 1:
-        return [_call(job) for job in jobs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_call, jobs))
+        done = {i: _call(jobs[i]) for i in unique}
+    else:
+        order = sorted(unique, key=lambda i: -_weight(jobs[i]))  # stable: ties keep their order
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {i: pool.submit(_call, jobs[i]) for i in order}
+            done = {i: futures[i].result() for i in unique}
+    return [done[first[i]] if first[i] == i else copy.deepcopy(done[first[i]]) for i in range(len(jobs))]
 
 
-def agent_jobs(steps: int) -> list[tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]]:
+def agent_jobs(steps: int) -> list[Job]:
     """The fourth row over the ranges the sources leave open (every cell a prediction; none chosen)."""
-    jobs: list[tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]] = []
+    jobs: list[Job] = []
     for hardware in HARDWARE:
         jobs.append((simulate_agent, (hardware, None, 0.0), {"steps": steps}))
         jobs += [
@@ -196,28 +224,42 @@ def readings() -> list[PaperSetting]:
     return out
 
 
+def table_jobs(steps: int) -> list[Job]:
+    """Each reading of each row on each GPU."""
+    return [(simulate_setting, (s, hw), {"steps": steps}) for s in readings() for hw in HARDWARE]
+
+
 def table(steps: int, workers: int = 1) -> list[dict[str, Any]]:
     """Each reading of each row on each GPU (SIMULATED)."""
-    cells = [(s, hw) for s in readings() for hw in HARDWARE]
-    rows: list[dict[str, Any]] = _map(
-        [(simulate_setting, (s, hw), {"steps": steps}) for s, hw in cells], workers
-    )
-    return rows
+    return _map(table_jobs(steps), workers)
 
 
 def open_ranges(steps: int, workers: int = 1, hardware: str = "mi300x") -> list[dict[str, Any]]:
     """Each reading of each row at both ends of its length profile's open range (SIMULATED, one GPU):
     how far what nobody published moves the prediction.  The ranges were written down before any gain
     was computed with them (``april_bench.sim.length_evidence``)."""
+    cells = _open_range_cells()
+    return _open_range_rows(cells, _map(_open_range_jobs(cells, steps, hardware), workers))
+
+
+def _open_range_cells() -> list[tuple[PaperSetting, str, dict[str, float]]]:
     cells = []
     for setting in readings():
         profile = length_profile(setting.model, setting.dataset)
         for end, args in profile.range_ends() if profile is not None else []:
             cells.append((setting, end, args))
-    rows = _map(
-        [(simulate_setting, (s, hardware), {"steps": steps, "workload_args": a}) for s, _, a in cells],
-        workers,
-    )
+    return cells
+
+
+def _open_range_jobs(
+    cells: list[tuple[PaperSetting, str, dict[str, float]]], steps: int, hardware: str = "mi300x"
+) -> list[Job]:
+    return [(simulate_setting, (s, hardware), {"steps": steps, "workload_args": a}) for s, _, a in cells]
+
+
+def _open_range_rows(
+    cells: list[tuple[PaperSetting, str, dict[str, float]]], rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     return [{**r, "end": end, "workload_args": a} for (_, end, a), r in zip(cells, rows, strict=True)]
 
 
@@ -290,6 +332,11 @@ def mechanisms(steps: int, workers: int = 1) -> list[dict[str, Any]]:
     """Sensitivity of the DAPO row to what the length model and the refill rule assume (MI300X).  These
     rows are not predictions and nothing is chosen from them: they show which way each assumption moves
     the gain."""
+    cases = _mechanism_cases()
+    return _mechanism_rows(cases, _map(_mechanism_jobs(cases, steps), workers))
+
+
+def _mechanism_cases() -> tuple[tuple[str, PaperSetting, dict[str, Any]], ...]:
     from april_bench.rollout.loop import RolloutConfig
 
     dapo = paper_setting("dapo-math")
@@ -314,9 +361,16 @@ def mechanisms(steps: int, workers: int = 1) -> list[dict[str, Any]]:
             {"workload_args": {"prompt_sigma": 0.0, "within_sigma": 0.0, "incorrect_factor": 1.0}},
         ),
     )
-    rows = _map(
-        [(simulate_setting, (setting, "mi300x"), {"steps": steps, **o}) for _, setting, o in cases], workers
-    )
+    return cases
+
+
+def _mechanism_jobs(cases: tuple[tuple[str, PaperSetting, dict[str, Any]], ...], steps: int) -> list[Job]:
+    return [(simulate_setting, (setting, "mi300x"), {"steps": steps, **o}) for _, setting, o in cases]
+
+
+def _mechanism_rows(
+    cases: tuple[tuple[str, PaperSetting, dict[str, Any]], ...], rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     return [{"case": label, **row} for (label, _, _), row in zip(cases, rows, strict=True)]
 
 
@@ -782,7 +836,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    rows = table(args.steps, args.jobs)
+    # Every cell of every section in one pool, so that the cores stay busy to the end; each section
+    # reads its results back in its own order.
+    ranges, cases = _open_range_cells(), _mechanism_cases()
+    sections = [
+        table_jobs(args.steps),
+        _open_range_jobs(ranges, args.steps),
+        _mechanism_jobs(cases, args.steps),
+        agent_jobs(args.steps),
+    ]
+    results = iter(_map([job for section in sections for job in section], args.jobs))
+    rows, range_rows, case_rows, agent_rows = ([next(results) for _ in section] for section in sections)
     evidence = MODEL_LENGTHS["qwen3-4b"]
     result = {
         "result_kind": "simulated",
@@ -804,10 +868,10 @@ def main() -> None:
             for p in LENGTH_PROFILES.values()
         ],
         "observables": observables(rows),
-        "open_ranges": open_ranges(args.steps, args.jobs),
-        "mechanisms": mechanisms(args.steps, args.jobs),
+        "open_ranges": _open_range_rows(ranges, range_rows),
+        "mechanisms": _mechanism_rows(cases, case_rows),
         "agent_setting": asdict(AGENT_ROW) | {"sources": dict(AGENT_ROW.sources)},
-        "agent_row": agent_row(args.steps, args.jobs),
+        "agent_row": agent_rows,
         "calibration": calibration(),
         "drift": drift(),
     }
