@@ -103,6 +103,21 @@ def test_cells_can_run_in_processes_in_their_order():
     assert bench._map(jobs, 2) == bench._map(jobs, 1) == [{"cell": i} for i in range(5)]
 
 
+def test_an_equal_cell_is_simulated_once_and_every_cell_read_back_in_its_place():
+    bench = _benchmark()
+    calls: list[int] = []
+
+    def cell(i: int) -> dict[str, int]:
+        calls.append(i)
+        return {"cell": i}
+
+    out = bench._map([(cell, (i % 2,), {}) for i in range(4)], 1)
+    assert out == [{"cell": 0}, {"cell": 1}, {"cell": 0}, {"cell": 1}] and calls == [0, 1]
+    assert out[2] is not out[0]  # a copy: a section that edits its rows leaves the other's alone
+    jobs = [(dict, (), {"cell": i % 3}) for i in range(7)]
+    assert bench._map(jobs, 2) == [{"cell": i % 3} for i in range(7)]
+
+
 @pytest.mark.parametrize("hardware", HARDWARE)
 @pytest.mark.parametrize("key", [s.key for s in PAPER_SETTINGS])
 def test_every_cell_reports_the_paper_figure_and_its_error_with_nothing_fitted(committed, key, hardware):
