@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
+from april_bench.models.packing import pack_rows
 from april_bench.models.zoo import build_model, model_config
 from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
 from april_bench.threads import choose_threads, torch_threads
@@ -81,6 +82,9 @@ class WarmStart(Configurable):
                 ).to_dict(),
                 "torch": torch.__version__,
                 "alphabet": self.task.ALPHABET,
+                # packed rows (models/packing.py): the same loss as padded rows up to float rounding,
+                # so a file trained on padded batches is not reused for bit-for-bit repeatability
+                "layout": "packed",
             },
             sort_keys=True,
         )
@@ -126,8 +130,10 @@ class WarmStart(Configurable):
         with torch.random.fork_rng(devices=[]), torch_threads(threads):
             torch.manual_seed(cfg.seed)
             for _ in bar:
-                ids, targets = (t.to(model.device) for t in self._batch(rng))
-                logits = model(input_ids=ids).logits[:, :-1]
+                ids, positions, targets = (t.to(model.device) for t in self._batch(rng))
+                # packed rows: position ids restart at each row and no cache, so attention stays
+                # within a row (models/packing.py); a third of the padded batch's work
+                logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[:, :-1]
                 loss = torch.nn.functional.cross_entropy(
                     logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
                 )
@@ -136,18 +142,19 @@ class WarmStart(Configurable):
                 optimizer.step()
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
-    def _batch(self, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step's solutions packed end to end: ids and position ids ``[lanes, width]`` and the
+        targets ``[lanes, width - 1]`` (the solution tokens after each row's prompt, -100 elsewhere)."""
         task = self.task
         rows = []
         for _ in range(self.config.batch_size):
             problem = task.draw("sft", rng.randrange(1 << 30))
-            prompt, solution = task.prompt_ids(problem), task.solution_ids(problem)
-            rows.append((prompt, solution))
-        width = max(len(p) + len(s) for p, s in rows)
-        ids = torch.full((len(rows), width), CharTokenizer.PAD, dtype=torch.long)
-        targets = torch.full((len(rows), width - 1), -100, dtype=torch.long)
-        for i, (prompt, solution) in enumerate(rows):
-            full = prompt + solution
-            ids[i, : len(full)] = torch.tensor(full)
-            targets[i, len(prompt) - 1 : len(full) - 1] = torch.tensor(solution)
-        return ids, targets
+            rows.append((task.prompt_ids(problem), task.solution_ids(problem)))
+        full = [prompt + solution for prompt, solution in rows]
+        packed = pack_rows(full, [len(f) for f in full], pad_id=CharTokenizer.PAD)
+        targets = torch.full(packed.ids.shape, -100, dtype=torch.long).view(-1)
+        for (prompt, solution), start in zip(rows, packed.start.tolist(), strict=True):
+            # row r's token j is predicted at flat position start + j - 1
+            first = start + len(prompt) - 1
+            targets[first : first + len(solution)] = torch.tensor(solution)
+        return packed.ids, packed.positions, targets.view(packed.ids.shape)[:, :-1]

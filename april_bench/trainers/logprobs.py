@@ -15,7 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "logits_token_logprobs", "token_logprobs"]
+__all__ = [
+    "ChunkedTokenLogprobs",
+    "chunked_token_logprobs",
+    "logits_token_logprobs",
+    "packed_token_logprobs",
+    "token_logprobs",
+]
 
 #: Tokens per ``lm_head`` chunk when the caller names none.
 DEFAULT_CHUNK_TOKENS = 1024
@@ -167,6 +173,53 @@ def token_logprobs(
     )
     chosen = torch.zeros(targets.shape, dtype=logp.dtype, device=targets.device)
     chosen = chosen.masked_scatter(select, logp)
+    if not with_entropy:
+        return chosen, None
+    return chosen, torch.zeros_like(chosen).masked_scatter(select, entropy)
+
+
+def packed_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    lengths: list[int],
+    positions: Tensor,
+    *,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    matmul_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`token_logprobs` of rows packed end to end (:mod:`april_bench.models.packing`): the same
+    ``[B, L-1]`` log-probs, without computing the rows' padding.
+
+    Row ``r`` is its first ``lengths[r]`` tokens (padding only after them); ``positions`` (bool
+    ``[B, L-1]``) selects the targets, which must lie within each row.  ``model`` is a Hugging Face
+    causal LM whose attention masks come from ``transformers.masking_utils`` (every architecture of
+    transformers 5), which reads restarted position ids as row boundaries.
+    """
+    from april_bench.models.packing import pack_rows
+
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if not isinstance(head, torch.nn.Linear):
+        raise TypeError(f"chunked log-probs need a Linear lm_head, got {type(head).__name__}")
+    packed = pack_rows(input_ids, lengths, pad_id=pad_token_id)
+    hidden = model.base_model(  # type: ignore[operator]
+        input_ids=packed.ids, position_ids=packed.positions, use_cache=False
+    ).last_hidden_state
+    width = input_ids.shape[1] - 1
+    select = positions.to(torch.bool)
+    # target j of row r is predicted by the hidden state of its token j
+    where = packed.flat_index(width)[select]
+    logp, entropy = chunked_token_logprobs(
+        hidden.reshape(-1, hidden.shape[-1])[where],
+        head,
+        input_ids[:, 1:][select],
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        matmul_dtype=matmul_dtype,
+    )
+    chosen = torch.zeros(select.shape, dtype=logp.dtype, device=logp.device).masked_scatter(select, logp)
     if not with_entropy:
         return chosen, None
     return chosen, torch.zeros_like(chosen).masked_scatter(select, entropy)

@@ -5,13 +5,20 @@ Per rollout step (slime's recipe):
 1. flatten the accepted groups into prompt + response token rows; the loss
    mask covers response tokens;
 2. rewards -> (DAPO: +-1 plus the overlong penalty) -> group advantages;
-3. recompute the old-policy log-probs with the current weights (no grad);
+3. recompute the old-policy log-probs with the current weights (no grad) -
+   unless the step is one optimizer step over one epoch, where the old policy
+   *is* the current one: its log-probs are then taken, detached, from the
+   training forward itself (the same numbers, a third less work);
 4. for each epoch and mini-batch: log-probs with grad, the algorithm's loss
    (:func:`april_bench.algorithms.losses.policy_loss`) with the chosen
    off-policy treatment of tokens from older policies (``as-is`` as in the
    paper, ``mask``, or ``tis`` against the engine's behaviour log-probs),
    backward, clip, step;
 5. hand the new weights to the engine (``weights()``).
+
+Rows are packed end to end (:mod:`april_bench.models.packing`) rather than
+padded to the longest: the same log-probs, without the padding's work (five
+sixths of the embedded default's training batch).
 
 Memory (docs/trainer.md): a mini-batch runs as micro-batches of at most
 ``max_tokens_per_micro_batch`` padded tokens (samples packed by length), each
@@ -44,7 +51,7 @@ from april_bench.algorithms.losses import (
 )
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.threads import choose_threads, torch_threads
-from april_bench.trainers.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs
+from april_bench.trainers.logprobs import DEFAULT_CHUNK_TOKENS, packed_token_logprobs, token_logprobs
 from april_bench.trainers.memory import GiB, MemoryEstimate, device_memory_bytes, estimate_step_memory
 from april_bench.trainers.microbatch import pack_by_length, padded_tokens
 from april_bench.trainers.protocol import TrainResult
@@ -101,6 +108,11 @@ class TorchTrainer(Configurable):
         )
         logprob_chunk_tokens: int = param(
             DEFAULT_CHUNK_TOKENS, help="tokens per lm_head chunk: the logits held at once are chunk x vocab"
+        )
+        pack: bool = param(
+            True,
+            help="pack rows end to end (position ids restart per row) instead of padding each to the "
+            "longest: the same log-probs for less work",
         )
         bf16: bool = param(False, help="bf16 autocast of forward and backward (weights and AdamW stay fp32)")
         activation_checkpointing: bool = param(
@@ -186,16 +198,22 @@ class TorchTrainer(Configurable):
             self.check_memory(
                 max(padded_tokens(rows.lengths, m) for m in self._micro_batches(rows, everything))
             )
-        old = self._recompute(self.model, rows)
+        # one optimizer step over one epoch: the weights before the step are the old policy, so the
+        # training forward's own log-probs (detached) are the old ones; no separate pass
+        on_policy = cfg.mini_batches == 1 and cfg.epochs == 1
+        old = None if on_policy else self._recompute(self.model, rows)
         ref = None if self.reference is None else self._recompute(self.reference, rows)
-        gap = _engine_logprob_gap(old, rows, policy_version)
+        seen = _Seen.empty(rows) if on_policy else None
+        gap = {} if old is None else _engine_logprob_gap(old, rows, policy_version)
         order = torch.arange(rows.ids.shape[0])
         metrics: dict[str, list[float]] = {}
         for _ in range(cfg.epochs):
             for part in order.chunk(cfg.mini_batches):
-                stats = self._step(rows, part.tolist(), old, ref, policy_version)
+                stats = self._step(rows, part.tolist(), old, ref, policy_version, seen)
                 for key, value in stats.items():
                     metrics.setdefault(key, []).append(value)
+        if seen is not None:  # the rows this process computed, before the update
+            gap = _engine_logprob_gap(seen.logprobs, rows, policy_version, rows_computed=seen.rows)
         summary = {k: sum(v) / len(v) for k, v in metrics.items()} | gap
         summary["reward_mean"] = float(
             torch.tensor([s.reward or 0.0 for g in batch for s in g.samples]).mean()
@@ -206,11 +224,13 @@ class TorchTrainer(Configurable):
         self,
         rows: _Rows,
         part: list[int],
-        old: torch.Tensor,
+        old: torch.Tensor | None,
         ref: torch.Tensor | None,
         policy_version: int,
+        seen: _Seen | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on the rows ``part``, accumulated over its micro-batches."""
+        """One optimizer step on the rows ``part``, accumulated over its micro-batches.  ``old``
+        ``None``: the step is on-policy, the old log-probs are this forward's (kept in ``seen``)."""
         units = self._loss_units(rows, part, policy_version)
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
@@ -222,10 +242,14 @@ class TorchTrainer(Configurable):
             mask = rows.mask[index, :width]
             with self._autocast():
                 logp, entropy = self._logprobs(self.model, rows, index, width)
+            if old is None:
+                current = logp.detach()
+                if seen is not None:
+                    seen.record(index, current)
             loss, stats = policy_loss(
                 self.loss_config,
                 logprobs=logp,
-                old_logprobs=old[index, :width],
+                old_logprobs=current if old is None else old[index, :width],
                 advantages=rows.advantages[index],
                 mask=mask,
                 behaviour_logprobs=rows.behaviour[index, :width],
@@ -271,6 +295,18 @@ class TorchTrainer(Configurable):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs and entropies ``[n, width]`` of rows ``index`` at their loss-mask targets."""
         cfg = self.config
+        if cfg.pack:
+            return packed_token_logprobs(
+                model,
+                rows.ids[index, : width + 1],
+                [rows.lengths[i] for i in index.tolist()],
+                rows.mask[index, :width] != 0,
+                pad_token_id=cfg.pad_token_id,
+                temperature=cfg.temperature,
+                with_entropy=True,
+                chunk_tokens=cfg.logprob_chunk_tokens,
+                matmul_dtype=torch.bfloat16 if cfg.bf16 else None,
+            )
         return token_logprobs(
             model,
             rows.ids[index, : width + 1],
@@ -436,14 +472,40 @@ def _as_float(value: torch.Tensor | float) -> float:
     return float(full() if full is not None else value)
 
 
-def _engine_logprob_gap(trainer_logprobs: torch.Tensor, rows: _Rows, policy_version: int) -> dict[str, float]:
+@dataclass(slots=True)
+class _Seen:
+    """The training forward's detached log-probs ``[S, L-1]`` and which rows it computed (a
+    data-parallel rank computes only its own): the old policy's, in an on-policy step."""
+
+    logprobs: torch.Tensor
+    rows: torch.Tensor  # [S] bool
+
+    @classmethod
+    def empty(cls, rows: _Rows) -> _Seen:
+        return cls(torch.zeros_like(rows.mask), torch.zeros(rows.mask.shape[0], dtype=torch.bool))
+
+    def record(self, index: torch.Tensor, logprobs: torch.Tensor) -> None:
+        self.logprobs[index, : logprobs.shape[1]] = logprobs.to(self.logprobs.dtype)
+        self.rows[index.cpu()] = True
+
+
+def _engine_logprob_gap(
+    trainer_logprobs: torch.Tensor,
+    rows: _Rows,
+    policy_version: int,
+    *,
+    rows_computed: torch.Tensor | None = None,
+) -> dict[str, float]:
     """How far the engine's log-probs are from the trainer's for the same tokens under the same weights.
 
     Only tokens the engine sampled with ``policy_version`` (the weights the trainer holds before this
     step's update) are compared, so the gap is numerics (kernels, dtype, batching), not staleness.
-    Empty when no such token exists.
+    ``rows_computed`` (bool ``[S]``): only these rows have trainer log-probs (default: all).  Empty when
+    no such token exists.
     """
     same = (rows.mask > 0) & (rows.versions == policy_version)
+    if rows_computed is not None:
+        same &= rows_computed.to(same.device)[:, None]
     count = int(same.sum())
     if not count:
         return {}

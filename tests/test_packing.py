@@ -1,0 +1,177 @@
+"""Rows packed end to end (models/packing.py) give the padded batch's numbers: the warm start's loss,
+the trainer's log-probs and gradients, and the on-policy step that takes the old log-probs from its own
+forward."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from april_bench.models.packing import pack_lanes, pack_rows
+from april_bench.models.zoo import build_model
+from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
+from april_bench.tasks.warmstart import WarmStart
+from april_bench.trainers.logprobs import packed_token_logprobs, token_logprobs
+from april_bench.trainers.torch_trainer import TorchTrainer
+from april_bench.types import FinishReason, Group, Prompt, Segment
+
+VOCAB = 17
+
+
+def test_lanes_take_the_longest_first_and_fill_the_first_lane_with_room() -> None:
+    assert pack_lanes([3, 9, 4, 9, 2, 6], 9) == [[1], [3], [5, 0], [2, 4]]
+    with pytest.raises(ValueError, match="longer than the lane width"):
+        pack_lanes([3, 10], 9)
+
+
+def test_packed_rows_restart_positions_and_point_at_each_rows_tokens() -> None:
+    packed = pack_rows([[5, 6, 7], [8, 9], [4]], [3, 2, 1], pad_id=0)
+    assert packed.ids.tolist() == [[5, 6, 7], [8, 9, 4]]
+    assert packed.positions.tolist() == [[0, 1, 2], [0, 1, 0]]
+    assert packed.start.tolist() == [0, 3, 5]
+    flat = packed.ids.view(-1)
+    assert flat[packed.flat_index(2)[1]].tolist() == [8, 9]
+    tail = pack_rows(torch.tensor([[5, 6, 7], [8, 0, 0]]), [3, 1], pad_id=0)
+    assert tail.positions.tolist() == [[0, 1, 2], [0, 0, 1]]  # the unused tail restarts too
+
+
+def test_a_packed_batch_has_the_padded_batchs_logits() -> None:
+    model = build_model("tiny", vocab_size=VOCAB)
+    rows = [[1, 5, 6, 7, 8, 9, 10], [1, 11, 12], [1, 5, 13, 14, 2], [1, 9]]
+    lengths = [len(r) for r in rows]
+    padded = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = torch.tensor(r)
+    packed = pack_rows(rows, lengths, pad_id=0)
+    assert packed.ids.shape[0] < len(rows)  # rows do share a lane
+    with torch.no_grad():
+        plain = model(input_ids=padded).logits
+        logits = model(input_ids=packed.ids, position_ids=packed.positions, use_cache=False).logits
+    flat = logits.reshape(-1, VOCAB)
+    for i, n in enumerate(lengths):
+        torch.testing.assert_close(
+            flat[packed.start[i] : packed.start[i] + n], plain[i, :n], rtol=1e-5, atol=1e-5
+        )
+
+
+def test_the_warm_starts_packed_batch_has_the_padded_batchs_loss() -> None:
+    task = SyntheticTask.Config().build()
+    warm = WarmStart.Config(batch_size=16).build(task=task)
+    ids, positions, targets = warm._batch(random.Random(3))
+    rng = random.Random(3)  # the same draws, padded by hand
+    rows = []
+    for _ in range(16):
+        p = task.draw("sft", rng.randrange(1 << 30))
+        rows.append((task.prompt_ids(p), task.solution_ids(p)))
+    width = max(len(a) + len(b) for a, b in rows)
+    padded = torch.full((16, width), CharTokenizer.PAD)
+    padded_targets = torch.full((16, width - 1), -100)
+    for i, (prompt, solution) in enumerate(rows):
+        padded[i, : len(prompt) + len(solution)] = torch.tensor(prompt + solution)
+        padded_targets[i, len(prompt) - 1 : len(prompt) + len(solution) - 1] = torch.tensor(solution)
+    assert int((targets != -100).sum()) == int((padded_targets != -100).sum())
+    assert ids.numel() < padded.numel()
+    model = build_model("tiny", vocab_size=task.tokenizer.vocab_size)
+
+    def loss(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
+
+    with torch.no_grad():
+        plain = loss(model(input_ids=padded).logits[:, :-1], padded_targets)
+        packed = loss(model(input_ids=ids, position_ids=positions, use_cache=False).logits[:, :-1], targets)
+    assert float(packed) == pytest.approx(float(plain), rel=1e-5)
+
+
+def test_packed_log_probs_and_their_gradients_are_the_padded_ones() -> None:
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=VOCAB).train()
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9], [1, 5, 6, 7, 2, 0], [1, 11, 0, 0, 0, 0]])
+    lengths = [6, 5, 2]
+    attention = (torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]).long()
+    select = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 0], [1, 0, 0, 0, 0]]) != 0
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        if packed:
+            logp, entropy = packed_token_logprobs(
+                model, ids, lengths, select, pad_token_id=0, with_entropy=True
+            )
+        else:
+            logp, entropy = token_logprobs(model, ids, attention, with_entropy=True, positions=select)
+        (logp * torch.arange(1.0, 6.0)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((logp.detach(), entropy, grads))
+    (plain, plain_entropy, plain_grads), (packed, packed_entropy, packed_grads) = results
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed_entropy, plain_entropy, rtol=1e-5, atol=1e-6)
+    assert (packed[~select] == 0).all()
+    assert packed_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def _batch() -> list[Group]:
+    groups = []
+    for uid, (responses, rewards) in enumerate(
+        [([[7, 8, 9, 10, 11, 12, 13], [7, 2]], [1.0, 0.0]), ([[9, 9], [10, 11, 12]], [0.0, 1.0])]
+    ):
+        prompt = Prompt(uid=uid, source_id=f"p{uid}", length=3, token_ids=(1, 5, 6))
+        group = Group.fresh(prompt, len(responses))
+        for sample, ids, reward in zip(group.samples, responses, rewards, strict=True):
+            sample.append(
+                Segment(f"r{uid}", 0, len(ids), FinishReason.STOP, 0, tuple(ids), tuple(-2.0 for _ in ids))
+            )
+            sample.reward = reward
+        groups.append(group)
+    return groups
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_a_packed_step_has_the_padded_steps_gradients(mini_batches: int) -> None:
+    """One optimizer step (old log-probs from the training forward) and two (a separate old-policy
+    pass): packing changes neither the gradients of a step nor its metrics.  (The gradients, not the
+    weights after AdamW: its first step divides each gradient by its own size.)"""
+    grads: list[list[dict[str, torch.Tensor]]] = [[], []]
+    metrics = []
+    for pack in (False, True):
+        torch.manual_seed(0)
+        trainer = TorchTrainer.Config(pack=pack, mini_batches=mini_batches).build(
+            module=build_model("tiny", vocab_size=VOCAB)
+        )
+        params = dict(trainer.model.named_parameters())
+
+        def record(pack: bool = pack, params: dict[str, torch.nn.Parameter] = params) -> None:
+            grads[pack].append({n: p.grad.clone() for n, p in params.items() if p.grad is not None})
+
+        trainer.optimizer.step = record  # type: ignore[method-assign]
+        metrics.append(asyncio.run(trainer.train(_batch(), step=0, policy_version=0)).metrics)
+    assert len(grads[0]) == len(grads[1]) == mini_batches
+    for plain, packed in zip(grads[0], grads[1], strict=True):
+        assert packed.keys() == plain.keys()
+        for name, grad in plain.items():
+            torch.testing.assert_close(packed[name], grad, rtol=1e-4, atol=1e-7)
+    assert metrics[1].keys() == metrics[0].keys()
+    for key, value in metrics[0].items():
+        assert metrics[1][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert metrics[0]["engine_logprob_tokens"] == 14  # every response token, from either path
+
+
+def test_an_on_policy_step_takes_the_old_log_probs_from_its_own_forward() -> None:
+    """One mini-batch and one epoch: no separate old-policy pass (the ratio is exactly 1), and the
+    engine gap is measured on the same tokens as with the separate pass."""
+    torch.manual_seed(0)
+    trainer = TorchTrainer.Config(lr=1e-2).build(module=build_model("tiny", vocab_size=VOCAB))
+    calls: list[object] = []
+    recompute = trainer._recompute
+    trainer._recompute = lambda *a: calls.append(a) or recompute(*a)  # type: ignore[method-assign]
+    rows = trainer._rows(_batch())
+    expected = recompute(trainer.model, rows)
+    result = asyncio.run(trainer.train(_batch(), step=0, policy_version=0))
+    assert calls == []
+    assert result.metrics["clipfrac"] == 0.0
+    gap = (expected - rows.behaviour).abs()[rows.mask > 0]
+    assert result.metrics["engine_logprob_gap_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
+    assert result.metrics["engine_logprob_gap_max"] == pytest.approx(float(gap.max()), rel=1e-5)
