@@ -2,7 +2,7 @@
 
 A batch of rows padded to its longest row computes every pad position: on the embedded default's
 heavy-tailed lengths (a few long answers, most short) that is two thirds of a warm-start batch and
-five sixths of a training batch.  Packing puts the rows one after another in lanes as wide as the
+four fifths of a training batch.  Packing puts the rows one after another in lanes as wide as the
 longest row (first fit, longest first) and restarts the position ids at each row.  A ``transformers``
 model given ``position_ids`` and no attention mask (and no cache: ``use_cache=False``) reads the
 restarts as sequence boundaries and attends only within each row (``masking_utils``'s packed-sequence

@@ -17,8 +17,8 @@ Per rollout step (slime's recipe):
 5. hand the new weights to the engine (``weights()``).
 
 Rows are packed end to end (:mod:`april_bench.models.packing`) rather than
-padded to the longest: the same log-probs, without the padding's work (five
-sixths of the embedded default's training batch).
+padded to the longest: the same log-probs, without the padding's work (four
+fifths of the embedded default's training batch).
 
 Memory (docs/trainer.md): a mini-batch runs as micro-batches of at most
 ``max_tokens_per_micro_batch`` padded tokens (samples packed by length), each
