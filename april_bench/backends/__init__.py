@@ -129,15 +129,16 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         from april_bench.telemetry.sampler import check_backend
 
         telemetry_note = check_backend(config.telemetry)  # what telemetry will sample
+    model = config.model  # resolved once here: the task, the engine and the trainer all load this one
     if trains:  # after the trainer's check: a hub id may download
         from april_bench.hub import resolve_model
 
-        config = config.replace(model=resolve_model(config.model))  # a hub id: its local snapshot
+        model = resolve_model(model)  # a hub id: its local snapshot
     task = build_task(
-        config, produces_tokens=spec.produces_tokens, simulated=spec.simulated, progress=progress
+        config, model, produces_tokens=spec.produces_tokens, simulated=spec.simulated, progress=progress
     )
     engine_settings = EngineSettings(
-        model=config.model,
+        model=model,
         hardware=config.hardware,
         max_context_len=task.longest_prompt + config.rollout.max_response_len,
         seed=config.seed,
@@ -153,7 +154,7 @@ def build_components(config: ExperimentConfig, *, progress: bool = False) -> Com
         off_policy=config.off_policy,
         temperature=config.rollout.temperature,
         max_response_len=config.rollout.max_response_len,
-        model=config.model,
+        model=model,
         hardware=config.hardware,
         seed=config.seed,
         pad_token_id=task.pad_token_id,

@@ -24,11 +24,17 @@ __all__ = ["Task", "build_task"]
 
 
 def build_task(
-    config: ExperimentConfig, *, produces_tokens: bool, simulated: bool = False, progress: bool = False
+    config: ExperimentConfig,
+    model: str,
+    *,
+    produces_tokens: bool,
+    simulated: bool = False,
+    progress: bool = False,
 ) -> Task:
-    """The task of ``config`` on an engine that produces tokens (or lengths only), from a model or not
-    (``simulated``: a fake engine's tokens are not a model's, so they replay lengths)."""
-    model = check_model(config)
+    """The task of ``config`` with the policy ``model`` (``config.model`` resolved: a hub id's local
+    snapshot) on an engine that produces tokens (or lengths only), from a model or not (``simulated``: a
+    fake engine's tokens are not a model's, so they replay lengths)."""
+    model = check_model(model)
     if config.dataset in ("synthetic", "synthetic-agent") and produces_tokens and not simulated:
         kind = config.dataset
     elif config.dataset == "synthetic-agent":
@@ -40,9 +46,9 @@ def build_task(
     # options this task never reads, and a data set's name it would not read (a claim): refused before
     # any work
     check_options_used(config, kind)
-    check_data_claims(config, kind=kind, simulated=simulated, produces_tokens=produces_tokens)
+    check_data_claims(config, model, kind=kind, simulated=simulated, produces_tokens=produces_tokens)
     build: Any = TASKS.get(kind)
-    task: Task = build(config, produces_tokens=produces_tokens, progress=progress)
+    task: Task = build(config, model, produces_tokens=produces_tokens, progress=progress)
     if config.length_oracle is not None:  # forced lengths and rewards over any task's prompts
         from april_bench.tasks.forced import force_lengths
 

@@ -1,6 +1,6 @@
 """Tasks: what the run trains and evaluates on, each building itself from the experiment's config.
 
-:data:`TASKS` names each kind's ``build(config, *, produces_tokens, progress) -> Task``
+:data:`TASKS` names each kind's ``build(config, model, *, produces_tokens, progress) -> Task``
 (:class:`april_bench.tasks.base.Task`); which kind a run gets is the wiring's choice
 (:func:`april_bench.backends.task.build_task`).  Importing this package imports no task module.
 """

@@ -202,25 +202,27 @@ class EpisodeAvgAtK(AvgAtK):
         return EvalRow(item.dataset, item.source_id, j, score, correct, len(response))
 
 
-def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: bool = False) -> Task:
-    """The agent task of ``config``: the synthetic task's warm start on calculator transcripts, episodes
-    in the calculator as rollouts, held-out avg@k over episodes."""
+def build(
+    config: ExperimentConfig, model: str, *, produces_tokens: bool = True, progress: bool = False
+) -> Task:
+    """The agent task of ``config`` for ``model``: the synthetic task's warm start on calculator
+    transcripts, episodes in the calculator as rollouts, held-out avg@k over episodes."""
     from april_bench.models.zoo import model_config
     from april_bench.tasks.warmstart import WarmStart
 
-    if looks_like_path(config.model):
+    if looks_like_path(model):
         raise ConfigError(
             "the synthetic-agent task trains a named architecture (--model tiny) from its own warm start; "
-            f"it cannot use the checkpoint {config.model}"
+            f"it cannot use the checkpoint {model}"
         )
     task = config_from(
         AgentTask.Config, config.task_args, where="--task-arg", owner="the synthetic-agent task"
     )
     agent = AgentTask(task)
-    warm_options = {"model": config.model, "seed": config.seed, **config.warmstart_args}
+    warm_options = {"model": model, "seed": config.seed, **config.warmstart_args}
     warm = config_from(WarmStart.Config, warm_options, where="--warmstart-arg").build(task=agent)
     vocab = agent.tokenizer.vocab_size
-    model_config(config.model, vocab_size=vocab)
+    model_config(model, vocab_size=vocab)
     workload = AgentWorkload(agent, seed=config.seed)
     rollout = config.rollout
     items = [
@@ -240,7 +242,7 @@ def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: b
         return warm.weights(progress=progress)
 
     def checkpoint() -> str:
-        return checkpoint_of(config.model, vocab, weights, key=f"warm-{warm.key}")
+        return checkpoint_of(model, vocab, weights, key=f"warm-{warm.key}")
 
     return Task(
         kind="synthetic-agent",
@@ -305,7 +307,7 @@ REPLAYED_SOLVE_RATE = 0.84
 
 
 def build_replayed(
-    config: ExperimentConfig, *, produces_tokens: bool = False, progress: bool = False
+    config: ExperimentConfig, model: str, *, produces_tokens: bool = False, progress: bool = False
 ) -> Task:
     """The agent task on an engine without a model (simulator, fake): replayed episodes, no accuracy."""
     options = dict(config.task_args)

@@ -1,7 +1,8 @@
 """What every task gives the run (:class:`Task`), and the helpers the task builders share.
 
 A task module (:mod:`.workload` for the synthetic task, :mod:`.math`, :mod:`.lengths`) has a
-``build(config, *, produces_tokens, progress) -> Task``; :data:`april_bench.tasks.TASKS` names them.
+``build(config, model, *, produces_tokens, progress) -> Task`` (``model``: the run's resolved model, a
+hub id's local snapshot); :data:`april_bench.tasks.TASKS` names them.
 """
 
 from __future__ import annotations
@@ -63,9 +64,8 @@ _TASK_OPTIONS = {
 _FLAG = {"task_args": "--task-arg", "warmstart_args": "--warmstart-arg", "workload_args": "--workload-arg"}
 
 
-def check_model(config: ExperimentConfig) -> str:
+def check_model(model: str) -> str:
     """``--model``: a named architecture, or a checkpoint directory that exists (returned as given)."""
-    model = config.model
     if looks_like_path(model) and not Path(model).expanduser().is_dir():
         from april_bench.profiles.models import MODELS
 
@@ -98,7 +98,9 @@ def check_options_used(config: ExperimentConfig, kind: str) -> None:
         )
 
 
-def check_data_claims(config: ExperimentConfig, *, kind: str, simulated: bool, produces_tokens: bool) -> None:
+def check_data_claims(
+    config: ExperimentConfig, model: str, *, kind: str, simulated: bool, produces_tokens: bool
+) -> None:
     """Refuse (one line naming the fix) a run whose task would not read the data sets it names.
 
     A data set name on a run is a claim: the table prints it beside the numbers.  A real engine can
@@ -108,13 +110,13 @@ def check_data_claims(config: ExperimentConfig, *, kind: str, simulated: bool, p
     *length profile* and says so (its results are labelled simulated).  Evaluation sets are evaluated
     by the math task only; anywhere else they are refused.
 
-    ``kind`` is the task chosen (synthetic, math or lengths); ``simulated`` and ``produces_tokens``
-    describe the engine.
+    ``model`` is the run's resolved model, ``kind`` the task chosen (synthetic, math or lengths);
+    ``simulated`` and ``produces_tokens`` describe the engine.
     """
     real_tokens = produces_tokens and not simulated
     if kind == "lengths" and real_tokens:
         raise ConfigError(
-            f"--dataset {config.dataset} needs a model that can read it, and --model {config.model} is a "
+            f"--dataset {config.dataset} needs a model that can read it, and --model {model} is a "
             "named architecture with random weights: pass --model a checkpoint directory or hub id (e.g. "
             f"Qwen/Qwen3-0.6B) with --data-path {config.dataset}=FILE (or the hub), or --engine sim for its "
             "simulated length profile, or --dataset synthetic for the embedded task"

@@ -246,20 +246,22 @@ def evaluate_checkpoint(
     return run_real(main())
 
 
-def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: bool = False) -> Task:
-    """A real checkpoint on a real data set: prompts through its chat template, the recipe's grader,
-    avg@k on ``eval_datasets``."""
+def build(
+    config: ExperimentConfig, model: str, *, produces_tokens: bool = True, progress: bool = False
+) -> Task:
+    """The checkpoint ``model`` (a directory) on a real data set: prompts through its chat template, the
+    recipe's grader, avg@k on ``eval_datasets``."""
     from transformers import AutoTokenizer
 
     from april_bench.data import DATASETS, load
 
     if config.dataset not in DATASETS:
         raise ConfigError(
-            f"--model {config.model} is a checkpoint, so --dataset must be a math data set "
+            f"--model {model} is a checkpoint, so --dataset must be a math data set "
             f"({', '.join(DATASETS)}), got {config.dataset!r}"
         )
     settings = MathTaskSettings.from_args(config.task_args)
-    model = str(Path(config.model).expanduser())
+    model = str(Path(model).expanduser())
     tokenizer = AutoTokenizer.from_pretrained(model)
     loaded = load(config.dataset, config.data_paths.get(config.dataset), limit=settings.limit)
     notes: list[str] = []

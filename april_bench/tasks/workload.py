@@ -56,26 +56,29 @@ class SyntheticWorkload:
         return self.task.grade(self.problem(sample.prompt), sample.response_ids())
 
 
-def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: bool = False) -> Task:
-    """The embedded synthetic task of ``config``: a cached supervised warm start gives the engine and the
-    trainer the same starting weights; rewards come from grading; held-out avg@k through the engine."""
+def build(
+    config: ExperimentConfig, model: str, *, produces_tokens: bool = True, progress: bool = False
+) -> Task:
+    """The embedded synthetic task of ``config`` for ``model``: a cached supervised warm start gives the
+    engine and the trainer the same starting weights; rewards come from grading; held-out avg@k through
+    the engine."""
     from april_bench.models.zoo import model_config
     from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask, synthetic_evaluator
     from april_bench.tasks.warmstart import WarmStart
 
-    if looks_like_path(config.model):
+    if looks_like_path(model):
         raise ConfigError(
             "the synthetic task trains a named architecture (--model tiny) from its own warm start and "
-            f"character tokenizer; for the checkpoint {config.model} choose a math --dataset "
+            f"character tokenizer; for the checkpoint {model} choose a math --dataset "
             "(dapo-math-17k, deepscaler, deepmath-103k)"
         )
     task = config_from(
         SyntheticTask.Config, config.task_args, where="--task-arg", owner="the synthetic task"
     ).build()
-    warm_options = {"model": config.model, "seed": config.seed, **config.warmstart_args}
+    warm_options = {"model": model, "seed": config.seed, **config.warmstart_args}
     warm = config_from(WarmStart.Config, warm_options, where="--warmstart-arg").build(task=task)
     vocab = task.tokenizer.vocab_size
-    model_config(config.model, vocab_size=vocab)  # an unknown architecture fails here
+    model_config(model, vocab_size=vocab)  # an unknown architecture fails here
     workload = SyntheticWorkload(task)
     rollout = config.rollout
     evaluator = synthetic_evaluator(
@@ -90,7 +93,7 @@ def build(config: ExperimentConfig, *, produces_tokens: bool = True, progress: b
         return warm.weights(progress=progress)
 
     def checkpoint() -> str:
-        return checkpoint_of(config.model, vocab, weights, key=f"warm-{warm.key}")
+        return checkpoint_of(model, vocab, weights, key=f"warm-{warm.key}")
 
     return Task(
         kind="synthetic",
