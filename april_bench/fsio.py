@@ -4,8 +4,9 @@ A run directory (``run``, ``ablate``, ``simcheck``, ``whatif`` output) starts wi
 :data:`MANIFEST_NAME`, written before anything else: a header line, then one line per name the tool
 writes into the directory, appended *before* the file is created (a crash leaves a name listed whose
 file is missing, never a file of the run that is not listed).  ``--overwrite`` removes only what the
-manifest lists (:func:`april_bench.results.rundir.clear_run_dir`): a directory holding a file the
-manifest does not name is refused, never emptied.
+manifest lists (:func:`scan_written`, then :func:`remove_written`, for
+:func:`april_bench.results.rundir.clear_run_dir`): a directory holding a file the manifest does not
+name is refused, never emptied.
 
 The manifest lists the directory's top-level names.  A name may be a directory the run made: a nested
 run directory with its own manifest (an ablation's modes, simcheck's ``measured/``), or one of
@@ -24,13 +25,14 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from april_bench.config import ConfigError
 
@@ -38,12 +40,17 @@ __all__ = [
     "MANIFEST_NAME",
     "RUN_SUBDIRS",
     "Manifest",
+    "RunLayout",
+    "Written",
     "check_target",
+    "check_writable",
     "fsync_dir",
     "open_append",
     "read_manifest",
     "record",
+    "remove_written",
     "replace_dir_atomic",
+    "scan_written",
     "start_manifest",
     "write_atomic",
 ]
@@ -56,6 +63,13 @@ RUN_SUBDIRS = ("state", "tensorboard", "wandb", "figures")
 _MAX_MANIFEST_BYTES = 1 << 20
 _HEADER_KEY = "april_bench_files"
 _VERSION = 1
+#: The writability probe's prefix (:func:`check_writable`).
+_WRITE_CHECK = ".write-check-"
+#: What a killed writer may leave beside what it wrote: mkstemp's temporary files beside a file being
+#: written (``.<name>.<8 characters>.tmp``), the writability probe, the manifest's own temporary file.
+_LEFTOVER = re.compile(
+    rf"\.(?P<name>.+)\.[A-Za-z0-9_]{{8}}\.tmp|\.write-check-[A-Za-z0-9_]{{8}}|{re.escape(f'.{MANIFEST_NAME}.new')}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,3 +351,168 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# ---------------------------------------------------------------- what a run directory's files are
+
+
+def check_writable(path: Path) -> None:
+    """Refuse (one ``ConfigError`` line) a run directory ``path`` that cannot be written, before anything
+    is written there: a uniquely named probe file is made and removed (runs may probe at once)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=_WRITE_CHECK)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"run directory {path} is not writable ({exc.strerror}); choose another --out"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class RunLayout:
+    """What a run directory holds besides the names its manifest lists, as the run directory's owner
+    (:mod:`april_bench.results.rundir`) lays it out: what :func:`scan_written` may count as written."""
+
+    #: The run's lock file: never foreign (removed with a nested run directory, kept at the top).
+    lock_name: str
+    #: ``state/`` directories with this prefix: a session's scratch (weights handed to an engine).
+    scratch_prefix: str
+    #: Subdirectories whose whole tree a run's libraries write (tracker logs, figures).
+    trees: tuple[str, ...]
+    #: A directory made before manifests holds a run when one of these files holds a JSON object with
+    #: this key (and, where values are given, one of them) ...
+    legacy_signatures: tuple[tuple[str, str, tuple[str, ...] | None], ...]
+    #: ... and then it may hold these names (the files any run writes).
+    legacy_names: frozenset[str]
+
+
+@dataclass(slots=True)
+class Written:
+    """What :func:`scan_written` found april-bench wrote in a directory."""
+
+    #: Files and whole trees to remove.
+    files: list[Path] = field(default_factory=list)
+    #: Directories to remove once empty, deepest first.
+    dirs: list[Path] = field(default_factory=list)
+    #: The first entry (relative path, sorted order) april-bench did not write: the scan stops there.
+    foreign: Path | None = None
+
+
+def scan_written(path: Path, layout: RunLayout) -> Written:
+    """What april-bench wrote into the run directory ``path`` (its lock and manifest excepted): the names
+    its manifest lists, or, for a run directory made before manifests, ``layout``'s names; nested run
+    directories (an ablation's modes, simcheck's ``measured/``) are scanned the same way.  Anything else
+    (a file no run wrote, a directory that holds no run) is :attr:`Written.foreign`.  ``OSError`` when a
+    directory cannot be read."""
+    written = Written()
+    written.foreign = _collect(path, Path(), written, layout, top=True)
+    return written
+
+
+def remove_written(written: Written) -> None:
+    """Remove what :func:`scan_written` found (a link is unlinked, never followed); ``OSError`` when
+    something cannot be removed."""
+    for file in written.files:
+        if stat.S_ISDIR(os.lstat(file).st_mode):
+            shutil.rmtree(file)
+        else:
+            os.unlink(file)
+    for directory in written.dirs:
+        os.rmdir(directory)
+
+
+def _collect(directory: Path, rel: Path, written: Written, layout: RunLayout, *, top: bool) -> Path | None:
+    """Add what april-bench wrote in ``directory`` to ``written``; the first foreign entry (relative
+    path), or ``None``."""
+    names, by_manifest = _written_names(directory, layout)
+    # a directory that holds no run: only an empty one (or a lock) is a run's
+    allowed = names if names is not None else frozenset()
+    for name in sorted(os.listdir(directory)):
+        child, where = directory / name, rel / name
+        if name in (layout.lock_name, MANIFEST_NAME) or _leftover(name, allowed):
+            if not top:
+                written.files.append(child)
+            continue
+        mode = os.lstat(child).st_mode
+        if stat.S_ISDIR(mode):
+            if name not in allowed and not (
+                allowed and not by_manifest and _written_names(child, layout)[0] is not None
+            ):
+                return where  # a directory a run made before manifests is a nested run or a known one
+            if name in layout.trees:
+                written.files.append(child)
+                continue
+            foreign = (
+                _collect_state(child, where, written, layout)
+                if name == "state"
+                else _collect(child, where, written, layout, top=False)
+            )
+            if foreign is not None:
+                return foreign
+            written.dirs.append(child)
+        elif name in allowed and name not in RUN_SUBDIRS:
+            written.files.append(child)  # a link is unlinked, never followed
+        else:
+            return where
+    return None
+
+
+def _written_names(directory: Path, layout: RunLayout) -> tuple[frozenset[str] | None, bool]:
+    """The names a run wrote in ``directory`` (``None``: it holds no run) and whether its manifest says
+    so: the manifest's names, else the files any run writes where its status or provenance shows a run
+    made before manifests."""
+    manifest = read_manifest(directory)
+    if manifest is not None:
+        return manifest.names, True
+    return (layout.legacy_names if _made_before_manifests(directory, layout) else None), False
+
+
+def _collect_state(directory: Path, rel: Path, written: Written, layout: RunLayout) -> Path | None:
+    """A run's ``state/``: checkpoints (``*.json``), trainer states (``*.trainer.pt``), their temporary
+    files, and the scratch directories of weights handed to an engine."""
+    for name in sorted(os.listdir(directory)):
+        child = directory / name
+        mode = os.lstat(child).st_mode
+        scratch = stat.S_ISDIR(mode) and name.startswith(layout.scratch_prefix)
+        saved = stat.S_ISREG(mode) and (
+            name.endswith((".json", ".trainer.pt")) or _LEFTOVER.fullmatch(name) is not None
+        )
+        if not (scratch or saved):
+            return rel / name
+        written.files.append(child)
+    return None
+
+
+def _leftover(name: str, allowed: frozenset[str]) -> bool:
+    match = _LEFTOVER.fullmatch(name)
+    if match is None:
+        return False
+    written = match.group("name")
+    return written is None or written in allowed
+
+
+def _made_before_manifests(directory: Path, layout: RunLayout) -> bool:
+    """Whether a directory without a manifest holds a run (its status or provenance says so)."""
+    for name, key, values in layout.legacy_signatures:
+        data = _small_json(directory / name)
+        if isinstance(data, dict) and key in data:
+            return values is None or data[key] in values
+    return False
+
+
+def _small_json(path: Path) -> Any:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > (16 << 20):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)

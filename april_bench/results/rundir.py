@@ -16,19 +16,26 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
-import re
 import shutil
 import stat
-import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from april_bench.config import ConfigError
-from april_bench.fsio import MANIFEST_NAME, RUN_SUBDIRS, read_manifest, record, start_manifest
+from april_bench.fsio import (
+    MANIFEST_NAME,
+    RUN_SUBDIRS,
+    RunLayout,
+    check_writable,
+    record,
+    remove_written,
+    scan_written,
+    start_manifest,
+)
 
 if TYPE_CHECKING:
     from april_bench.results.resume import RunStatus
@@ -186,7 +193,7 @@ def claim_run_dir(
                 ) from None
             if lock is not None:
                 lock.acquire(path)
-            _check_writable(path)
+            check_writable(path)
             start_manifest(path, kind)
             return path
         raise ConfigError(f"{root} holds 10,000 runs named {default_name}*; pass --out")
@@ -197,33 +204,62 @@ def claim_run_dir(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {out} cannot be created ({exc.strerror}); choose another --out") from None
-    if lock is not None:
-        lock.acquire(out)
-    try:
+    with _locked_for_claim(out, lock):
         _clear_for_claim(out, overwrite)
-    except ConfigError:
-        if lock is not None:
-            lock.abandon()  # a refused directory is left as it was found: no lock file added
-        raise
-    _check_writable(out)
+    check_writable(out)
     start_manifest(out, kind)
     return out
 
 
+@contextlib.contextmanager
+def _locked_for_claim(out: Path, lock: RunLock | None) -> Iterator[None]:
+    """``lock`` taken on ``out`` (``None``: the caller holds it) while the claim checks the directory; a
+    refused directory (a ``ConfigError``) is left as it was found: the lock is abandoned, no lock file
+    added."""
+    if lock is not None:
+        lock.acquire(out)
+    try:
+        yield
+    except ConfigError:
+        if lock is not None:
+            lock.abandon()
+        raise
+
+
 def _clear_for_claim(out: Path, overwrite: bool) -> None:
-    if _holds_files(out):
-        if not overwrite:
-            foreign = _first_foreign(out)
-            if foreign is not None:
-                raise ConfigError(
-                    f"--out {out} holds {foreign}, which april-bench did not write; choose another --out "
-                    "(a new or empty directory)"
-                )
-            raise ConfigError(
-                f"--out {out} already holds files of a run; pass --resume {out} to continue it, "
-                "--overwrite to replace it, or another --out"
-            )
-        clear_run_dir(out)
+    """``out`` as the claim finds it, in one scan: empty (nothing to do), refused (it holds files and no
+    ``--overwrite``, or a file april-bench did not write), or the old run's files removed."""
+    if not _holds_files(out):
+        return
+    flag = "--overwrite" if overwrite else f"--out {out}"
+    try:
+        written = scan_written(out, _layout())
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag}: cannot read {exc.filename} ({exc.strerror}); choose another --out"
+        ) from None
+    if written.foreign is not None and overwrite:
+        raise ConfigError(
+            f"--overwrite: {out / written.foreign} was not written by april-bench, so {out} is not replaced; "
+            "move that file out of the directory, or choose another --out"
+        )
+    if written.foreign is not None:
+        raise ConfigError(
+            f"--out {out} holds {written.foreign}, which april-bench did not write; choose another --out "
+            "(a new or empty directory)"
+        )
+    if not overwrite:
+        raise ConfigError(
+            f"--out {out} already holds files of a run; pass --resume {out} to continue it, "
+            "--overwrite to replace it, or another --out"
+        )
+    try:
+        remove_written(written)
+    except OSError as exc:
+        raise ConfigError(
+            f"--overwrite: cannot remove {exc.filename} ({exc.strerror}); remove the old run yourself, or "
+            "choose another --out"
+        ) from None
 
 
 def _holds_files(path: Path) -> bool:
@@ -233,22 +269,11 @@ def _holds_files(path: Path) -> bool:
         raise ConfigError(f"--out {path} cannot be read ({exc.strerror}); choose another --out") from None
 
 
-def _check_writable(path: Path) -> None:
-    try:
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-check-")  # unique: runs may probe at once
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError(
-            f"run directory {path} is not writable ({exc.strerror}); choose another --out"
-        ) from None
-
-
 # ---------------------------------------------------------------- what --overwrite may remove
 
 #: The files a run directory made before manifests existed may hold (committed reference runs,
 #: ``results/runs/*``, ``results/gates/*``, ...): a directory without a manifest is recognised as a
-#: run by its status or provenance (:func:`_made_by_april_bench`), and only these names are removed.
+#: run by its status or provenance (:func:`_layout`), and only these names are removed.
 _KNOWN_FILES = frozenset(
     {
         "config.json",
@@ -276,11 +301,6 @@ _KNOWN_FILES = frozenset(
 )
 #: Subdirectories whose whole tree the run's libraries write (tracker logs, figures).
 _TREES = ("tensorboard", "wandb", "figures")
-#: mkstemp's temporary files beside a file being written (``.<name>.<8 characters>.tmp``), the
-#: writability probe, the manifest's own temporary file: what a killed run may leave.
-_LEFTOVER = re.compile(
-    rf"\.(?P<name>.+)\.[A-Za-z0-9_]{{8}}\.tmp|\.write-check-[A-Za-z0-9_]{{8}}|{re.escape(f'.{MANIFEST_NAME}.new')}"
-)
 #: A file that identifies a directory made before manifests: (name, key its JSON object holds).
 _SIGNATURES = (
     ("status.json", "state"),
@@ -291,11 +311,23 @@ _SIGNATURES = (
 )
 
 
-def _known_files() -> frozenset[str]:
+def _layout() -> RunLayout:
+    """A run directory's layout for the manifest-aware scan (:func:`april_bench.fsio.scan_written`): its
+    lock, scratch directories and library trees, and how a run made before manifests is recognised (its
+    status holds a run state, or a result file its kind) with the names it may hold."""
+    from april_bench.results.coverage import STATES
     from april_bench.results.records import TABLES
 
     tables = {f"{t}.jsonl" for t in TABLES} | {f"{t}.jsonl.gz" for t in TABLES}
-    return _KNOWN_FILES | tables | set(RUN_SUBDIRS)
+    return RunLayout(
+        lock_name=LOCK_NAME,
+        scratch_prefix=SCRATCH_PREFIX,
+        trees=_TREES,
+        legacy_signatures=tuple(
+            (name, key, STATES if name == "status.json" else None) for name, key in _SIGNATURES
+        ),
+        legacy_names=_KNOWN_FILES | tables | set(RUN_SUBDIRS),
+    )
 
 
 def clear_run_dir(path: Path) -> None:
@@ -305,141 +337,7 @@ def clear_run_dir(path: Path) -> None:
     ablation's modes, simcheck's ``measured/``) are checked the same way and removed.  Anything else
     (a file the run did not write, a directory that holds no run) is refused with one line naming the
     first such file, before anything is removed."""
-    files: list[Path] = []
-    dirs: list[Path] = []
-    try:
-        foreign = _collect(path, Path(), files, dirs, top=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"--overwrite: cannot read {exc.filename} ({exc.strerror}); choose another --out"
-        ) from None
-    if foreign is not None:
-        raise ConfigError(
-            f"--overwrite: {path / foreign} was not written by april-bench, so {path} is not replaced; "
-            "move that file out of the directory, or choose another --out"
-        )
-    try:
-        for file in files:
-            if stat.S_ISDIR(os.lstat(file).st_mode):
-                shutil.rmtree(file)
-            else:
-                os.unlink(file)
-        for directory in dirs:
-            os.rmdir(directory)
-    except OSError as exc:
-        raise ConfigError(
-            f"--overwrite: cannot remove {exc.filename} ({exc.strerror}); remove the old run yourself, or "
-            "choose another --out"
-        ) from None
-
-
-def _first_foreign(path: Path) -> Path | None:
-    """The first file in ``path`` (sorted) that april-bench did not write; ``None``: all are a run's."""
-    try:
-        return _collect(path, Path(), [], [], top=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"--out {path}: cannot read {exc.filename} ({exc.strerror}); choose another --out"
-        ) from None
-
-
-def _collect(directory: Path, rel: Path, files: list[Path], dirs: list[Path], *, top: bool) -> Path | None:
-    """Add what april-bench wrote in ``directory`` to ``files`` (files and whole trees) and ``dirs``
-    (directories to remove once empty, deepest first); the first foreign entry (relative path), or
-    ``None``."""
-    written, by_manifest = _written_names(directory)
-    # a directory that holds no run: only an empty one (or a lock) is a run's
-    allowed = written if written is not None else frozenset()
-    for name in sorted(os.listdir(directory)):
-        child, where = directory / name, rel / name
-        if name in (LOCK_NAME, MANIFEST_NAME) or _leftover(name, allowed):
-            if not top:
-                files.append(child)
-            continue
-        mode = os.lstat(child).st_mode
-        if stat.S_ISDIR(mode):
-            if name not in allowed and not (
-                allowed and not by_manifest and _written_names(child)[0] is not None
-            ):
-                return where  # a directory a run made before manifests is a nested run or a known one
-            if name in _TREES:
-                files.append(child)
-                continue
-            foreign = (
-                _collect_state(child, where, files)
-                if name == "state"
-                else _collect(child, where, files, dirs, top=False)
-            )
-            if foreign is not None:
-                return foreign
-            dirs.append(child)
-        elif name in allowed and name not in RUN_SUBDIRS:
-            files.append(child)  # a link is unlinked, never followed
-        else:
-            return where
-    return None
-
-
-def _written_names(directory: Path) -> tuple[frozenset[str] | None, bool]:
-    """The names a run wrote in ``directory`` (``None``: it holds no run) and whether its manifest says
-    so: the manifest's names, else the files any run writes where its status or provenance shows a run
-    made before manifests."""
-    manifest = read_manifest(directory)
-    if manifest is not None:
-        return manifest.names, True
-    return (_known_files() if _made_by_april_bench(directory) else None), False
-
-
-def _collect_state(directory: Path, rel: Path, files: list[Path]) -> Path | None:
-    """A run's ``state/``: checkpoints (``*.json``), trainer states (``*.trainer.pt``), their temporary
-    files, and the scratch directories of weights handed to an engine."""
-    for name in sorted(os.listdir(directory)):
-        child = directory / name
-        mode = os.lstat(child).st_mode
-        scratch = stat.S_ISDIR(mode) and name.startswith(SCRATCH_PREFIX)
-        saved = stat.S_ISREG(mode) and (
-            name.endswith((".json", ".trainer.pt")) or _LEFTOVER.fullmatch(name) is not None
-        )
-        if not (scratch or saved):
-            return rel / name
-        files.append(child)
-    return None
-
-
-def _leftover(name: str, allowed: frozenset[str]) -> bool:
-    match = _LEFTOVER.fullmatch(name)
-    if match is None:
-        return False
-    written = match.group("name")
-    return written is None or written in allowed
-
-
-def _made_by_april_bench(directory: Path) -> bool:
-    """Whether a directory without a manifest holds a run (its status or provenance says so)."""
-    from april_bench.results.coverage import STATES
-
-    for name, key in _SIGNATURES:
-        data = _small_json(directory / name)
-        if isinstance(data, dict) and key in data:
-            return name != "status.json" or data[key] in STATES
-    return False
-
-
-def _small_json(path: Path) -> Any:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > (16 << 20):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return json.loads(f.read())
-    except (OSError, ValueError, RecursionError):
-        return None
-    finally:
-        os.close(fd)
+    _clear_for_claim(path, overwrite=True)
 
 
 def scratch_root(status: Any) -> Path | None:
