@@ -7,7 +7,7 @@ help texts are the CLI's help texts.
 ``ExperimentConfig(**given)`` starts where ``run --hw HARDWARE`` starts: the
 embedded run on the CPU (the default hardware, as on the command line), APRIL's
 published setting on a GPU (:func:`hardware_defaults`); a named engine's recipe
-rules (:meth:`april_bench.engines.EngineSpec.recipe_changes`) apply to what was
+rules (:func:`engine_rules`, from what its ``EngineSpec`` declares) apply to what was
 not given, for every caller (Python, flags, a ``--config`` file).
 """
 
@@ -322,11 +322,18 @@ _VERSION_1_DEFAULTS: dict[str, Any] = {**_PAPER, "hardware": "h100", "steps": 20
 
 
 def engine_rules(engine: str, model: str, *, given: Mapping[str, Any]) -> dict[str, Any]:
-    """A named engine's recipe rules (:meth:`~april_bench.engines.EngineSpec.recipe_changes`) for the
-    fields not in ``given``; nothing for ``auto`` or an unknown name (refused by the checks)."""
+    """What a named engine changes in a recipe, for the fields not in ``given``, from what its
+    :class:`~april_bench.engines.EngineSpec` declares: a simulated engine pairs with the simulated
+    trainer (the recipe's trainer settings are for a real one); a recipe model it cannot run is
+    swapped for the one it can (``model_for_recipe``).  Nothing for ``auto`` or an unknown name
+    (refused by the checks)."""
     if engine == "auto" or engine not in ENGINES:
         return {}
-    changes = ENGINES.get(engine).recipe_changes(model, model_given="model" in given)
+    spec = ENGINES.get(engine)
+    changes: dict[str, Any] = {"trainer_args": {}} if spec.simulated else {}
+    swap = dict(spec.model_for_recipe).get(model)
+    if swap is not None:
+        changes["model"] = swap
     return {name: value for name, value in changes.items() if name not in given}
 
 

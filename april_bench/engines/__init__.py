@@ -96,16 +96,6 @@ class EngineSpec(Spec):
     #: back (``Sleepable``: what ``--colocate`` needs; a Ray pool's replicas decide for it).
     sleeps: bool = False
 
-    def recipe_changes(self, recipe_model: str, *, model_given: bool) -> dict[str, Any]:
-        """What this engine changes in a recipe before the user's flags apply: a simulated engine pairs
-        with the simulated trainer (the recipe's trainer settings are for a real one); a model it
-        cannot run is swapped for the one it can (when ``--model`` is not given)."""
-        changes: dict[str, Any] = {"trainer_args": {}} if self.simulated else {}
-        swap = dict(self.model_for_recipe).get(recipe_model)
-        if swap is not None and not model_given:
-            changes["model"] = swap
-        return changes
-
     def cpu_runs(self, model: str) -> bool:
         """Whether it can run ``model`` on a CPU (``--engine auto`` asks before choosing it)."""
         return self.cpu_fits is None or bool(load(self.cpu_fits)(model))
