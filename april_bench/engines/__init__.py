@@ -206,10 +206,17 @@ ENGINES.register(
     "sglang",
     EngineSpec(
         "sglang",
-        "april_bench.engines.sglang.engine:from_settings",
+        "april_bench.engines.sglang.engine:serve",
+        config="april_bench.engines.sglang.engine:SGLangEngine.Config",
+        decided=(
+            ("context_length", "max_context_len"),
+            ("eos_token_ids", "eos_token_ids"),
+            ("seed", "seed"),
+            ("enable_memory_saver", "colocate"),
+        ),
+        owner="the sglang engine",
         produces_tokens=True,
-        checker="april_bench.engines.sglang.engine:check_settings",
-        option_configs=("april_bench.engines.sglang.engine:SGLangEngine.Config",),
+        checker="april_bench.engines.sglang.engine:check_installed",
         launch_requires=("sglang",),
         launch_install="install SGLang in its own environment and pass --engine-arg python=PATH, or "
         "attach to a running server with --engine-url (docs/sglang.md)",

@@ -481,34 +481,21 @@ def _headers(config: SGLangEngine.Config) -> dict[str, str]:
 _LOAD_KEYS = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens")
 
 
-def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "eos_token_ids": settings.eos_token_ids,
-        "context_length": settings.max_context_len,
-        "seed": settings.seed,
-        **({"enable_memory_saver": True} if settings.colocate else {}),
-        **args,
-    }
-    return options
-
-
-def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGLangEngine.Config:
-    """The adapter's Config for ``settings`` (a launched server, or ``url=`` to attach), checked
-    without launching anything: SGLang must be installed here or in ``python=``, or ``url`` given."""
-    options = _options(settings, args)
-    config = config_from(SGLangEngine.Config, options, where="--engine-arg", owner="the sglang engine")
+def check_installed(config: SGLangEngine.Config, settings: EngineSettings) -> None:
+    """Refuse a server this machine cannot launch, before launching anything: SGLang must be installed
+    here or in ``python=``, unless ``url`` attaches to a running server."""
     if config.url is None and not config.python and importlib.util.find_spec("sglang") is None:
         raise ConfigError(
             "engine sglang: SGLang is not installed here (it needs CUDA: pip install 'sglang[all]'); point "
             "--engine-arg python=/path/to/env/bin/python at an environment that has it, or attach to a "
             "running server with --engine-url http://host:port"
         )
-    return config
 
 
-def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGLangEngine:
-    """SGLang serving the experiment's starting checkpoint (launched on loopback), or a server at ``url``."""
-    config = check_settings(settings, args)
+def serve(config: SGLangEngine.Config, settings: EngineSettings) -> SGLangEngine:
+    """SGLang serving the experiment's starting checkpoint (launched on loopback) unless the options
+    name a ``model_path`` or attach by ``url``."""
+    check_installed(config, settings)
     if config.url is None and config.model_path is None:
         if settings.checkpoint is None:
             raise ConfigError("engine sglang needs a checkpoint directory to serve; this task has none")
@@ -528,8 +515,12 @@ def fake_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGL
     server = config_from(
         FakeSGLangServer.Config, server_args, where="--engine-arg", owner="the fake SGLang server"
     )
-    options = _options(settings, engine_args)
-    options.pop("context_length", None)
+    options = {
+        "eos_token_ids": settings.eos_token_ids,
+        "seed": settings.seed,
+        "enable_memory_saver": settings.colocate,
+        **engine_args,
+    }
     config = config_from(SGLangEngine.Config, options, where="--engine-arg", owner="the sglang adapter")
     return config.build(server=server.build())
 
