@@ -64,6 +64,12 @@ class Spec:
     decided: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
     #: ``(Config field, flag)``: fields only another flag sets (``--hw``); refused as options.
     fixed: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
+    #: ``(Config field, value)``: what this entry gives a field unless an option does (the fake Ray
+    #: pool's replicas run the fake engine); between what the run decides and the options.
+    presets: tuple[tuple[str, Any], ...] = field(default=(), kw_only=True)
+    #: The Config's mapping field that takes every option not among its own fields (a pool's replicas'
+    #: engine options, checked by that engine's entry); ``None``: such an option is an error.
+    rest: str | None = field(default=None, kw_only=True)
     #: What errors call it ("the simulator"); default "the NAME KIND".
     owner: str = field(default="", kw_only=True)
     #: ``"module:Class.Config"`` targets whose fields a composite (no ``config``) takes as options, in
@@ -92,9 +98,46 @@ class Spec:
             raise ConfigError(
                 f"{self.option_flag} {', '.join(fixed)} is set by {', '.join(dict(self.fixed).values())}"
             )
+        config = load(self.config)
         return coerce_options(
-            load(self.config), options, where=self.option_flag, owner=self._owner(), fixed=self._fixed()
+            config,
+            self._grouped(config, options),
+            where=self.option_flag,
+            owner=self._owner(),
+            fixed=self._fixed(),
         )
+
+    def _grouped(self, config: type[BaseConfig], options: Mapping[str, Any]) -> dict[str, Any]:
+        """Flat options grouped by the Config's shape: a nested Config's fields (a pool's ``faults``) into
+        that section, and with :attr:`rest` every other unknown name into that mapping field."""
+        fields = dataclasses.fields(config)
+        sections = {item.name: _section(item) for item in fields if _is_section(item)}
+        own = {item.name for item in fields} - set(sections) - {self.rest}
+        section_of = {
+            name: section for section, value in sections.items() for name in _field_names(type(value))
+        }
+        grouped: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        rest: dict[str, Any] = {}
+        for name, value in options.items():
+            if name in sections and isinstance(value, Mapping):  # a section given whole (a file)
+                nested[name] = {**value, **nested.get(name, {})}
+            elif name in own or name in sections:
+                grouped[name] = value
+            elif name in section_of:
+                nested.setdefault(section_of[name], {})[name] = value
+            elif self.rest is not None and name == self.rest:
+                rest = {**dict(value), **rest}
+            elif self.rest is not None:
+                rest[name] = value
+            else:
+                grouped[name] = value  # unknown: coerce_options names it
+        for section, values in nested.items():
+            kind = type(sections[section])
+            grouped[section] = config_from(kind, values, where=self.option_flag, owner=self._owner())
+        if self.rest is not None and (rest or self.rest in options):
+            grouped[self.rest] = rest
+        return grouped
 
     def configure(self, settings: Any, options: Mapping[str, Any]) -> BaseConfig:
         """The component's Config: what the experiment decided (``settings``), the options on top."""
@@ -104,7 +147,7 @@ class Spec:
         decided = {name: getattr(settings, attr) for name, attr in (*self.decided, *self.fixed_from())}
         return config_from(
             load(self.config),
-            {**decided, **options},
+            {**decided, **dict(self.presets), **options},
             where=self.option_flag,
             owner=self._owner(),
             fixed=self._fixed(),
@@ -115,8 +158,8 @@ class Spec:
         fields another flag sets are left out, what the run decides says so, a nested Config (a
         pool's ``faults``) is listed through its own entry in :attr:`option_configs`.  Imports the
         component's module, not its engine package."""
-        targets = (self.config,) if self.config is not None else self.option_configs
-        decided = dict(self.decided)
+        targets = (self.config, *self.option_configs) if self.config is not None else self.option_configs
+        decided, presets = dict(self.decided), dict(self.presets)
         fixed = set(self._fixed())
         options: dict[str, str] = {}
         for target in targets:
@@ -127,6 +170,8 @@ class Spec:
                 text = item.metadata.get("help", "")
                 if item.name in decided:
                     text += f"; unless given, the run's {decided[item.name]}"
+                if item.name in presets:
+                    text += f"; here {presets[item.name]}"
                 options[item.name] = text
         return options
 
@@ -161,6 +206,17 @@ class Spec:
 
     def _fixed(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.fixed)
+
+
+def _field_names(config: type[BaseConfig]) -> set[str]:
+    return {item.name for item in dataclasses.fields(config)}
+
+
+def _section(item: dataclasses.Field[Any]) -> BaseConfig:
+    """A section field's default (its Config class's defaults)."""
+    assert item.default_factory is not dataclasses.MISSING
+    value: BaseConfig = item.default_factory()
+    return value
 
 
 def _is_section(item: dataclasses.Field[Any]) -> bool:

@@ -107,3 +107,28 @@ def test_arm_labels_keep_the_text_and_parse_typed_options() -> None:
     }
     with pytest.raises(ConfigError, match="Did you mean: april"):
         ArmSpec.parse("aprill")
+
+
+def test_a_pool_spec_groups_flat_options_into_its_sections_and_passes_the_rest_on() -> None:
+    """A pool's entry parses its own options, a nested section's fields given flat (or the section
+    whole, as a file gives it) and hands every other option to its replicas' engine; a preset sits
+    between what the run decides and what the user says."""
+    from april_bench.engines import ENGINES, EngineSettings
+
+    settings = EngineSettings(model="tiny", hardware="cpu", max_context_len=64)
+    pool = ENGINES.get("fake-pool")
+    config = pool.configure(
+        settings,
+        {"replicas": "3", "max_restarts": "1", "tick_s": 0.5, "engine_args": {"tick_s": 0.1, "x": 1}},
+    )
+    assert config.replicas == 3 and config.faults.max_restarts == 1
+    assert config.engine_args == {"tick_s": 0.5, "x": 1}  # a flat option wins over the mapping's
+    whole = pool.configure(settings, {"faults": {"max_restarts": 2}, "chaos_seed": 4})
+    assert (whole.faults.max_restarts, whole.faults.chaos_seed, whole.engine_args) == (2, 4, {})
+    with pytest.raises(ConfigError, match="--engine-arg max_restarts='x': expected an integer"):
+        pool.configure(settings, {"max_restarts": "x"})
+    with pytest.raises(ConfigError, match="unknown --engine-arg"):
+        ENGINES.get("fake-pool").check(settings, {"no_such_option": 1})
+    ray_fake = ENGINES.get("ray-fake")
+    assert ray_fake.configure(settings, {}).engine == "fake"
+    assert ray_fake.configure(settings, {"engine": "hf"}).engine == "hf"  # refused by the check, not here

@@ -92,16 +92,17 @@ def test_ray_pool_options_for_server_replicas_are_checked_before_any_actor_start
 
 
 def test_a_tp_server_replica_passes_its_tensor_parallel_size_to_the_server() -> None:
-    from april_bench.engines.ray_pool import _config
+    from april_bench.engines.ray_pool import pool_config
 
     settings = EngineSettings(model="qwen3-4b", hardware="h100", max_context_len=256)
+    ray = ENGINES.get("ray")
+
+    def ready(args: dict[str, Any]) -> Any:
+        return pool_config(ray.configure(settings, args), settings, parts=ray.parts)
+
     args = {"engine": "sglang", "tp": 2, "num_gpus": 2, "python": sys.executable}
-    assert _config(settings, args, ENGINES.get("ray").parts).engine_args["tp_size"] == 2
-    vllm = _config(
-        settings,
-        {"engine": "vllm", "tp": 4, "num_gpus": 4, "python": sys.executable},
-        ENGINES.get("ray").parts,
-    )
+    assert ready(args).engine_args["tp_size"] == 2
+    vllm = ready({"engine": "vllm", "tp": 4, "num_gpus": 4, "python": sys.executable})
     assert vllm.engine_args == {"server": True, "tensor_parallel_size": 4, "python": sys.executable}
 
 

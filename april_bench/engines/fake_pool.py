@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     ACCOUNTING,
     FAULTS,
@@ -32,12 +32,12 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront, split_options
+from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront
 from april_bench.engines.routing import ROUTER_POLICIES
 from april_bench.engines.stream import CompletionStream
 from april_bench.registry import Spec
 
-__all__ = ["FakeReplicaPool", "InProcessReplica", "check_fake_pool", "fake_pool_from_settings"]
+__all__ = ["FakeReplicaPool", "InProcessReplica", "build_pool", "check_pool"]
 
 
 class InProcessReplica:
@@ -193,21 +193,14 @@ class FakeReplicaPool(RouterFront, Configurable):
         self._router.restore_state(state)
 
 
-def fake_pool_from_settings(
-    settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]
+def build_pool(
+    config: FakeReplicaPool.Config, settings: EngineSettings, *, parts: Sequence[Spec]
 ) -> FakeReplicaPool:
     """The pool of ``parts[0]`` (the fake engine's registry entry) replicas."""
-    pool, faults, inner = split_options(args, {"replicas", "router_policy"})
-    fault_options = config_from(FaultOptions, faults, where="--engine-arg", owner="fake-pool")
-    config = config_from(
-        FakeReplicaPool.Config,
-        {**pool, "faults": fault_options, "engine_args": inner},
-        where="--engine-arg",
-        owner="fake-pool",
-    )
-    built: FakeReplicaPool = config.build(settings=settings, fake=parts[0])
-    return built
+    pool: FakeReplicaPool = config.build(settings=settings, fake=parts[0])
+    return pool
 
 
-def check_fake_pool(settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> None:
-    fake_pool_from_settings(settings, args, parts=parts)
+def check_pool(config: FakeReplicaPool.Config, settings: EngineSettings, *, parts: Sequence[Spec]) -> None:
+    """The replicas' own options, checked by the fake engine's entry."""
+    parts[0].check(settings, config.engine_args)

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Collection, Mapping, Seque
 from dataclasses import dataclass
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     FAULTS,
     HEALTH,
@@ -51,7 +51,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     WeightUpdate,
 )
-from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront, split_options
+from april_bench.engines.replicas import FaultOptions, ReplicaRouter, RouterFront
 from april_bench.engines.routing import ROUTER_POLICIES
 from april_bench.engines.stream import CompletionStream
 from april_bench.registry import Spec
@@ -60,10 +60,10 @@ __all__ = [
     "REPLICA_ENGINES",
     "SERVER_ENGINES",
     "RayEnginePool",
-    "check_fake_settings",
-    "check_settings",
-    "fake_from_settings",
-    "from_settings",
+    "build_fake_pool",
+    "build_pool",
+    "check_pool",
+    "pool_config",
     "portable_settings",
 ]
 
@@ -580,10 +580,9 @@ def portable_settings(settings: EngineSettings, *, weights: bool, checkpoint: bo
     )
 
 
-def _replica_spec(args: Mapping[str, Any], parts: Sequence[Spec]) -> Spec:
-    """The part named by ``--engine-arg engine`` (default: the first)."""
+def _replica_spec(wanted: str, parts: Sequence[Spec]) -> Spec:
+    """The part the pool's ``engine`` option names."""
     names = [p.name for p in parts]
-    wanted = args.get("engine", names[0])
     if wanted not in names:
         if len(names) == 1:
             raise ConfigError(f"--engine-arg engine: this pool always runs {names[0]!r} replicas")
@@ -591,20 +590,15 @@ def _replica_spec(args: Mapping[str, Any], parts: Sequence[Spec]) -> Spec:
     return parts[names.index(wanted)]
 
 
-def _config(settings: EngineSettings, args: Mapping[str, Any], parts: Sequence[Spec]) -> RayEnginePool.Config:
-    """Pool options are the pool's; every other ``--engine-arg`` goes to each replica's engine (the
-    registered engine in ``parts`` that ``engine`` names; ``ENGINES`` hands the pool its parts)."""
-    replica = _replica_spec(args, parts)
-    own = {f.name for f in dataclasses.fields(RayEnginePool.Config)} - {"engine", "engine_args", "faults"}
-    pool, faults, inner = split_options(args, own)
-    inner.pop("engine", None)  # the pool's choice of replica engine, not an option of it
-    fault_options = config_from(FaultOptions, faults, where="--engine-arg", owner="ray")
-    config = config_from(
-        RayEnginePool.Config,
-        {**pool, "faults": fault_options, "engine": replica.name, "engine_args": inner},
-        where="--engine-arg",
-        owner="ray",
-    )
+def pool_config(
+    config: RayEnginePool.Config, settings: EngineSettings, *, parts: Sequence[Spec]
+) -> RayEnginePool.Config:
+    """The pool's Config (its own options; every other ``--engine-arg`` in ``engine_args``, for each
+    replica's engine: the registered engine in ``parts`` that ``engine`` names) made ready for its
+    replicas: server replicas launch their own servers, with the pool's ``tp``; the replicas' options
+    are checked by their engine's entry before any actor starts."""
+    replica = _replica_spec(config.engine, parts)
+    inner = dict(config.engine_args)
     if replica.name in SERVER_ENGINES:
         if "url" in inner:
             raise ConfigError("--engine-arg url: Ray replicas launch their own servers (drop url)")
@@ -616,16 +610,16 @@ def _config(settings: EngineSettings, args: Mapping[str, Any], parts: Sequence[S
         raise ConfigError(
             f"--colocate: {replica.name} replicas cannot release their memory; use engine=vllm or sglang"
         )
-    replica.check(settings, inner)  # the replicas' options, checked before any actor starts
+    replica.check(settings, inner)
     return config
 
 
-def from_settings(
-    settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]
+def build_pool(
+    config: RayEnginePool.Config, settings: EngineSettings, *, parts: Sequence[Spec]
 ) -> RayEnginePool:
     """Replicas of the engine ``--engine-arg engine`` names among ``parts`` (``hf`` by default)."""
-    config = _config(settings, args, parts)
-    replica = _replica_spec(args, parts)
+    config = pool_config(config, settings, parts=parts)
+    replica = _replica_spec(config.engine, parts)
     portable = portable_settings(
         settings, weights=replica.name == "hf", checkpoint=replica.name in SERVER_ENGINES
     )
@@ -635,20 +629,16 @@ def from_settings(
     return pool
 
 
-def fake_from_settings(
-    settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]
+def build_fake_pool(
+    config: RayEnginePool.Config, settings: EngineSettings, *, parts: Sequence[Spec]
 ) -> RayEnginePool:
     """Replicas of the ``fake`` engine (``parts``: its spec), on the real clock (each replica's own
     loop)."""
-    pool: RayEnginePool = _config(settings, args, parts).build(
+    pool: RayEnginePool = pool_config(config, settings, parts=parts).build(
         replica=parts[0], settings=portable_settings(settings, weights=False), simulated=True
     )
     return pool
 
 
-def check_settings(settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> None:
-    _config(settings, args, parts)
-
-
-def check_fake_settings(settings: EngineSettings, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> None:
-    _config(settings, args, parts)
+def check_pool(config: RayEnginePool.Config, settings: EngineSettings, *, parts: Sequence[Spec]) -> None:
+    pool_config(config, settings, parts=parts)

@@ -42,7 +42,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,7 @@ from april_bench.engines.protocol import (
 from april_bench.engines.routing import Router
 from april_bench.engines.stream import CompletionStream
 
-__all__ = ["FAULT_OPTIONS", "FaultOptions", "FaultSchedule", "ReplicaRouter", "RouterFront", "split_options"]
+__all__ = ["FaultOptions", "FaultSchedule", "ReplicaRouter", "RouterFront"]
 
 ON_FAILURE = ("restart", "continue")
 CHAOS_MODES = ("kill", "hang")
@@ -120,7 +120,6 @@ class FaultOptions(BaseConfig):
 
 
 #: The option names a pool takes for :class:`FaultOptions` (the rest go to its replicas' engine).
-FAULT_OPTIONS = frozenset(f.name for f in dataclasses.fields(FaultOptions))
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,19 +577,6 @@ def _plus(a: EngineWork, b: EngineWork) -> EngineWork:
 def _total(loads: Sequence[EngineLoad], name: str) -> int | None:
     values = [getattr(x, name) for x in loads]
     return None if not values or any(v is None for v in values) else sum(values)
-
-
-def split_options(
-    args: Mapping[str, Any], own: Collection[str]
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``--engine-arg`` options as (the pool's own, the fault options, the replicas' engine's)."""
-    pool = {k: v for k, v in args.items() if k in own}
-    faults = {k: v for k, v in args.items() if k in FAULT_OPTIONS}
-    inner = {
-        **dict(args.get("engine_args", {})),
-        **{k: v for k, v in args.items() if k not in {*own, *FAULT_OPTIONS, "engine_args"}},
-    }
-    return pool, faults, inner
 
 
 class RouterFront:
