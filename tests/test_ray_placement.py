@@ -14,7 +14,6 @@ from april_bench.config import ConfigError
 from april_bench.engines import ENGINES, EngineSettings
 from april_bench.engines.routing import Router
 from april_bench.results.store import check_run, load_run
-from april_bench.trainers.ray_actor import check_ray
 from april_bench.trainers.registry import TRAINERS, TrainerSettings
 
 SMALL = flags(
@@ -156,9 +155,8 @@ def test_pool_and_trainer_options_are_checked_before_any_actor_starts() -> None:
         hardware="cpu",
     )
     ray_trainer = TRAINERS.get("ray")
-    config = check_ray(
-        trainer_settings, {"trainer": "fsdp", "world_size": 2, "num_cpus": 2}, parts=ray_trainer.parts
-    )
-    assert config.trainer_args == {"world_size": 2}
+    options = {"trainer": "fsdp", "world_size": 2, "num_cpus": 2}
+    ray_trainer.check(trainer_settings, options)
+    assert ray_trainer.configure(trainer_settings, options).trainer_args == {"world_size": 2}
     with pytest.raises(ConfigError, match="real trainer"):
         ray_trainer.check(trainer_settings, {"trainer": "sim"})

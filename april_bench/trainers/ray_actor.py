@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.registry import Spec
 from april_bench.trainers.protocol import TrainerLost, TrainResult, has_state
 from april_bench.types import Group
@@ -167,18 +167,6 @@ def _lost(what: str, exc: BaseException) -> TrainerLost:
     return TrainerLost(f"the Ray trainer actor died ({what}: {type(exc).__name__}: {first})")
 
 
-def _config(args: Mapping[str, Any]) -> RayTrainer.Config:
-    """Actor options are the pool's own; every other ``--trainer-arg`` goes to the inner trainer."""
-    own = {f.name for f in dataclasses.fields(RayTrainer.Config)} - {"trainer_args"}
-    inner = {k: v for k, v in args.items() if k not in own}
-    return config_from(
-        RayTrainer.Config,
-        {**{k: v for k, v in args.items() if k in own}, "trainer_args": inner},
-        where="--trainer-arg",
-        owner="the ray trainer",
-    )
-
-
 def _inner(config: RayTrainer.Config, parts: Sequence[Spec]) -> Spec:
     """The inner trainer's spec, among the ones ``TRAINERS`` hands the actor (``parts``)."""
     by_name = {spec.name: spec for spec in parts}
@@ -187,14 +175,13 @@ def _inner(config: RayTrainer.Config, parts: Sequence[Spec]) -> Spec:
     return by_name[config.trainer]
 
 
-def check_ray(settings: Any, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> RayTrainer.Config:
-    config = _config(args)
+def check_ray(config: RayTrainer.Config, settings: Any, *, parts: Sequence[Spec]) -> None:
+    """The inner trainer's options (every ``--trainer-arg`` not the actor's own), checked by its entry."""
     _inner(config, parts).check(settings, config.trainer_args)
-    return config
 
 
-def build_ray(settings: Any, args: Mapping[str, Any], *, parts: Sequence[Spec]) -> Any:
-    config = check_ray(settings, args, parts=parts)
+def build_ray(config: RayTrainer.Config, settings: Any, *, parts: Sequence[Spec]) -> Any:
+    check_ray(config, settings, parts=parts)
     if config.rank_actors:
         return _rank_actors(config, _inner(config, parts), settings)
     start = settings.initial_weights() if settings.initial_weights is not None else None
@@ -221,7 +208,7 @@ def _rank_actors(config: RayTrainer.Config, inner: Spec, settings: Any) -> Any:
         placement=config.placement,
         timeout_s=config.placement_timeout_s,
     )
-    # fsdp's and megatron's Config, parsed as the one-process trainer's would be (check_ray checked it)
+    # fsdp's and megatron's Config, parsed as the one-process trainer's would be (check_ray checked them)
     return inner.configure(settings, config.trainer_args).build(model=model, launcher=launcher)
 
 
