@@ -99,55 +99,59 @@ class Spec:
                 f"{self.option_flag} {', '.join(fixed)} is set by {', '.join(dict(self.fixed).values())}"
             )
         config = load(self.config)
-        return coerce_options(
-            config,
-            self._grouped(config, options),
-            where=self.option_flag,
-            owner=self._owner(),
-            fixed=self._fixed(),
-        )
+        where, owner = self.option_flag, self._owner()
+        own, nested, rest = self._split(config, options)
+        parsed = coerce_options(config, own, where=where, owner=owner, fixed=self._fixed())
+        sections = _sections(config)
+        for section, values in nested.items():
+            parsed.update(coerce_options(sections[section], values, where=where, owner=owner))
+        return {**parsed, **rest}
 
-    def _grouped(self, config: type[BaseConfig], options: Mapping[str, Any]) -> dict[str, Any]:
-        """Flat options grouped by the Config's shape: a nested Config's fields (a pool's ``faults``) into
-        that section, and with :attr:`rest` every other unknown name into that mapping field."""
-        fields = dataclasses.fields(config)
-        sections = {item.name: _section(item) for item in fields if _is_section(item)}
-        own = {item.name for item in fields} - set(sections) - {self.rest}
-        section_of = {
-            name: section for section, value in sections.items() for name in _field_names(type(value))
-        }
-        grouped: dict[str, Any] = {}
+    def _split(
+        self, config: type[BaseConfig], options: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+        """Flat options as (the Config's own, each nested Config's fields (a pool's ``faults``, given
+        flat or whole), the rest): with :attr:`rest`, every other name (and that field's own mapping)
+        is for the component's parts; without, an unknown name stays in the first, for its error."""
+        sections = _sections(config)
+        section_of = {name: section for section, kind in sections.items() for name in _field_names(kind)}
+        own: dict[str, Any] = {}
         nested: dict[str, dict[str, Any]] = {}
         rest: dict[str, Any] = {}
         for name, value in options.items():
-            if name in sections and isinstance(value, Mapping):  # a section given whole (a file)
-                nested[name] = {**value, **nested.get(name, {})}
-            elif name in own or name in sections:
-                grouped[name] = value
+            if name in sections:  # a section given whole (a config file, a Python caller)
+                whole = value.to_dict() if isinstance(value, BaseConfig) else value
+                if not isinstance(whole, Mapping):
+                    raise ConfigError(f"{self.option_flag} {name}: expected a mapping of its options")
+                nested[name] = {**whole, **nested.get(name, {})}
             elif name in section_of:
                 nested.setdefault(section_of[name], {})[name] = value
             elif self.rest is not None and name == self.rest:
                 rest = {**dict(value), **rest}
-            elif self.rest is not None:
+            elif self.rest is not None and name not in _field_names(config):
                 rest[name] = value
             else:
-                grouped[name] = value  # unknown: coerce_options names it
-        for section, values in nested.items():
-            kind = type(sections[section])
-            grouped[section] = config_from(kind, values, where=self.option_flag, owner=self._owner())
-        if self.rest is not None and (rest or self.rest in options):
-            grouped[self.rest] = rest
-        return grouped
+                own[name] = value
+        return own, nested, rest
 
     def configure(self, settings: Any, options: Mapping[str, Any]) -> BaseConfig:
         """The component's Config: what the experiment decided (``settings``), the options on top."""
         if self.config is None:
             raise TypeError(f"{self.kind} {self.name!r} names no Config")
-        options = self.parse_options(options)
+        config = load(self.config)
+        own, nested, rest = self._split(config, self.parse_options(options))
         decided = {name: getattr(settings, attr) for name, attr in (*self.decided, *self.fixed_from())}
+        values = {**decided, **dict(self.presets), **own}
+        sections = _sections(config)
+        for section, given in nested.items():
+            values[section] = config_from(
+                sections[section], given, where=self.option_flag, owner=self._owner()
+            )
+        if self.rest is not None:
+            values[self.rest] = rest
         return config_from(
-            load(self.config),
-            {**decided, **dict(self.presets), **options},
+            config,
+            values,
             where=self.option_flag,
             owner=self._owner(),
             fixed=self._fixed(),
@@ -212,11 +216,14 @@ def _field_names(config: type[BaseConfig]) -> set[str]:
     return {item.name for item in dataclasses.fields(config)}
 
 
-def _section(item: dataclasses.Field[Any]) -> BaseConfig:
-    """A section field's default (its Config class's defaults)."""
-    assert item.default_factory is not dataclasses.MISSING
-    value: BaseConfig = item.default_factory()
-    return value
+def _sections(config: type[BaseConfig]) -> dict[str, type[BaseConfig]]:
+    """Field name -> Config class of the fields holding a nested Config (a pool's ``faults``)."""
+    sections = {}
+    for item in dataclasses.fields(config):
+        if _is_section(item):
+            assert item.default_factory is not dataclasses.MISSING
+            sections[item.name] = type(item.default_factory())
+    return sections
 
 
 def _is_section(item: dataclasses.Field[Any]) -> bool:

@@ -132,3 +132,8 @@ def test_a_pool_spec_groups_flat_options_into_its_sections_and_passes_the_rest_o
     ray_fake = ENGINES.get("ray-fake")
     assert ray_fake.configure(settings, {}).engine == "fake"
     assert ray_fake.configure(settings, {"engine": "hf"}).engine == "hf"  # refused by the check, not here
+    # what an experiment stores: the options flat and typed, as given (a section's defaults not added)
+    given = {"replicas": "3", "faults": {"max_restarts": "2"}, "engine_args": {"x": 1}}
+    assert pool.parse_options(given) == {"replicas": 3, "max_restarts": 2, "x": 1}
+    with pytest.raises(ConfigError, match="faults: expected a mapping"):
+        pool.parse_options({"faults": 3})
