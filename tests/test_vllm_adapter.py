@@ -9,6 +9,7 @@ import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -18,13 +19,20 @@ from april_bench.cli.args import config_from_args
 from april_bench.config import ConfigError
 from april_bench.engines import ENGINES
 from april_bench.engines.protocol import EngineError, EngineSettings
-from april_bench.engines.vllm.engine import _logprobs, _version_runs, check_settings, cpu_head_size_fits
+from april_bench.engines.vllm.engine import _logprobs, _version_runs, cpu_head_size_fits
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def settings(model: str = "tiny32") -> EngineSettings:
     return EngineSettings(model=model, hardware="cpu", max_context_len=128, eos_token_ids=(2,))
+
+
+def check_settings(settings: EngineSettings, options: dict[str, Any]) -> Any:
+    """The vllm entry's Config for ``options``, after its checks (what a run does first)."""
+    spec = ENGINES.get("vllm")
+    spec.check(settings, options)
+    return spec.configure(settings, options)
 
 
 def test_vllm_is_registered_without_importing_it() -> None:
@@ -49,10 +57,14 @@ def test_check_refuses_heads_the_cpu_attention_cannot_take() -> None:
 
 
 def test_unknown_engine_args_are_one_line_errors() -> None:
-    if not HAS_VLLM:
-        pytest.skip("the install check comes first")
-    with pytest.raises(ConfigError, match="max_num_seq"):
-        check_settings(settings(), {"max_num_seq": 4})
+    with pytest.raises(ConfigError, match="unknown --engine-arg max_num_seq for the vllm engine"):
+        check_settings(settings(), {"max_num_seq": 4})  # parsed before the install check
+    with pytest.raises(ConfigError, match="unknown --engine-arg max_num_seq for the vllm engine"):
+        check_settings(settings(), {"server": True, "max_num_seq": 4})  # the server adapter's
+    assert ENGINES.get("vllm").parse_options({"server": "true", "max_num_seqs": "4"}) == {
+        "max_num_seqs": 4,
+        "server": True,
+    }  # what config.json keeps: the switch too
 
 
 def test_head_sizes_of_named_models_and_checkpoints(tmp_path: Path) -> None:
@@ -109,6 +121,11 @@ def test_a_url_attaches_to_a_vllm_server_and_server_true_launches_one() -> None:
 
     attached = check_settings(settings(), {"url": "http://127.0.0.1:8000"})
     assert isinstance(attached, VLLMServerEngine.Config) and attached.max_model_len == 128
+    assert attached.eos_token_ids == (2,)  # what the run decides, for either Config
+    in_process = ENGINES.get("vllm").configure(settings(), {"server": False, "max_num_seqs": 4})
+    assert type(in_process).__qualname__ == "VLLMEngine.Config" and in_process.max_num_seqs == 4
+    with pytest.raises(ConfigError, match="needs model_path \\(launch\\) or url"):
+        VLLMServerEngine(VLLMServerEngine.Config())
     if HAS_VLLM:
         launched = check_settings(settings(), {"server": True})
         assert isinstance(launched, VLLMServerEngine.Config)

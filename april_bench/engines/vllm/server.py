@@ -173,7 +173,7 @@ class VLLMServerEngine(ServerAdapter, Configurable):
         log_file: str | None = param(None, help="a launched server's log (default: a temp file)")
 
         def __post_init__(self) -> None:
-            if bool(self.model_path) == bool(self.url):
+            if self.model_path and self.url:
                 raise ConfigError(
                     "the vllm server engine needs model_path (launch) or url (attach), not both"
                 )
@@ -183,6 +183,8 @@ class VLLMServerEngine(ServerAdapter, Configurable):
                 raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
     def __init__(self, config: Config) -> None:
+        if not config.model_path and not config.url:
+            raise ConfigError("the vllm server engine needs model_path (launch) or url (attach)")
         self.config = config
         self.version = 0
         self.server: ServerProcess | None = None
