@@ -187,8 +187,10 @@ class Spec:
         options: dict[str, str] = {}
         for target in targets:
             config = load(target)
+            # a name a section also has is the section's (given flat, it goes there): listed with it
+            taken = {name for kind in _sections(config).values() for name in _field_names(kind)}
             for item in dataclasses.fields(config):
-                if item.name in fixed or item.name in options or _is_section(item):
+                if item.name in fixed or item.name in options or item.name in taken or _is_section(item):
                     continue
                 text = item.metadata.get("help", "")
                 if item.name in decided:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,18 @@ def test_a_pool_spec_groups_flat_options_into_its_sections_and_passes_the_rest_o
     assert pool.parse_options(given) == {"replicas": 3, "max_restarts": 2, "x": 1}
     with pytest.raises(ConfigError, match="faults: expected a mapping"):
         pool.parse_options({"faults": 3})
+
+
+def test_the_fake_sglang_entry_gives_a_name_both_have_to_its_server() -> None:
+    """``sglang-fake``'s options are the adapter's and, flat beside them, its fake server's; a name
+    both Configs have goes to the server, as the adapter would pass it to a real one at launch."""
+    from april_bench.engines import ENGINES, EngineSettings
+
+    settings = EngineSettings(model="tiny", hardware="cpu", max_context_len=64, seed=3, eos_token_ids=(2,))
+    config: Any = ENGINES.get("sglang-fake").configure(
+        settings, {"decode_step_s": 0.01, "max_running_requests": "5", "control_timeout_s": 3}
+    )
+    assert (config.server.decode_step_s, config.server.max_running_requests) == (0.01, 5)
+    assert (config.max_running_requests, config.control_timeout_s, config.seed) == (None, 3.0, 3)
+    help_text = ENGINES.get("sglang-fake").option_help()
+    assert "decode_step_s" in help_text and "server" not in help_text

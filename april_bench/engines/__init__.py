@@ -263,11 +263,11 @@ ENGINES.register(
     "sglang-fake",
     EngineSpec(
         "sglang-fake",
-        "april_bench.engines.sglang.engine:fake_from_settings",
-        option_configs=(
-            "april_bench.engines.sglang.engine:SGLangEngine.Config",
-            "april_bench.engines.sglang.fake_server:FakeSGLangServer.Config",
-        ),
+        "april_bench.engines.sglang.fake_engine:serve_fake",
+        config="april_bench.engines.sglang.fake_engine:FakeServedConfig",
+        decided=(("eos_token_ids", "eos_token_ids"), ("seed", "seed"), ("enable_memory_saver", "colocate")),
+        owner="the sglang adapter over the fake server",
+        option_configs=("april_bench.engines.sglang.fake_server:FakeSGLangServer.Config",),
         produces_tokens=True,
         simulated=True,
         versions_missing=_SGLANG_ONE_VERSION,

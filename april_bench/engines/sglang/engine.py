@@ -47,11 +47,11 @@ import asyncio
 import importlib.util
 import sys
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from april_bench.config import BaseConfig, ConfigError, Configurable, config_from, param
+from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     HEALTH,
     KILL,
@@ -501,28 +501,6 @@ def serve(config: SGLangEngine.Config, settings: EngineSettings) -> SGLangEngine
             raise ConfigError("engine sglang needs a checkpoint directory to serve; this task has none")
         config = config.replace(model_path=settings.checkpoint())
     return config.build()
-
-
-def fake_from_settings(settings: EngineSettings, args: Mapping[str, Any]) -> SGLangEngine:
-    """The adapter over april-bench's fake SGLang server, in this process: SGLang's HTTP behaviour
-    (abort, retraction, weight versions) on a CPU, with modelled decode time.  ``args`` may set the
-    fake server's fields (``decode_step_s``, ``max_running_requests`` ...) and the adapter's."""
-    from april_bench.engines.sglang.fake_server import FakeSGLangServer
-
-    server_fields = set(FakeSGLangServer.Config.field_help())
-    server_args = {k: v for k, v in args.items() if k in server_fields}
-    engine_args = {k: v for k, v in args.items() if k not in server_fields}
-    server = config_from(
-        FakeSGLangServer.Config, server_args, where="--engine-arg", owner="the fake SGLang server"
-    )
-    options = {
-        "eos_token_ids": settings.eos_token_ids,
-        "seed": settings.seed,
-        "enable_memory_saver": settings.colocate,
-        **engine_args,
-    }
-    config = config_from(SGLangEngine.Config, options, where="--engine-arg", owner="the sglang adapter")
-    return config.build(server=server.build())
 
 
 def launch_command(config: SGLangEngine.Config, port: int) -> list[str]:
