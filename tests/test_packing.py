@@ -1,6 +1,6 @@
 """Rows packed end to end (models/packing.py) give the padded batch's numbers: the warm start's loss,
 the trainer's log-probs and gradients, and the on-policy step that takes the old log-probs from its own
-forward."""
+forward; a group's prompt computed once for all its responses gives them too."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from april_bench.models.packing import pack_lanes, pack_rows
+from april_bench.models.packing import pack_lanes, pack_rows, pack_shared
 from april_bench.models.zoo import build_model
 from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
 from april_bench.tasks.warmstart import WarmStart
@@ -113,6 +113,89 @@ def test_packed_log_probs_and_their_gradients_are_the_padded_ones() -> None:
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6)
 
 
+#: Two groups sharing a 3-token prompt (one needs two lane segments), one row sharing nothing.
+SHARED_ROWS = [
+    [1, 5, 6, 7, 8],
+    [1, 5, 6, 9, 10, 11, 12],
+    [1, 5, 6, 2],
+    [1, 7, 7, 3, 4, 5],
+    [1, 7, 7, 8],
+    [1, 9] + [9] * 6,
+]
+SHARED_PREFIXES = [3, 3, 3, 3, 3, 0]
+SHARED_GROUPS = [0, 0, 0, 1, 1, 2]
+
+
+def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+    lengths = [len(r) for r in rows]
+    ids = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+    return ids, lengths
+
+
+def test_a_shared_prompt_is_packed_once_per_segment_and_each_response_sees_only_it_and_itself() -> None:
+    ids, lengths = _padded(SHARED_ROWS)
+    shared = pack_shared(ids, lengths, SHARED_PREFIXES, SHARED_GROUPS, pad_id=0)
+    # longest suffix first, into the first lane with room (for the suffix alone beside its group's
+    # prompt): group 0's suffixes 4 and 1 share a lane, its 2 gets a lane and a prompt of its own
+    assert shared.ids.tolist() == [
+        [1, 9, 9, 9, 9, 9, 9, 9],
+        [1, 5, 6, 9, 10, 11, 12, 2],
+        [1, 7, 7, 3, 4, 5, 8, 0],
+        [1, 5, 6, 7, 8, 0, 0, 0],
+    ]
+    assert shared.positions[2].tolist() == [0, 1, 2, 3, 4, 5, 3, 0]  # each response continues the prompt
+    flat = shared.ids.view(-1)
+    for r, row in enumerate(SHARED_ROWS):
+        assert flat[shared.index[r, : len(row)]].tolist() == row
+    mask = shared.mask[2, 0]  # lane 2: prompt 0-2, response [3, 4, 5] at 3-5, response [8] at 6, a pad
+    assert mask[5].tolist() == [True] * 6 + [False] * 2
+    assert mask[6].tolist() == [True, True, True, False, False, False, True, False]  # not its sibling
+    assert mask[7].tolist() == [False] * 7 + [True]  # a pad sees itself only (no empty softmax)
+    bad = ids.clone()
+    bad[1, 2] = 4
+    with pytest.raises(ValueError, match="differ within their shared prefix"):
+        pack_shared(bad, lengths, SHARED_PREFIXES, SHARED_GROUPS, pad_id=0)
+
+
+def test_shared_prompt_log_probs_and_gradients_are_the_padded_ones() -> None:
+    """The shared prompt's gradient is the sum of what each row's own copy gets: the same numbers."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=VOCAB).train()
+    ids, lengths = _padded(SHARED_ROWS)
+    attention = (torch.arange(ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]).long()
+    select = torch.zeros(len(lengths), ids.shape[1] - 1, dtype=torch.bool)
+    for r, (n, prefix) in enumerate(zip(lengths, SHARED_PREFIXES, strict=True)):
+        select[r, max(prefix - 1, 0) : n - 1] = True  # the responses' targets, as the trainer's mask
+    results = []
+    for shared in (False, True):
+        model.zero_grad()
+        if shared:
+            logp, entropy = packed_token_logprobs(
+                model,
+                ids,
+                lengths,
+                select,
+                pad_token_id=0,
+                with_entropy=True,
+                prefixes=SHARED_PREFIXES,
+                groups=SHARED_GROUPS,
+            )
+        else:
+            logp, entropy = token_logprobs(model, ids, attention, with_entropy=True, positions=select)
+        (logp * torch.arange(1.0, ids.shape[1])).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((logp.detach(), entropy, grads))
+    (plain, plain_entropy, plain_grads), (shared_logp, shared_entropy, shared_grads) = results
+    torch.testing.assert_close(shared_logp, plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shared_entropy, plain_entropy, rtol=1e-5, atol=1e-6)
+    assert shared_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():  # float32 sums in another order: 1e-5 of the largest entry
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5 * scale)
+
+
 def _batch() -> list[Group]:
     groups = []
     for uid, (responses, rewards) in enumerate(
@@ -130,17 +213,27 @@ def _batch() -> list[Group]:
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])
-def test_a_packed_step_has_the_padded_steps_gradients(mini_batches: int) -> None:
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_a_packed_step_has_the_padded_steps_gradients(
+    mini_batches: int, share_prompts: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One optimizer step (old log-probs from the training forward) and two (a separate old-policy
-    pass): packing changes neither the gradients of a step nor its metrics.  (The gradients, not the
-    weights after AdamW: its first step divides each gradient by its own size.)"""
+    pass): packing, with or without each group's prompt computed once, changes neither the gradients
+    of a step nor its metrics.  (The gradients, not the weights after AdamW: its first step divides
+    each gradient by its own size.)"""
+    import april_bench.models.packing as packing
+
+    shared_calls: list[int] = []
+    monkeypatch.setattr(
+        packing, "pack_shared", lambda *a, **k: shared_calls.append(1) or pack_shared(*a, **k)
+    )
     grads: list[list[dict[str, torch.Tensor]]] = [[], []]
     metrics = []
     for pack in (False, True):
         torch.manual_seed(0)
-        trainer = TorchTrainer.Config(pack=pack, mini_batches=mini_batches).build(
-            module=build_model("tiny", vocab_size=VOCAB)
-        )
+        trainer = TorchTrainer.Config(
+            pack=pack, share_prompts=share_prompts, mini_batches=mini_batches
+        ).build(module=build_model("tiny", vocab_size=VOCAB))
         params = dict(trainer.model.named_parameters())
 
         def record(pack: bool = pack, params: dict[str, torch.nn.Parameter] = params) -> None:
@@ -149,10 +242,13 @@ def test_a_packed_step_has_the_padded_steps_gradients(mini_batches: int) -> None
         trainer.optimizer.step = record  # type: ignore[method-assign]
         metrics.append(asyncio.run(trainer.train(_batch(), step=0, policy_version=0)).metrics)
     assert len(grads[0]) == len(grads[1]) == mini_batches
+    assert len(shared_calls) == (
+        mini_batches + (mini_batches > 1) if share_prompts else 0
+    )  # + old-policy pass
     for plain, packed in zip(grads[0], grads[1], strict=True):
         assert packed.keys() == plain.keys()
         for name, grad in plain.items():
-            torch.testing.assert_close(packed[name], grad, rtol=1e-4, atol=1e-7)
+            torch.testing.assert_close(packed[name], grad, rtol=1e-4, atol=1e-6 * float(grad.abs().max()))
     assert metrics[1].keys() == metrics[0].keys()
     for key, value in metrics[0].items():
         assert metrics[1][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

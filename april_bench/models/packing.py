@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Packed", "pack_lanes", "pack_rows"]
+__all__ = ["Packed", "SharedPacked", "pack_lanes", "pack_rows", "pack_shared"]
 
 
 def pack_lanes(lengths: Sequence[int], width: int) -> list[list[int]]:
@@ -80,3 +80,101 @@ def pack_rows(rows: Sequence[Sequence[int]] | torch.Tensor, lengths: Sequence[in
         positions[lane, offset:] = torch.arange(width - offset)  # the tail: a pad "row" of its own
     device = rows.device if isinstance(rows, torch.Tensor) else torch.device("cpu")
     return Packed(ids=ids.to(device), positions=positions.to(device), start=start.to(device))
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPacked:
+    """Rows packed with each group's shared prefix computed once: ``ids``, ``positions`` ``[lanes,
+    width]``, ``mask`` ``[lanes, 1, width, width]`` (bool, True: the query may attend to the key) and
+    ``index`` ``[rows, width]``: the flat index (into ``ids.view(-1)``) of row ``r``'s token ``j``,
+    which is the group's shared copy for ``j < prefix[r]`` (0 past the row's end)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    index: torch.Tensor
+
+
+def pack_shared(
+    rows: torch.Tensor, lengths: Sequence[int], prefixes: Sequence[int], groups: Sequence[int], *, pad_id: int
+) -> SharedPacked:
+    """Pack the first ``lengths[r]`` tokens of each row of ``rows`` (``[rows, L]``), the rows of one
+    ``groups`` key sharing their first ``prefixes[r]`` tokens (a GRPO group's prompt): a lane holds
+    segments, each one copy of a prefix followed by some of its group's suffixes, each suffix's
+    positions continuing from the prefix's; a suffix attends to the prefix and to itself (causally),
+    never to its siblings, so every token sees exactly what it sees in its own row.
+
+    Lanes are as wide as the longest row (attention costs lanes x width^2: a wider lane would share a
+    prefix among more suffixes but cost more attention).  Suffixes are placed longest first, each in
+    the first lane that has room: for the suffix alone where the lane already holds its group's prefix,
+    else for a new copy of the prefix and the suffix (so a group spread over several lanes has a copy
+    in each).  Rows whose prefix is 0 (or the whole row), or alone in their group, are packed whole.
+    The shared prefixes must be equal token for token.
+    """
+    table = rows.cpu()
+    count = len(lengths)
+    width = max(lengths, default=1)
+    members: dict[int, list[int]] = {}
+    for r in range(count):
+        members.setdefault(groups[r], []).append(r)
+    share = [0] * count  # the prefix each row shares (0: packed whole)
+    for rs in members.values():
+        prefix = prefixes[rs[0]]
+        if len(rs) == 1 or prefix <= 0 or any(prefixes[r] != prefix or lengths[r] <= prefix for r in rs):
+            continue
+        head = table[rs[0], :prefix]
+        if any(not torch.equal(table[r, :prefix], head) for r in rs[1:]):
+            raise ValueError(f"rows of group {groups[rs[0]]} differ within their shared prefix")
+        for r in rs:
+            share[r] = prefix
+    # lanes: each a dict segment key -> rows (insertion ordered); a shared group's key is its group
+    lanes: list[dict[tuple[int, int], list[int]]] = []
+    room: list[int] = []
+    for r in sorted(range(count), key=lambda i: -(lengths[i] - share[i])):
+        key = (0, groups[r]) if share[r] else (1, r)
+        for lane, free in enumerate(room):
+            need = lengths[r] - share[r] if key in lanes[lane] else lengths[r]
+            if free >= need:
+                lanes[lane].setdefault(key, []).append(r)
+                room[lane] -= need
+                break
+        else:
+            lanes.append({key: [r]})
+            room.append(width - lengths[r])
+    ids = torch.full((len(lanes), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(lanes), width), dtype=torch.long)
+    # tokens attend within one segment (seg) and, past the prefix, within one branch (0: the prefix)
+    seg = torch.empty((len(lanes), width), dtype=torch.long)
+    branch = torch.ones((len(lanes), width), dtype=torch.long)
+    index = torch.zeros((count, width), dtype=torch.long)
+    label = 0
+    for lane, segments in enumerate(lanes):
+        offset = 0
+        flat = lane * width
+        for rs in segments.values():
+            prefix = share[rs[0]]
+            size = prefix + sum(lengths[r] - prefix for r in rs)
+            seg[lane, offset : offset + size] = label
+            label += 1
+            if prefix:
+                ids[lane, offset : offset + prefix] = table[rs[0], :prefix]
+                positions[lane, offset : offset + prefix] = torch.arange(prefix)
+                branch[lane, offset : offset + prefix] = 0
+                index[rs, :prefix] = flat + offset + torch.arange(prefix)
+                offset += prefix
+            for b, r in enumerate(rs):
+                n = lengths[r] - prefix
+                ids[lane, offset : offset + n] = table[r, prefix : lengths[r]]
+                positions[lane, offset : offset + n] = torch.arange(prefix, lengths[r])
+                branch[lane, offset : offset + n] = b + 1 if prefix else 0
+                index[r, prefix : lengths[r]] = flat + offset + torch.arange(n)
+                offset += n
+        tail = width - offset  # unused: each pad token a segment of its own (it attends to itself)
+        seg[lane, offset:] = torch.arange(label, label + tail)
+        label += tail
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    same = seg[:, :, None] == seg[:, None, :]
+    kin = (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
+    mask = (same & kin & causal)[:, None]
+    device = rows.device
+    return SharedPacked(ids.to(device), positions.to(device), mask.to(device), index.to(device))

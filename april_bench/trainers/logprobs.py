@@ -10,6 +10,7 @@ peak grows with ``chunk_tokens x vocab``, not with ``tokens x vocab``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -189,6 +190,8 @@ def packed_token_logprobs(
     with_entropy: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     matmul_dtype: torch.dtype | None = None,
+    prefixes: Sequence[int] | None = None,
+    groups: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs` of rows packed end to end (:mod:`april_bench.models.packing`): the same
     ``[B, L-1]`` log-probs, without computing the rows' padding.
@@ -197,20 +200,36 @@ def packed_token_logprobs(
     ``[B, L-1]``) selects the targets, which must lie within each row.  ``model`` is a Hugging Face
     causal LM whose attention masks come from ``transformers.masking_utils`` (every architecture of
     transformers 5), which reads restarted position ids as row boundaries.
+
+    ``prefixes`` and ``groups`` (per row): rows of one group share their first ``prefixes[r]`` tokens
+    (a GRPO group's prompt), which are then computed once per lane segment and attended to by each
+    row's own suffix (:func:`~april_bench.models.packing.pack_shared`): the same log-probs and, since
+    the shared prefix's gradient is the sum of what each row's copy would get, the same gradients, for
+    fewer tokens.  The mask is passed as a 4D boolean mask, which ``sdpa`` attention reads as is; with
+    another attention implementation the rows are packed whole instead.
     """
-    from april_bench.models.packing import pack_rows
+    from april_bench.models.packing import pack_rows, pack_shared
 
     head = model.get_output_embeddings()  # type: ignore[operator]
     if not isinstance(head, torch.nn.Linear):
         raise TypeError(f"chunked log-probs need a Linear lm_head, got {type(head).__name__}")
-    packed = pack_rows(input_ids, lengths, pad_id=pad_token_id)
-    hidden = model.base_model(  # type: ignore[operator]
-        input_ids=packed.ids, position_ids=packed.positions, use_cache=False
-    ).last_hidden_state
     width = input_ids.shape[1] - 1
     select = positions.to(torch.bool)
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if prefixes is not None and groups is not None and attention == "sdpa":
+        shared = pack_shared(input_ids, lengths, prefixes, groups, pad_id=pad_token_id)
+        hidden = model.base_model(  # type: ignore[operator]
+            input_ids=shared.ids, position_ids=shared.positions, attention_mask=shared.mask, use_cache=False
+        ).last_hidden_state
+        flat_index = shared.index[:, :width]
+    else:
+        packed = pack_rows(input_ids, lengths, pad_id=pad_token_id)
+        hidden = model.base_model(  # type: ignore[operator]
+            input_ids=packed.ids, position_ids=packed.positions, use_cache=False
+        ).last_hidden_state
+        flat_index = packed.flat_index(width)
     # target j of row r is predicted by the hidden state of its token j
-    where = packed.flat_index(width)[select]
+    where = flat_index[select]
     logp, entropy = chunked_token_logprobs(
         hidden.reshape(-1, hidden.shape[-1])[where],
         head,

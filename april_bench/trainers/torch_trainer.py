@@ -18,7 +18,10 @@ Per rollout step (slime's recipe):
 
 Rows are packed end to end (:mod:`april_bench.models.packing`) rather than
 padded to the longest: the same log-probs, without the padding's work (four
-fifths of the embedded default's training batch).
+fifths of the embedded default's training batch).  A group's samples share
+their prompt, which is computed once per lane and attended to by each of the
+group's responses (``share_prompts``): the same log-probs and gradients, for a
+fifth fewer tokens on the embedded default.
 
 Memory (docs/trainer.md): a mini-batch runs as micro-batches of at most
 ``max_tokens_per_micro_batch`` padded tokens (samples packed by length), each
@@ -69,6 +72,8 @@ class _Rows:
     versions: torch.Tensor  # [S, L-1]: policy version of each response token (-1 elsewhere)
     advantages: torch.Tensor  # [S]
     lengths: list[int]  # prompt + response tokens of each row
+    prompts: list[int]  # prompt tokens of each row (shared by its group's rows)
+    groups: list[int]  # the group of each row (its index in the batch)
 
 
 #: Share of the device's memory the estimate may fill (the rest: CUDA context, fragmentation).
@@ -113,6 +118,11 @@ class TorchTrainer(Configurable):
             True,
             help="pack rows end to end (position ids restart per row) instead of padding each to the "
             "longest: the same log-probs for less work",
+        )
+        share_prompts: bool = param(
+            True,
+            help="with pack: compute each group's prompt once per lane for all its samples (each "
+            "response attends to it and to itself): the same log-probs and gradients for fewer tokens",
         )
         bf16: bool = param(False, help="bf16 autocast of forward and backward (weights and AdamW stay fp32)")
         activation_checkpointing: bool = param(
@@ -306,6 +316,8 @@ class TorchTrainer(Configurable):
                 with_entropy=True,
                 chunk_tokens=cfg.logprob_chunk_tokens,
                 matmul_dtype=torch.bfloat16 if cfg.bf16 else None,
+                prefixes=[rows.prompts[i] for i in index.tolist()] if cfg.share_prompts else None,
+                groups=[rows.groups[i] for i in index.tolist()] if cfg.share_prompts else None,
             )
         return token_logprobs(
             model,
@@ -463,6 +475,8 @@ class TorchTrainer(Configurable):
             versions=versions.to(self.device),
             advantages=advantages.to(self.device, torch.float32),
             lengths=[s.prompt.length + s.response_len for s in samples],
+            prompts=[s.prompt.length for s in samples],
+            groups=[g for g, size in enumerate(sizes) for _ in range(size)],
         )
 
 
