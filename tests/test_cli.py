@@ -117,6 +117,13 @@ def test_embedded_default_measures_throughput_and_accuracy(tmp_path: Path) -> No
         ("sync", 2),
     ]
     assert all(0.0 <= e["accuracy"] <= 1.0 and e["n"] > 0 for e in evals)
+    # the starting policy is evaluated once: the second arm's step-0 row repeats the first's numbers
+    first, second = [e for e in evals if e["step"] == 0]
+    assert first["reused_from"] is None and first["eval_time_s"] > 0
+    assert second["reused_from"] == first["arm"] != second["arm"] and second["eval_time_s"] == 0
+    same = ("accuracy", "accuracy_stderr", "n", "mean_response_len", "by_dataset")
+    assert [second[k] for k in same] == [first[k] for k in same]
+    assert all(e["reused_from"] is None for e in evals if e["step"] > 0)
     summary = json.loads((out / "summary.json").read_text())["arms"]
     for arm in ("sync", "april"):
         assert summary[arm]["accuracy"] is not None and summary[arm]["accuracy_equal_time"] is not None

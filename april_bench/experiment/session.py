@@ -28,7 +28,14 @@ from april_bench.engines.protocol import (
 from april_bench.experiment.steps import record_step
 from april_bench.experiment_config import ExperimentConfig
 from april_bench.results.recorder import RunRecorder
-from april_bench.results.records import EngineMetricRecord, EvalRecord, EventRecord, Fate, IterationRecord
+from april_bench.results.records import (
+    EngineMetricRecord,
+    EvalRecord,
+    EventRecord,
+    Fate,
+    IterationRecord,
+    as_row,
+)
 from april_bench.results.resume import RunStatus
 from april_bench.results.rundir import SCRATCH_PREFIX, scratch_root
 from april_bench.rollout.driver import Pipeline, StepDone
@@ -362,11 +369,36 @@ class ArmSession:
         due = done in (0, config.steps) or (config.eval_every is not None and done % config.eval_every == 0)
         return self.components.evaluator is not None and due
 
+    def _shared_start_eval(self) -> EvalRecord | dict[str, Any] | None:
+        """An evaluation of the starting policy already made in this run by another arm whose engine
+        is built the same way (the same factory: both synchronous, or both asynchronous with the
+        same training GPUs), for the same repeat.  Every arm starts from the same weights and the
+        evaluator draws the same seeds each time, on a fresh, idle engine, so this arm's step-0
+        evaluation would be the same numbers (the embedded default's two arms measured 16.56% both).
+        """
+        driver = self.arm.driver
+        specs = {a.label: a.driver for a in self.config.arms}
+        for row in self.recorder["evals"]:
+            fields = row if isinstance(row, dict) else as_row(row)  # a resumed run's rows are dicts
+            other = specs.get(str(fields["arm"]))
+            if (
+                fields["step"] == 0
+                and fields["repeat"] == self.repeat
+                and fields["arm"] != self.arm.label
+                and not fields.get("reused_from")
+                and other is not None
+                and (other.asynchronous, other.train_gpus) == (driver.asynchronous, driver.train_gpus)
+            ):
+                return row
+        return None
+
     async def _evaluate(self, done: int) -> float | None:
         evaluator = self.components.evaluator
         if evaluator is None or not self._eval_due(done):
             return None
         assert self._engine is not None
+        if done == 0 and (shared := self._shared_start_eval()) is not None:
+            return self._reuse_start_eval(shared)
         loop = asyncio.get_running_loop()
         start = loop.time()
         self._event(done, "eval_start", start)
@@ -390,6 +422,31 @@ class ArmSession:
         )
         self._shift(elapsed)
         return result.accuracy
+
+    def _reuse_start_eval(self, shared: EvalRecord | dict[str, Any]) -> float:
+        """This arm's step-0 row from ``shared`` (:meth:`_shared_start_eval`): its numbers, this
+        arm's clock, ``eval_time_s`` 0 (nothing ran) and ``reused_from`` naming the arm evaluated."""
+        row = shared if isinstance(shared, dict) else as_row(shared)
+        t = asyncio.get_running_loop().time()
+        self._event(0, "eval_start", t)
+        self._event(0, "eval_end", t)
+        self.recorder.add(
+            EvalRecord(
+                arm=self.arm.label,
+                step=0,
+                policy_version=0,
+                train_time_s=t - self._origin,
+                accuracy=row["accuracy"],
+                accuracy_stderr=row["accuracy_stderr"],
+                n=row["n"],
+                mean_response_len=row["mean_response_len"],
+                eval_time_s=0.0,
+                by_dataset={name: dict(d) for name, d in row["by_dataset"].items()},
+                repeat=self.repeat,
+                reused_from=row["arm"],
+            )
+        )
+        return float(row["accuracy"])
 
     # ------------------------------------------------------------------ clock
     def _set_origin(self, origin: float) -> None:

@@ -189,6 +189,9 @@ class EvalRecord:
     #: Per evaluation set: ``{name: {"accuracy", "stderr", "problems"}}``.
     by_dataset: dict[str, dict[str, float]] = field(default_factory=dict)
     repeat: int = 0
+    #: The arm whose evaluation of the same starting policy this row repeats (evaluated once per run:
+    #: same weights, engine and seeds give the same numbers); ``None``: evaluated in this arm.
+    reused_from: str | None = None
 
 
 @dataclass(slots=True)
