@@ -153,10 +153,15 @@ def test_a_shared_prompt_is_packed_once_per_segment_and_each_response_sees_only_
     assert mask[5].tolist() == [True] * 6 + [False] * 2
     assert mask[6].tolist() == [True, True, True, False, False, False, True, False]  # not its sibling
     assert mask[7].tolist() == [False] * 7 + [True]  # a pad sees itself only (no empty softmax)
-    bad = ids.clone()
-    bad[1, 2] = 4
-    with pytest.raises(ValueError, match="differ within their shared prefix"):
-        pack_shared(bad, lengths, SHARED_PREFIXES, SHARED_GROUPS, pad_id=0)
+    other = ids.clone()
+    other[1, 2] = 4  # group 0's rows are not one prompt after all: packed whole, each with its own
+    apart = pack_shared(other, lengths, SHARED_PREFIXES, SHARED_GROUPS, pad_id=0)
+    flat = apart.ids.view(-1)
+    for r, n in enumerate(lengths):
+        assert flat[apart.index[r, :n]].tolist() == other[r, :n].tolist()
+    group0 = {tuple(apart.index[r, :3].tolist()) for r in (0, 1, 2)}
+    assert len(group0) == 3  # no prompt shared within group 0
+    assert shared.index[1, :3].tolist() == shared.index[2, :3].tolist()  # one copy while the prompts agreed
 
 
 def test_shared_prompt_log_probs_and_gradients_are_the_padded_ones() -> None:

@@ -108,8 +108,8 @@ def pack_shared(
     prefix among more suffixes but cost more attention).  Suffixes are placed longest first, each in
     the first lane that has room: for the suffix alone where the lane already holds its group's prefix,
     else for a new copy of the prefix and the suffix (so a group spread over several lanes has a copy
-    in each).  Rows whose prefix is 0 (or the whole row), or alone in their group, are packed whole.
-    The shared prefixes must be equal token for token.
+    in each).  Rows whose prefix is 0 (or the whole row), or alone in their group, are packed whole,
+    as are a group's rows whose prefixes differ in any token.
     """
     table = rows.cpu()
     count = len(lengths)
@@ -124,7 +124,7 @@ def pack_shared(
             continue
         head = table[rs[0], :prefix]
         if any(not torch.equal(table[r, :prefix], head) for r in rs[1:]):
-            raise ValueError(f"rows of group {groups[rs[0]]} differ within their shared prefix")
+            continue  # not one prompt after all: each row keeps its own
         for r in rs:
             share[r] = prefix
     # lanes: each a dict segment key -> rows (insertion ordered); a shared group's key is its group
