@@ -9,9 +9,7 @@ the weights over gloo, are tested in ``tests/test_ray_trainer_ranks.py`` (marker
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +21,6 @@ from april_bench.engines.protocol import SLEEP, WeightUpdate
 
 
 # ---------------------------------------------------------------- SGLang replicas (the fake server)
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def _requests(n: int, budget: int, tag: str) -> list[GenerateRequest]:
     return [
         GenerateRequest(f"{tag}-{i}", 3, budget, SamplingParams(seed=i), input_ids=(1, 2, 3 + i))
@@ -45,7 +30,7 @@ def _requests(n: int, budget: int, tag: str) -> list[GenerateRequest]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sglang_replicas_on_ray_serve_update_sleep_and_wake(local_ray: None, tmp_path: Path) -> None:
+def test_sglang_replicas_on_ray_serve_update_sleep_and_wake(ray_cluster: list[str], tmp_path: Path) -> None:
     """Two SGLang replicas (april-bench's fake SGLang server, launched inside each actor) behind the
     router: both serve, a weight update reaches both (their completions carry its version), and the
     pool sleeps and wakes through every replica (``--colocate``'s calls)."""
@@ -146,7 +131,7 @@ class _Policy:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sglang_replicas_on_ray_receive_weights_over_a_gloo_group(local_ray: None) -> None:
+def test_sglang_replicas_on_ray_receive_weights_over_a_gloo_group(ray_cluster: list[str]) -> None:
     """SGLang replicas (the fake server in each actor) join the driver's weight group through
     ``/init_weights_update_group`` and take each update by ``/update_weights_from_distributed``
     (one broadcast per tensor), replica 0's actor keeping the object-store copy; a state dict by the

@@ -3,9 +3,7 @@ sync and APRIL arms run; every run finishes with nothing lost (``pytest -m ray``
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,23 +40,10 @@ RUN = [
 ]
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_killed_replica_actors_lose_no_prompt(seed: int, local_ray: None, tmp_path: Path) -> None:
+def test_killed_replica_actors_lose_no_prompt(seed: int, ray_cluster: list[str], tmp_path: Path) -> None:
     out = tmp_path / "run"
     chaos = [f"chaos_seed={seed}", "chaos_faults=2", "chaos_window_tokens=200000"]
     argv = [*RUN, *(x for c in chaos for x in ("--engine-arg", c)), "--out", str(out)]
@@ -87,7 +72,7 @@ def test_killed_replica_actors_lose_no_prompt(seed: int, local_ray: None, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_hung_replica_actor_is_found_by_the_health_timeout(local_ray: None, tmp_path: Path) -> None:
+def test_a_hung_replica_actor_is_found_by_the_health_timeout(ray_cluster: list[str], tmp_path: Path) -> None:
     out = tmp_path / "run"
     chaos = ["chaos_seed=4", "chaos_faults=1", "chaos_window_tokens=80000", "chaos_mode=hang"]
     argv = [*RUN, *(x for c in chaos for x in ("--engine-arg", c)), "--out", str(out)]
@@ -99,7 +84,7 @@ def test_a_hung_replica_actor_is_found_by_the_health_timeout(local_ray: None, tm
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_resumed_chaos_run_on_ray_kills_no_replica_twice(local_ray: None, tmp_path: Path) -> None:
+def test_a_resumed_chaos_run_on_ray_kills_no_replica_twice(ray_cluster: list[str], tmp_path: Path) -> None:
     """The Ray pool checkpoints its chaos schedule's progress: interrupted after the faults fired and
     resumed, each arm has fired exactly its schedule's faults, none twice."""
 

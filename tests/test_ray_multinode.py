@@ -3,11 +3,8 @@ replicas spread one per node, chaos across nodes, and the placement in the event
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers import table_rows
@@ -16,27 +13,9 @@ from test_replica_faults import _check_nothing_lost, _faults
 from april_bench.cli import main
 
 
-@pytest.fixture(scope="module")
-def three_nodes() -> Iterator[Any]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's node: no replicas
-    nodes = [cluster.add_node(num_cpus=1, resources={f"worker{i}": 1}) for i in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-    try:
-        yield nodes
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.ray
-def test_replicas_spread_over_nodes_and_survive_a_killed_one(three_nodes: Any, tmp_path: Path) -> None:
+def test_replicas_spread_over_nodes_and_survive_a_killed_one(ray_cluster: list[str], tmp_path: Path) -> None:
     import ray
 
     out = tmp_path / "run"
@@ -57,8 +36,8 @@ def test_replicas_spread_over_nodes_and_survive_a_killed_one(three_nodes: Any, t
     argv += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--over-sampling-batch-size", "8"]
     assert main(argv) == 0
     _check_nothing_lost(out)
-    workers = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("CPU", 0) == 1}
-    assert len(workers) == 2
+    workers = set(ray_cluster)  # the two worker nodes (the head node has no CPU to place a replica on)
+    assert len(workers) == 2 and workers <= {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     events = _faults(out)
     for arm in ("sync", "april"):
         placed = [e for e in events if e["arm"] == arm and e["kind"] == "replica_placed"]

