@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Collection
@@ -44,6 +45,7 @@ from april_bench.engines.protocol import (
     GenerateRequest,
     SamplingParams,
 )
+from april_bench.engines.stream import CompletionStream
 from april_bench.envs.protocol import Environment, EpisodeWorkload
 from april_bench.results.recorder import RunRecorder
 from april_bench.results.records import Fate, RequestRecord, StepRecord
@@ -487,7 +489,12 @@ class RolloutLoop(Configurable):
         tick = time.perf_counter()
         stream = self.engine.generate(requests)
         st.bookkeeping_s -= time.perf_counter() - tick  # the engine's submit is not ours
-        st.pumps.append(asyncio.ensure_future(self._pump(st, stream)))
+        if isinstance(stream, CompletionStream):  # the same passes as the pump task, without the task
+            st.pumps.append(
+                stream.consume(functools.partial(self._pumped, st), functools.partial(self.fail, st))
+            )
+        else:
+            st.pumps.append(asyncio.ensure_future(self._pump(st, stream)))
 
     # ------------------------------------------------------------ returning
     def fail(self, st: StepState, error: BaseException) -> None:
@@ -510,6 +517,10 @@ class RolloutLoop(Configurable):
                 raise  # KeyboardInterrupt, SystemExit: stop the loop now
             # An Exception is not re-raised here: the step raises it, and a task holding it too
             # would be reported as "exception never retrieved" when the run ends on that error.
+
+    def _pumped(self, st: StepState, completion: Completion) -> None:
+        with Meter(st):
+            self._on_completion(st, completion)
 
     def _on_completion(self, st: StepState, c: Completion) -> None:
         pending = st.pending.pop(c.request_id, None)

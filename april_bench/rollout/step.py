@@ -61,7 +61,8 @@ class StepState:
     #: Groups that came back unfinished (aborted, or stopped at a segment) or as surplus after the
     #: stop: the strategy decides at the end of the step whether each is buffered or dropped.
     leftovers: list[InFlight] = field(default_factory=list)
-    pumps: list[asyncio.Task[None]] = field(default_factory=list)
+    #: What brings each engine stream's completions back (a task, or a stream's ``consume``).
+    pumps: list[asyncio.Future[None]] = field(default_factory=list)
     aborts: list[asyncio.Task[None]] = field(default_factory=list)
     enough: asyncio.Event = field(default_factory=asyncio.Event)
     all_returned: asyncio.Event = field(default_factory=asyncio.Event)
