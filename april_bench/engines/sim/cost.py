@@ -35,10 +35,36 @@ __all__ = ["CostModel", "DecodeCost", "iterations_within"]
 
 
 def iterations_within(run_time: Callable[[int], float], limit: int, budget: float) -> int:
-    """Largest k <= limit with ``run_time(k) <= budget`` (bisection: a run's time grows with its
-    iterations): how many decode steps of a run completed when it was interrupted.  The one bisection
-    of the simulator (one cost model's run, or the sum over weight versions' forwards)."""
+    """Largest k <= limit with ``run_time(k) <= budget`` (0 if none): how many decode steps of a run
+    completed when it was interrupted.  The one search of the simulator (one cost model's run, or the
+    sum over weight versions' forwards).
+
+    A run's time grows with its iterations, so the answer is unique: it starts from the run's mean
+    rate (a run's time is convex in its iterations, so the guess is at most the answer and most
+    often it or one below it), gallops up and bisects the bracket; a few evaluations of ``run_time``
+    instead of a bisection's log2(limit)."""
+    if limit <= 0:
+        return 0
+    full = run_time(limit)
+    if full <= budget:
+        return limit
+    # the answer is below limit: keep run_time(lo) <= budget (or lo == 0) and run_time(hi) > budget
     lo, hi = 0, limit
+    guess = min(max(int(limit * (budget / full)), 0), limit - 1) if full > 0 else 0
+    if guess > 0:
+        if run_time(guess) <= budget:
+            lo = guess
+        else:
+            hi = guess
+    step = 1
+    while lo + step < hi:
+        if run_time(lo + step) <= budget:
+            lo += step
+            step *= 2
+        else:
+            hi = lo + step
+            break
+    hi -= 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if run_time(mid) <= budget:
