@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import heapq
 import selectors
 import signal
@@ -99,7 +100,7 @@ class _VirtualSelector(selectors.BaseSelector):
 
     #: Real seconds between two polls of the real descriptors while virtual time runs: a poll is a
     #: system call, and a simulated run passes through ``select`` about ten times per request.
-    POLL_EVERY_S = 0.002
+    POLL_EVERY_S = 0.01
 
     def __init__(self) -> None:
         self._real = selectors.DefaultSelector()
@@ -263,7 +264,26 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion on a fresh :class:`VirtualTimeLoop`."""
-    return _run_on(VirtualTimeLoop(), coro)
+    with _fewer_collections():
+        return _run_on(VirtualTimeLoop(), coro)
+
+
+#: The cyclic collector's first-generation threshold while a simulated run goes (Python's default is
+#: 700 allocations): a simulated run allocates a few hundred short-lived objects per request, and
+#: collecting every few requests cost about a tenth of its time.  Garbage is the same, collected later.
+_SIM_GC_THRESHOLD = 50_000
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Raise the collector's first threshold for the block (never lower it); restored after."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], _SIM_GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        if gc.get_threshold()[0] == max(before[0], _SIM_GC_THRESHOLD):  # nobody changed it meanwhile
+            gc.set_threshold(*before)
 
 
 def run_real(coro: Coroutine[Any, Any, T]) -> T:
