@@ -69,6 +69,8 @@ def test_the_trainer_compares_only_tokens_of_the_policy_it_holds() -> None:
         versions=torch.tensor([[4, 4, 3, -1]]),  # the third token came from an older policy
         advantages=torch.zeros(1),
         lengths=[4],
+        prompts=[1],
+        groups=[0],
     )
     gap = _engine_logprob_gap(trainer, rows, policy_version=4)
     assert gap["engine_logprob_tokens"] == 2

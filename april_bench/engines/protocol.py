@@ -92,6 +92,7 @@ __all__ = [
     "VERSIONS",
     "Capability",
     "Completion",
+    "Consumable",
     "DecodeHistogram",
     "Engine",
     "EngineAccounting",
@@ -297,6 +298,18 @@ class EngineSettings:
     #: release its memory before each train step (vLLM ``--enable-sleep-mode``, SGLang
     #: ``--enable-memory-saver``) and take it back after.
     colocate: bool = False
+
+
+class Consumable(Protocol):
+    """What an engine's ``generate`` may return beside being an async iterator (the engines'
+    :class:`~april_bench.engines.stream.CompletionStream`): ``consume`` hands every completion to
+    ``on_item`` in the loop passes a task iterating the stream would, without the task (the
+    simulator's hot path); the future resolves when all were handed over or at the error given to
+    ``on_error``.  The rollout loop uses it when the stream has it, and ``async for`` otherwise."""
+
+    def consume(
+        self, on_item: Callable[[Completion], None], on_error: Callable[[BaseException], None]
+    ) -> Any: ...
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from april_bench.algorithms.filters import keep_group
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
@@ -39,13 +39,13 @@ from april_bench.engines.protocol import (
     SATURATION,
     VERSIONS,
     Completion,
+    Consumable,
     Engine,
     EngineError,
     EngineWork,
     GenerateRequest,
     SamplingParams,
 )
-from april_bench.engines.stream import CompletionStream
 from april_bench.envs.protocol import Environment, EpisodeWorkload
 from april_bench.results.recorder import RunRecorder
 from april_bench.results.records import Fate, RequestRecord, StepRecord
@@ -489,9 +489,10 @@ class RolloutLoop(Configurable):
         tick = time.perf_counter()
         stream = self.engine.generate(requests)
         st.bookkeeping_s -= time.perf_counter() - tick  # the engine's submit is not ours
-        if isinstance(stream, CompletionStream):  # the same passes as the pump task, without the task
+        if hasattr(stream, "consume"):  # a Consumable: the same passes as the pump task, without it
+            consumable = cast(Consumable, stream)
             st.pumps.append(
-                stream.consume(functools.partial(self._pumped, st), functools.partial(self.fail, st))
+                consumable.consume(functools.partial(self._pumped, st), functools.partial(self.fail, st))
             )
         else:
             st.pumps.append(asyncio.ensure_future(self._pump(st, stream)))
