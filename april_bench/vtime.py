@@ -207,59 +207,90 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return timer
 
     def _run_once(self) -> None:
-        # asyncio.BaseEventLoop._run_once, with (when, handle) pairs in the heap
-        scheduled: list[tuple[float, Any]] = self._scheduled  # type: ignore[has-type]
-        count = len(scheduled)
-        if (
-            count > _MIN_SCHEDULED_TIMER_HANDLES
-            and self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION  # type: ignore[has-type]
-        ):
-            kept = []
-            for entry in scheduled:
-                if entry[1]._cancelled:
-                    entry[1]._scheduled = False
-                else:
-                    kept.append(entry)
-            heapq.heapify(kept)
-            self._scheduled = scheduled = kept
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0][1]._cancelled:
-                self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)[1]._scheduled = False
+        # asyncio.BaseEventLoop._run_once, with (when, handle) pairs in the heap, run pass after pass
+        # until the loop is stopping (what run_forever's loop does: it calls _run_once, then breaks
+        # when _stopping; here one call runs those passes, with the locals set once)
         ready = self._ready  # type: ignore[attr-defined]
-        selector = self._vselector
-        timeout: float | None = None
-        if ready or self._stopping:  # type: ignore[attr-defined]
-            timeout = 0
-        elif scheduled:
-            timeout = min(max(0, scheduled[0][0] - selector.now), _MAXIMUM_SELECT_TIMEOUT)
-        event_list = selector.select(timeout)
-        if event_list:
-            self._process_events(event_list)  # type: ignore[attr-defined]
-        event_list = []
-        end_time = selector.now + self._clock_resolution  # type: ignore[attr-defined]
-        while scheduled:
-            if scheduled[0][0] >= end_time:
-                break
-            handle = heapq.heappop(scheduled)[1]
-            handle._scheduled = False
-            ready.append(handle)
         popleft = ready.popleft
-        debug = self._debug  # type: ignore[attr-defined]
-        for _ in range(len(ready)):
-            handle = popleft()
-            if handle._cancelled:
-                continue
-            if debug:
-                self._current_handle = handle
-                try:
-                    handle._run()
-                finally:
-                    self._current_handle = None
+        selector = self._vselector
+        resolution = self._clock_resolution  # type: ignore[attr-defined]
+        heappop = heapq.heappop
+        monotonic = time.monotonic
+        while True:
+            scheduled: list[tuple[float, Any]] = self._scheduled  # type: ignore[has-type]
+            count = len(scheduled)
+            if (
+                count > _MIN_SCHEDULED_TIMER_HANDLES
+                and self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION  # type: ignore[has-type]
+            ):
+                kept = []
+                for entry in scheduled:
+                    if entry[1]._cancelled:
+                        entry[1]._scheduled = False
+                    else:
+                        kept.append(entry)
+                heapq.heapify(kept)
+                self._scheduled = scheduled = kept
+                self._timer_cancelled_count = 0
             else:
-                handle._run()
-        handle = None  # no cycle through an exception's frame
+                while scheduled and scheduled[0][1]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    heappop(scheduled)[1]._scheduled = False
+            timeout: float | None = None
+            if ready or self._stopping:  # type: ignore[attr-defined]
+                timeout = 0
+            elif scheduled:
+                timeout = min(max(0, scheduled[0][0] - selector.now), _MAXIMUM_SELECT_TIMEOUT)
+            if timeout is None or monotonic() >= selector._next_poll:
+                event_list = selector.select(timeout)
+                if event_list:
+                    self._process_events(event_list)  # type: ignore[attr-defined]
+                event_list = []
+            else:  # selector.select(timeout) between two polls: the clock jumps by the timeout
+                selector.now += timeout
+            end_time = selector.now + resolution
+            while scheduled:
+                if scheduled[0][0] >= end_time:
+                    break
+                handle = heappop(scheduled)[1]
+                handle._scheduled = False
+                ready.append(handle)
+            debug = self._debug  # type: ignore[attr-defined]
+            for _ in range(len(ready)):
+                handle = popleft()
+                if handle._cancelled:
+                    continue
+                if debug:
+                    self._current_handle = handle
+                    try:
+                        handle._run()
+                    finally:
+                        self._current_handle = None
+                else:
+                    # handle._run(), inlined (a pass runs about a handle per event)
+                    try:
+                        handle._context.run(handle._callback, *handle._args)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        _report(handle, exc)
+            handle = None  # no cycle through an exception's frame
+            if self._stopping:  # type: ignore[attr-defined]
+                return
+
+
+def _report(handle: events.Handle, exc: BaseException) -> None:
+    """What ``Handle._run`` does with an exception its callback raised: the loop's handler gets it."""
+    callback, args = handle._callback, handle._args  # type: ignore[attr-defined]
+    source = format_helpers._format_callback_source(callback, args)
+    context: dict[str, Any] = {
+        "message": f"Exception in callback {source}",
+        "exception": exc,
+        "handle": handle,
+    }
+    if handle._source_traceback:  # type: ignore[attr-defined]
+        context["source_traceback"] = handle._source_traceback  # type: ignore[attr-defined]
+    handle._loop.call_exception_handler(context)  # type: ignore[attr-defined]
 
 
 def run_virtual(coro: Coroutine[Any, Any, T]) -> T:

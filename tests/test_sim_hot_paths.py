@@ -150,3 +150,30 @@ def test_iterations_within_gives_the_bisection_answer() -> None:
         if rng.random() < 0.1:
             budget = run_time(rng.randrange(0, limit + 1))  # exactly a run's time: ties
         assert iterations_within(run_time, limit, budget) == _reference(run_time, limit, budget)
+
+
+@pytest.mark.parametrize("loop_type", [VirtualTimeLoop, _PlainLoop])
+def test_a_callback_s_exception_reaches_the_handler_as_asyncio_reports_it(loop_type: type) -> None:
+    # the lean loop runs a handle's callback inline: what it raises goes to the loop's exception
+    # handler with asyncio's message, and the loop runs on
+    seen: list[dict[str, Any]] = []
+
+    def broken(n: int) -> None:
+        raise ValueError(f"broken {n}")
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: seen.append(context))
+        handle = loop.call_soon(broken, 1)
+        await asyncio.sleep(1.0)
+        return "ran on" if handle is seen[0]["handle"] else "other handle"
+
+    loop = loop_type()
+    try:
+        assert loop.run_until_complete(main()) == "ran on"
+    finally:
+        loop.close()
+    name = "test_a_callback_s_exception_reaches_the_handler_as_asyncio_reports_it.<locals>.broken"
+    assert [(c["message"].split(" at ")[0], str(c["exception"])) for c in seen] == [
+        (f"Exception in callback {name}(1)", "broken 1")
+    ]
