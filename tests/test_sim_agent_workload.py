@@ -125,3 +125,25 @@ def test_calls_queue_for_the_sandbox_slots() -> None:
         return done
 
     assert run_virtual(main()) == [2.0, 4.0]
+
+
+def test_a_run_left_with_calls_queued_leaves_no_slot_taken_to_the_next() -> None:
+    # The first run ends with one call holding the only slot and two queued for it (as an arm that
+    # failed mid-step leaves them, with nothing to release them); the next run's loop has its own
+    # slots, whatever address its loop gets.
+    workload = episodes(ToolShape(calls=50, max_calls=1, latency_s=2.0, latency_sigma=0.0, tool_slots=1))
+    env = workload.environment
+    prompts = [Prompt(uid=uid, source_id=str(uid), length=4) for uid in (0, 1, 2)]
+
+    async def abandon() -> None:
+        for p in prompts:
+            env.step_then(env.reset(p, 0).state, (), lambda answer: None)
+
+    async def call() -> float:
+        answer = await env.step(env.reset(prompts[0], 0).state, ())
+        assert len(answer.token_ids) == 32
+        return asyncio.get_running_loop().time()
+
+    for _ in range(3):
+        run_virtual(abandon())
+        assert run_virtual(call()) == 2.0

@@ -177,3 +177,76 @@ def test_a_callback_s_exception_reaches_the_handler_as_asyncio_reports_it(loop_t
     assert [(c["message"].split(" at ")[0], str(c["exception"])) for c in seen] == [
         (f"Exception in callback {name}(1)", "broken 1")
     ]
+
+
+def _agent_rows(
+    slots: int, latency_s: float, sigma: float
+) -> tuple[dict[str, list[dict[str, Any]]], list[Any]]:
+    """Every row of a small simulated agent run (two arms, APRIL's aborts and resumed episodes
+    included), and a log of the loop pass and clock of every tool answer and every next turn's
+    submit: the tool slots few enough that calls queue for them."""
+    from april_bench.experiment import run
+    from april_bench.recipes import paper
+    from april_bench.results.recorder import RunRecorder
+    from april_bench.rollout.loop import RolloutConfig, RolloutLoop
+    from april_bench.sim.agent_workload import ToolSandbox
+    from april_bench.sim.paper_settings import AGENT_ROW
+
+    log: list[Any] = []
+    passes = [0]
+    run_once, observation, submit = VirtualTimeLoop._run_once, ToolSandbox._observation, RolloutLoop.submit
+
+    def counted(self: VirtualTimeLoop) -> None:
+        passes[0] += 1
+        run_once(self)
+
+    def observed(self: ToolSandbox, state: Any, turn: int, *args: Any) -> Any:
+        log.append(
+            ("answer", passes[0], asyncio.get_running_loop().time(), state["uid"], state["sample"], turn)
+        )
+        return observation(self, state, turn, *args)
+
+    def submitted(self: RolloutLoop, st: Any, flight: Any, sample: Any, priority: int) -> bool:
+        log.append(("submit", passes[0], asyncio.get_running_loop().time(), sample.prompt.uid, sample.index))
+        return submit(self, st, flight, sample, priority)
+
+    workload = {
+        **AGENT_ROW.workload_args(4.0, latency_s),
+        "agent_tool_slots": slots,
+        "agent_latency_sigma": sigma,
+    }
+    config = paper(
+        "h100", model=AGENT_ROW.model, dataset=AGENT_ROW.dataset, algorithm="grpo", engine="sim",
+        trainer="sim", steps=3, workload_args=workload, strategies=("sync", "april"),
+        rollout=RolloutConfig(rollout_batch_size=8, n_samples_per_prompt=4, over_sampling_batch_size=16,
+                              max_response_len=4096),
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(VirtualTimeLoop, "_run_once", counted)
+        patch.setattr(ToolSandbox, "_observation", observed)
+        patch.setattr(RolloutLoop, "submit", submitted)
+        rows = run(config, progress=False, recorder=RunRecorder()).recorder.rows()
+    return rows, log
+
+
+@pytest.mark.parametrize(("slots", "latency_s", "sigma"), [(2, 1.0, 0.0), (3, 0.5, 1.0), (32, 0.1, 0.0)])
+def test_a_tool_call_through_step_then_runs_where_its_task_would(
+    slots: int, latency_s: float, sigma: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same run with the environment's step_then (no task per call) and without it (a task per call
+    # awaiting step): every tool answer and next turn in the same loop pass at the same clock, every
+    # request, sample and step row the same.
+    from april_bench.sim.agent_workload import ToolSandbox
+
+    fast, fast_log = _agent_rows(slots, latency_s, sigma)
+    monkeypatch.delattr(ToolSandbox, "step_then")
+    tasks, tasks_log = _agent_rows(slots, latency_s, sigma)
+    assert len(fast["requests"]) > 200 and sum(r["env_calls"] for r in fast["steps"]) > 100
+    assert len(fast_log) > 300
+    assert fast_log == tasks_log
+    for table in ("requests", "samples", "steps", "trace"):
+        if table == "steps":  # bookkeeping_s is real time
+            strip = [{k: v for k, v in r.items() if k != "bookkeeping_s"} for r in fast[table]]
+            assert strip == [{k: v for k, v in r.items() if k != "bookkeeping_s"} for r in tasks[table]]
+        else:
+            assert fast[table] == tasks[table], table

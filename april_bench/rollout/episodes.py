@@ -29,8 +29,9 @@ the loop, which imports it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, Protocol
+import functools
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from april_bench.envs.protocol import Environment, EnvStep
 from april_bench.rollout.step import InFlight, Pending, StepState
@@ -39,6 +40,7 @@ from april_bench.types import FinishReason, Sample, SampleStatus, Segment
 __all__ = [
     "EpisodeSettings",
     "Host",
+    "ThenStep",
     "awaits_answer",
     "begin",
     "call",
@@ -135,7 +137,74 @@ async def drain(st: StepState) -> None:
 def _start(loop: Host, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int) -> None:
     sample.status = SampleStatus.PARTIAL  # not finished while the environment answers
     st.all_returned.clear()
+    step_then = getattr(loop.env, "step_then", None)  # ThenStep (isinstance of a protocol is slow)
+    if step_then is not None and loop.config.env_calls_at_stop != "cancel":
+        # The call without a task: each part runs in the loop pass where the task's step would
+        # (its first step is scheduled now, as creating the task schedules it), and the future
+        # resolves where the task would have finished (drain awaits it as it awaits a task).
+        clock = asyncio.get_running_loop()
+        done: asyncio.Future[None] = clock.create_future()
+        st.env_pending[key] = done
+        clock.call_soon(_call_then, step_then, loop, st, flight, sample, key, priority, done)
+        return
     st.env_pending[key] = asyncio.ensure_future(_call(loop, st, flight, sample, key, priority))
+
+
+@runtime_checkable
+class ThenStep(Protocol):
+    """An environment that can answer through a continuation (``then(await step(...))`` in the same
+    loop passes, without a task): :meth:`~april_bench.sim.agent_workload.ToolSandbox.step_then`."""
+
+    def step_then(
+        self, state: Mapping[str, Any], action: Sequence[int], then: Callable[[EnvStep | Exception], None]
+    ) -> None: ...
+
+
+def _call_then(
+    step_then: Callable[[Mapping[str, Any], Sequence[int], Callable[[EnvStep | Exception], None]], None],
+    loop: Host,
+    st: StepState,
+    flight: InFlight,
+    sample: Sample,
+    key: str,
+    priority: int,
+    done: asyncio.Future[None],
+) -> None:
+    """:func:`_call`'s first step, for an environment with ``step_then`` (:class:`ThenStep`)."""
+    assert sample.env_state is not None
+    t0 = asyncio.get_running_loop().time()
+    step_then(
+        sample.env_state,
+        turn_action(sample),
+        functools.partial(_answered_then, loop, st, flight, sample, key, priority, done, t0),
+    )
+
+
+def _answered_then(
+    loop: Host,
+    st: StepState,
+    flight: InFlight,
+    sample: Sample,
+    key: str,
+    priority: int,
+    done: asyncio.Future[None],
+    t0: float,
+    answer: EnvStep | Exception,
+) -> None:
+    """The rest of :func:`_call` once ``step_then`` answered; then the call's future resolves (or
+    takes what the bookkeeping raised), as the task would."""
+    try:
+        if isinstance(answer, Exception):  # the step raises it where it is awaited
+            del st.env_pending[key]
+            loop.fail(st, answer)
+        else:
+            _answered(loop, st, flight, sample, key, priority, t0, answer)
+    except BaseException as exc:
+        done.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    done.set_result(None)
 
 
 async def _call(loop: Host, st: StepState, flight: InFlight, sample: Sample, key: str, priority: int) -> None:
@@ -152,13 +221,27 @@ async def _call(loop: Host, st: StepState, flight: InFlight, sample: Sample, key
         del st.env_pending[key]
         loop.fail(st, exc)
         return
+    _answered(loop, st, flight, sample, key, priority, t0, answer)
+
+
+def _answered(
+    loop: Host,
+    st: StepState,
+    flight: InFlight,
+    sample: Sample,
+    key: str,
+    priority: int,
+    t0: float,
+    answer: EnvStep | None,
+) -> None:
+    """A call answered (``None``: cancelled at the stop): the bookkeeping, and the next turn."""
     if answer is None:  # cancelled at the stop: the state and the unanswered turn stay
         st.env_cancelled += 1
         del st.env_pending[key]
         loop.request_returned(st, flight)
         return
     del st.env_pending[key]
-    seconds = clock.time() - t0
+    seconds = asyncio.get_running_loop().time() - t0
     sample.env_calls += 1
     sample.env_time_s += seconds
     st.env_calls += 1

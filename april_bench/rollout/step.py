@@ -83,7 +83,7 @@ class StepState:
     bookkeeping_s: float = 0.0
     #: Multi-turn episodes: environment calls in flight (by the request that ended the turn), and
     #: the calls answered, their seconds and observation tokens this step.
-    env_pending: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    env_pending: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     env_calls: int = 0
     env_time_s: float = 0.0
     observation_tokens: int = 0

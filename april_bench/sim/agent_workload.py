@@ -18,8 +18,11 @@ under the simulator.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import math
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,9 @@ from april_bench.types import Prompt, Sample
 from april_bench.workload import PromptStream
 
 __all__ = ["AGENT_ARGS", "AgentToolEpisodes", "EpisodePlan", "ToolSandbox", "ToolShape"]
+
+#: What :meth:`ToolSandbox.step_then` hands its continuation: the answer, or what the call raised.
+Answer = EnvStep | Exception
 
 #: ``--workload-arg`` names that turn a length workload into tool episodes (``agent_`` + field).
 AGENT_ARGS = ("agent_calls", "agent_max_calls", "agent_latency_s", "agent_latency_sigma",
@@ -87,6 +93,77 @@ def plan_episode(shape: ToolShape, seed: int, uid: int, index: int, length: int)
     return EpisodePlan(ends, latencies)
 
 
+class _Slots:
+    """The sandbox's slots: ``asyncio.Semaphore`` as CPython 3.11 has it (FIFO waiters; a woken waiter
+    wakes the next one if a slot is still free), plus :meth:`acquire_then`, which takes a slot in the
+    loop passes in which a task awaiting :meth:`acquire` would, and then calls a function instead of
+    resuming a task (the simulator's hot path: :meth:`ToolSandbox.step_then`)."""
+
+    __slots__ = ("_value", "_waiters")
+
+    def __init__(self, value: int) -> None:
+        self._value = value
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
+
+    def locked(self) -> bool:
+        return self._value == 0 or any(not w.cancelled() for w in self._waiters)
+
+    async def acquire(self) -> bool:
+        if not self.locked():
+            self._value -= 1
+            return True
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            try:
+                await fut
+            finally:
+                self._waiters.remove(fut)
+        except asyncio.CancelledError:
+            if not fut.cancelled():
+                self._value += 1
+                self._wake_up_next()
+            raise
+        if self._value > 0:
+            self._wake_up_next()
+        return True
+
+    def acquire_then(self, then: Callable[[], None]) -> None:
+        """Take a slot, then call ``then``: now if one is free (as ``acquire`` returns without
+        suspending), else in the pass after a release wakes this waiter (where the waiting task's
+        wake-up runs: the future's done callback is scheduled as the task's would be)."""
+        if not self.locked():
+            self._value -= 1
+            then()
+            return
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        fut.add_done_callback(functools.partial(self._woken, then))
+
+    def _woken(self, then: Callable[[], None], fut: asyncio.Future[bool]) -> None:
+        self._waiters.remove(fut)
+        if self._value > 0:
+            self._wake_up_next()
+        then()
+
+    def release(self) -> None:
+        self._value += 1
+        self._wake_up_next()
+
+    def _wake_up_next(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                self._value -= 1
+                fut.set_result(True)
+                return
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
 class ToolSandbox:
     """The tool: waits each call's planned latency in one of ``tool_slots`` slots (slime's semaphore)."""
 
@@ -94,7 +171,11 @@ class ToolSandbox:
 
     def __init__(self, episodes: AgentToolEpisodes) -> None:
         self._episodes = episodes
-        self._slots: dict[int, asyncio.Semaphore] = {}  # one per event loop (one per arm's run)
+        #: One per event loop (one per arm's run), held no longer than the loop: a run that ended with
+        #: calls queued (an arm that failed mid-step) leaves no taken slot to a later loop.
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots] = (
+            weakref.WeakKeyDictionary()
+        )
         #: (uid, sample, call, latency) of every call, in the order they returned: what the tests read.
         self.calls: list[tuple[int, int, int, float]] = []
         #: Observation ids 3 + j % 97 for j < 97 + observation_tokens: each observation is a slice (a
@@ -121,10 +202,73 @@ class ToolSandbox:
         done_len = int(state["done_len"]) + generated
         if turn + 1 == len(plan.turn_ends):  # the answer: graded by the length workload
             return EnvStep((), {**state, "turn": turn + 1, "done_len": done_len}, done=True)
-        loop = asyncio.get_running_loop()
-        slots = self._slots.setdefault(id(loop), asyncio.Semaphore(self._episodes.shape.tool_slots))
-        async with slots:
+        async with self._slots_here():
             await asyncio.sleep(plan.latencies[turn])
+        return self._observation(state, turn, plan, done_len)
+
+    def step_then(
+        self, state: Mapping[str, Any], action: Sequence[int], then: Callable[[Answer], None]
+    ) -> None:
+        """What ``then(await step(state, action))`` does in a task, without the task and its coroutines,
+        in the same loop passes: ``then`` runs now for the answer turn, else where the awaiting task
+        would resume after the call's latency (a slot taken as ``acquire`` takes it, the latency
+        waited as ``asyncio.sleep`` waits it: a timer whose callback schedules the wake-up).  An
+        exception goes to ``then`` as the task's ``await`` would raise it.  The simulator's hot path
+        (the rollout loop calls it for each tool call: :mod:`april_bench.rollout.episodes`)."""
+        try:
+            plan, turn = self._plan(state), int(state["turn"])
+            generated = plan.turn_ends[turn] - (plan.turn_ends[turn - 1] if turn else 0)
+            done_len = int(state["done_len"]) + generated
+            if turn + 1 == len(plan.turn_ends):
+                answer: Answer = EnvStep((), {**state, "turn": turn + 1, "done_len": done_len}, done=True)
+            else:
+                slots = self._slots_here()
+                slots.acquire_then(functools.partial(self._wait, slots, state, turn, plan, done_len, then))
+                return
+        except Exception as exc:
+            answer = exc
+        then(answer)
+
+    def _wait(
+        self,
+        slots: _Slots,
+        state: Mapping[str, Any],
+        turn: int,
+        plan: EpisodePlan,
+        done_len: int,
+        then: Callable[[Answer], None],
+    ) -> None:
+        resume = functools.partial(self._answered, slots, state, turn, plan, done_len, then)
+        loop = asyncio.get_running_loop()
+        if plan.latencies[turn] <= 0:  # asyncio.sleep(0): the task yields for one pass
+            loop.call_soon(resume)
+        else:  # asyncio.sleep: a timer that sets a future, whose waiting task wakes in the next pass
+            loop.call_later(plan.latencies[turn], loop.call_soon, resume)
+
+    def _answered(
+        self,
+        slots: _Slots,
+        state: Mapping[str, Any],
+        turn: int,
+        plan: EpisodePlan,
+        done_len: int,
+        then: Callable[[Answer], None],
+    ) -> None:
+        slots.release()
+        try:
+            answer: Answer = self._observation(state, turn, plan, done_len)
+        except Exception as exc:
+            answer = exc
+        then(answer)
+
+    def _slots_here(self) -> _Slots:
+        loop = asyncio.get_running_loop()
+        slots = self._slots.get(loop)
+        if slots is None:
+            slots = self._slots[loop] = _Slots(self._episodes.shape.tool_slots)
+        return slots
+
+    def _observation(self, state: Mapping[str, Any], turn: int, plan: EpisodePlan, done_len: int) -> EnvStep:
         self.calls.append((int(state["uid"]), int(state["sample"]), turn, plan.latencies[turn]))
         n = self._episodes.shape.observation_tokens
         start = (int(state["uid"]) * 31 + turn * 7) % 97
