@@ -1,9 +1,10 @@
 """The simulator's hot paths do what the plain code they replace does, in the same order.
 
 The virtual-time loop's lean ``call_soon``/``call_at``/``_run_once`` against asyncio's own (the same
-virtual selector), a stream's ``consume`` against a task iterating it with ``async for``, and the
-galloping ``iterations_within`` against a bisection: the paper table is reproduced byte for byte only
-if none of them moves an event."""
+virtual selector), a stream's ``consume`` against a task iterating it with ``async for``, the
+galloping ``iterations_within`` against a bisection, a tool call through ``ToolSandbox.step_then``
+against a task awaiting ``step``, and the inlined decode run time against the sum it replaces: the
+paper table is reproduced byte for byte only if none of them moves an event."""
 
 from __future__ import annotations
 
@@ -250,3 +251,21 @@ def test_a_tool_call_through_step_then_runs_where_its_task_would(
             assert strip == [{k: v for k, v in r.items() if k != "bookkeeping_s"} for r in tasks[table]]
         else:
             assert fast[table] == tasks[table], table
+
+
+def test_the_inlined_decode_run_time_is_the_sum_it_replaces() -> None:
+    # c * k + _sum_max_linear((ma + mb*S, mb*B), (ca + cb*S, cb*B), k), bit for bit, over batches on both
+    # sides of the roofline's crossing and of the CUDA-graph ceiling
+    from april_bench.engines.sim.cost import CostModel, _sum_max_linear
+    from april_bench.profiles.hardware import hardware_profile
+    from april_bench.profiles.models import MODELS
+
+    rng = random.Random(7)
+    for hw in ("h100", "mi300x"):
+        cost = CostModel(hardware_profile(hw), MODELS.get("qwen3-4b"), tp=2)
+        for _ in range(3000):
+            batch, k = rng.randrange(1, 600), rng.randrange(1, 5000)
+            context = batch * rng.randrange(1, 20000) + rng.random() * rng.choice([0, 1])
+            c, ma, mb, ca, cb = cost._linear_terms(batch)
+            old = c * k + _sum_max_linear((ma + mb * context, mb * batch), (ca + cb * context, cb * batch), k)
+            assert cost.decode_run_time(batch, context, k) == old

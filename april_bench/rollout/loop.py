@@ -54,6 +54,7 @@ from april_bench.rollout.buffer import GroupBuffer
 from april_bench.rollout.state import group_from_dict, group_to_dict
 from april_bench.rollout.step import CarryOver, InFlight, Meter, Pending, ProgressView, StepState, step_record
 from april_bench.rollout.strategy import (
+    BaseStrategy,
     Candidate,
     Disposition,
     GroupProgress,
@@ -193,6 +194,10 @@ class RolloutLoop(Configurable):
         self.env: Environment | None = workload.environment if isinstance(workload, EpisodeWorkload) else None
         self._next_request = 0
         self._next_order = 0
+        #: False when the strategy's ``request_budget`` is BaseStrategy's (``remaining``, the view
+        #: unread): ``submit`` then builds no view for it.
+        budget = getattr(strategy, "request_budget", None)
+        self._budget_reads_view = getattr(budget, "__func__", None) is not BaseStrategy.request_budget
 
     def shift_clock(self, seconds: float) -> None:
         """Move the records' time origin forward (the harness excludes evaluation time)."""
@@ -473,7 +478,9 @@ class RolloutLoop(Configurable):
         its environment answered); ``False`` when there is none (it is finished, or has no budget
         left).  Its completion comes back through the step like any other."""
         with Meter(st):
-            request = self.next_request(st, sample, self._view(st), priority)
+            # the view only for a strategy that reads it here (an episode's every turn comes this way)
+            view = self._view(st) if self._budget_reads_view else _NO_VIEW
+            request = self.next_request(st, sample, view, priority)
             if request is None:
                 return False
             now = asyncio.get_running_loop().time()
@@ -754,10 +761,27 @@ class RolloutLoop(Configurable):
         return model.saturated_tokens_per_s(st.peak_concurrency, mean_context)
 
 
+#: What ``submit`` hands a strategy whose ``request_budget`` does not read the view (BaseStrategy's).
+_NO_VIEW = cast(RolloutView, None)
+
+
 def _segments(c: Completion, step: int) -> list[Segment]:
     """One segment per policy version the completion's tokens carry (a weight update that landed
     while the request ran splits it), so every token keeps the version that produced it.  Only the
     last segment carries the finish reason: the earlier ones end where an update began."""
+    if c.version_runs is None:  # one version, one segment (the common case: no update landed)
+        n = c.num_tokens
+        return [
+            Segment(
+                request_id=c.request_id,
+                policy_version=c.policy_version,
+                num_tokens=n,
+                finish_reason=c.finish_reason,
+                step=step,
+                token_ids=None if c.output_ids is None else c.output_ids[0:n],
+                logprobs=None if c.logprobs is None else c.logprobs[0:n],
+            )
+        ]
     runs = c.runs()
     out: list[Segment] = []
     start = 0

@@ -163,13 +163,23 @@ class CostModel(DecodeCost):
         """Time of ``iterations`` decode steps; the context sum grows by ``batch`` per step."""
         if iterations <= 0:
             return 0.0
-        c, ma, mb, ca, cb = self._linear_terms(batch)
+        terms = self._terms.get(batch)
+        c, ma, mb, ca, cb = terms if terms is not None else self._linear_terms(batch)
         # Term j at iteration i: a_j + b_j * i with a_j = ma + mb*S0 and b_j = mb*B.
-        mem = (ma + mb * context_sum, mb * batch)
-        comp = (ca + cb * context_sum, cb * batch)
+        pa, pb = ma + mb * context_sum, mb * batch
+        qa, qb = ca + cb * context_sum, cb * batch
         if not self.hardware.overlap:
-            return c * iterations + _sum_linear(mem[0] + comp[0], mem[1] + comp[1], 0, iterations)
-        return c * iterations + _sum_max_linear(mem, comp, iterations)
+            return c * iterations + _sum_linear(pa + qa, pb + qb, 0, iterations)
+        # _sum_max_linear((pa, pb), (qa, qb), iterations), inlined (the simulator's hot path): the same
+        # operations in the same order
+        k = iterations
+        da, db = pa - qa, pb - qb
+        if db == 0:
+            return c * iterations + (_sum_linear(pa, pb, 0, k) if da >= 0 else _sum_linear(qa, qb, 0, k))
+        split = min(max(math.ceil(-da / db), 0), k)
+        if db > 0:  # q leads before the crossing, p after
+            return c * iterations + (_sum_linear(qa, qb, 0, split) + _sum_linear(pa, pb, split, k))
+        return c * iterations + (_sum_linear(pa, pb, 0, split) + _sum_linear(qa, qb, split, k))
 
     # -- prefill -------------------------------------------------------------
     def prefill_time(self, chunks: Iterable[tuple[int, int]]) -> float:

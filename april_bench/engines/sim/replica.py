@@ -109,6 +109,10 @@ class _Batch:
     chunks: list[tuple[_Req, int, int]] = field(default_factory=list)  # (req, offset, tokens)
 
 
+#: The batch of a pass with nothing to prefill (never added to).
+_NO_BATCH = _Batch(chunks=[])
+
+
 class SimReplica:
     """Owns one replica's queues and KV pool; ``run()`` is its scheduler task."""
 
@@ -280,11 +284,14 @@ class SimReplica:
                 await self._resume
                 self._resume = self._at_pause = None
                 continue
-            self._apply_aborts(loop.time())
+            if self._aborts:
+                self._apply_aborts(loop.time())
             vllm = self.s.policy == "vllm"
             if vllm and self.running:
                 self._retract_if_full()  # vLLM schedules the running requests' decode first
-            batch = self._plan_prefill()
+            # nothing waits and nothing is half prefilled: no extend batch (most passes of a decode-bound
+            # replica), without building an empty one
+            batch = self._plan_prefill() if self.waiting or self.chunked is not None else _NO_BATCH
             if batch.chunks:
                 self._in_batch = [req for req, _, _ in batch.chunks]
                 self.extends += 1
@@ -379,9 +386,12 @@ class SimReplica:
     async def _decode_run(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = len(self.running)
         context_sum = self.ctx_base + batch * self.D
-        while self._heap and not _live_entry(self._heap[0]):
-            heapq.heappop(self._heap)  # stale: an abort moved the finish earlier, or the request left
-        k = self._heap[0][0] - self.D
+        heap = self._heap
+        while heap and not (
+            heap[0][2].state == _RUNNING and heap[0][2].d_finish == heap[0][0]
+        ):  # _live_entry
+            heapq.heappop(heap)  # stale: an abort moved the finish earlier, or the request left
+        k = heap[0][0] - self.D
         k = min(k, (self.kv_capacity - self.kv_used) // batch)
         if self.waiting:
             k = min(k, self.s.replan_iterations)
@@ -413,9 +423,10 @@ class SimReplica:
         self.kv_used += len(self.running) * k
         self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - NEW_TOKEN_RATIO_DECAY * k)
         heap = self._heap
-        while heap and heap[0][0] <= self.D:
+        D = self.D
+        while heap and heap[0][0] <= D:
             d, _, req = heapq.heappop(heap)
-            if _live_entry((d, 0, req)):
+            if req.state == _RUNNING and req.d_finish == d:  # _live_entry
                 self._finish_running(req, now)
 
     # --------------------------------------------------------------- prefill
