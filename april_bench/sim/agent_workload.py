@@ -97,7 +97,12 @@ class _Slots:
     """The sandbox's slots: ``asyncio.Semaphore`` as CPython 3.11 has it (FIFO waiters; a woken waiter
     wakes the next one if a slot is still free), plus :meth:`acquire_then`, which takes a slot in the
     loop passes in which a task awaiting :meth:`acquire` would, and then calls a function instead of
-    resuming a task (the simulator's hot path: :meth:`ToolSandbox.step_then`)."""
+    resuming a task (the simulator's hot path: :meth:`ToolSandbox.step_then`).
+
+    ``acquire``, ``release`` and ``_wake_up_next`` follow CPython 3.11's ``asyncio.locks.Semaphore``
+    (PSF licence) step for step, on purpose: the slots must wake waiters in the passes 3.11's did, on
+    every Python version, or the simulated schedule (and the committed paper table) would move with the
+    interpreter."""
 
     __slots__ = ("_value", "_waiters")
 
