@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from april_bench.models.packing import pack_lanes, pack_rows, pack_shared
+from april_bench.models.packing import SharedPacked, pack_lanes, pack_rows, pack_shared
 from april_bench.models.zoo import build_model
 from april_bench.tasks.synthetic import CharTokenizer, SyntheticTask
 from april_bench.tasks.warmstart import WarmStart
@@ -276,3 +276,167 @@ def test_an_on_policy_step_takes_the_old_log_probs_from_its_own_forward() -> Non
     gap = (expected - rows.behaviour).abs()[rows.mask > 0]
     assert result.metrics["engine_logprob_gap_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
     assert result.metrics["engine_logprob_gap_max"] == pytest.approx(float(gap.max()), rel=1e-5)
+
+
+def _loop_pack_shared(
+    rows: torch.Tensor, lengths: list[int], prefixes: list[int], groups: list[int], *, pad_id: int
+) -> SharedPacked:
+    """pack_shared as it was written first, one tensor write per row (33bdf37): the reference the
+    vectorized one must reproduce exactly."""
+    table = rows.cpu()
+    count = len(lengths)
+    width = max(lengths, default=1)
+    members: dict[int, list[int]] = {}
+    for r in range(count):
+        members.setdefault(groups[r], []).append(r)
+    share = [0] * count  # the prefix each row shares (0: packed whole)
+    for rs in members.values():
+        prefix = prefixes[rs[0]]
+        if len(rs) == 1 or prefix <= 0 or any(prefixes[r] != prefix or lengths[r] <= prefix for r in rs):
+            continue
+        head = table[rs[0], :prefix]
+        if any(not torch.equal(table[r, :prefix], head) for r in rs[1:]):
+            continue  # not one prompt after all: each row keeps its own
+        for r in rs:
+            share[r] = prefix
+    # lanes: each a dict segment key -> rows (insertion ordered); a shared group's key is its group
+    lanes: list[dict[tuple[int, int], list[int]]] = []
+    room: list[int] = []
+    for r in sorted(range(count), key=lambda i: -(lengths[i] - share[i])):
+        key = (0, groups[r]) if share[r] else (1, r)
+        for lane, free in enumerate(room):
+            need = lengths[r] - share[r] if key in lanes[lane] else lengths[r]
+            if free >= need:
+                lanes[lane].setdefault(key, []).append(r)
+                room[lane] -= need
+                break
+        else:
+            lanes.append({key: [r]})
+            room.append(width - lengths[r])
+    ids = torch.full((len(lanes), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(lanes), width), dtype=torch.long)
+    # tokens attend within one segment (seg) and, past the prefix, within one branch (0: the prefix)
+    seg = torch.empty((len(lanes), width), dtype=torch.long)
+    branch = torch.ones((len(lanes), width), dtype=torch.long)
+    index = torch.zeros((count, width), dtype=torch.long)
+    label = 0
+    for lane, segments in enumerate(lanes):
+        offset = 0
+        flat = lane * width
+        for rs in segments.values():
+            prefix = share[rs[0]]
+            size = prefix + sum(lengths[r] - prefix for r in rs)
+            seg[lane, offset : offset + size] = label
+            label += 1
+            if prefix:
+                ids[lane, offset : offset + prefix] = table[rs[0], :prefix]
+                positions[lane, offset : offset + prefix] = torch.arange(prefix)
+                branch[lane, offset : offset + prefix] = 0
+                index[rs, :prefix] = flat + offset + torch.arange(prefix)
+                offset += prefix
+            for b, r in enumerate(rs):
+                n = lengths[r] - prefix
+                ids[lane, offset : offset + n] = table[r, prefix : lengths[r]]
+                positions[lane, offset : offset + n] = torch.arange(prefix, lengths[r])
+                branch[lane, offset : offset + n] = b + 1 if prefix else 0
+                index[r, prefix : lengths[r]] = flat + offset + torch.arange(n)
+                offset += n
+        tail = width - offset  # unused: each pad token a segment of its own (it attends to itself)
+        seg[lane, offset:] = torch.arange(label, label + tail)
+        label += tail
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    same = seg[:, :, None] == seg[:, None, :]
+    kin = (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
+    mask = (same & kin & causal)[:, None]
+    device = rows.device
+    return SharedPacked(ids.to(device), positions.to(device), mask.to(device), index.to(device))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_vectorized_shared_packing_is_the_row_by_row_one(seed: int) -> None:
+    """Random groups (shared prompts, a group whose prompts differ, rows without a prompt, single
+    rows, a row that is its prompt): the same ids, positions, mask and read-back index, element by
+    element."""
+    rng = random.Random(seed)
+    rows: list[list[int]] = []
+    prefixes: list[int] = []
+    groups: list[int] = []
+    for group in range(rng.randint(1, 9)):
+        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(0, 6))]
+        differ = rng.random() < 0.2
+        for _ in range(rng.randint(1, 5)):
+            head = list(prompt)
+            if differ and head:
+                head[rng.randrange(len(head))] = rng.randrange(1, VOCAB)
+            rows.append(head + [rng.randrange(1, VOCAB) for _ in range(rng.choice([0, 1, 3, 9, 20]))] or [1])
+            prefixes.append(len(prompt))
+            groups.append(group)
+    ids, lengths = _padded(rows)
+    got = pack_shared(ids, lengths, prefixes, groups, pad_id=0)
+    want = _loop_pack_shared(ids, lengths, prefixes, groups, pad_id=0)
+    for name in ("ids", "positions", "mask", "index"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def _loop_rows(trainer: TorchTrainer, batch: list[Group]) -> tuple[torch.Tensor, ...]:
+    """The trainer's row tensors as its _rows wrote them first, one row at a time (33bdf37)."""
+    samples = [s for g in batch for s in g.samples]
+    width = max(s.prompt.length + s.response_len for s in samples)
+    size = (len(samples), width)
+    ids = torch.full(size, trainer.config.pad_token_id, dtype=torch.long)
+    attention = torch.zeros(size, dtype=torch.long)
+    mask = torch.zeros(len(samples), width - 1)
+    behaviour = torch.zeros(len(samples), width - 1)
+    versions = torch.full((len(samples), width - 1), -1, dtype=torch.long)
+    for row, s in enumerate(samples):
+        assert s.prompt.token_ids is not None
+        prompt, response = s.prompt.length, s.response_len
+        ids[row, : prompt + response] = torch.tensor([*s.prompt.token_ids, *s.response_ids()])
+        attention[row, : prompt + response] = 1
+        span = slice(prompt - 1, prompt - 1 + response)
+        mask[row, span] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float)
+        if response:
+            behaviour[row, span] = torch.tensor(s.response_logprobs())
+            versions[row, span] = torch.tensor(s.token_versions())
+    return ids, attention, mask, behaviour, versions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_trainers_rows_are_built_as_row_by_row(seed: int) -> None:
+    """Rows of several groups: responses of several policy versions, an empty response, an
+    episode's loss mask with observation tokens: the same tensors, element by element."""
+    rng = random.Random(seed)
+    trainer = TorchTrainer.Config(pad_token_id=0).build(module=build_model("tiny", vocab_size=VOCAB))
+    batch = []
+    for uid in range(rng.randint(1, 5)):
+        prompt_ids = tuple(rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 7)))
+        group = Group.fresh(
+            Prompt(uid=uid, source_id=f"p{uid}", length=len(prompt_ids), token_ids=prompt_ids),
+            rng.randint(1, 4),
+        )
+        for sample in group.samples:
+            for version in range(rng.randint(1, 3)):
+                n = rng.choice([0, 1, 4, 12])
+                ids = tuple(rng.randrange(1, VOCAB) for _ in range(n))
+                observation = rng.random() < 0.2
+                sample.append(
+                    Segment(
+                        f"r{uid}",
+                        version,
+                        n,
+                        FinishReason.STOP,
+                        0,
+                        ids,
+                        tuple(-rng.random() for _ in ids),
+                        observation=observation,
+                    )
+                )
+            sample.reward = float(rng.random() < 0.5)
+        batch.append(group)
+    rows = trainer._rows(batch)
+    want = _loop_rows(trainer, batch)
+    for name, tensor in zip(("ids", "attention", "mask", "behaviour", "versions"), want, strict=True):
+        assert torch.equal(getattr(rows, name), tensor), name
+    samples = [s for g in batch for s in g.samples]
+    assert rows.lengths == [s.prompt.length + s.response_len for s in samples]
+    assert rows.prompts == [s.prompt.length for s in samples]

@@ -122,8 +122,7 @@ def pack_shared(
         prefix = prefixes[rs[0]]
         if len(rs) == 1 or prefix <= 0 or any(prefixes[r] != prefix or lengths[r] <= prefix for r in rs):
             continue
-        head = table[rs[0], :prefix]
-        if any(not torch.equal(table[r, :prefix], head) for r in rs[1:]):
+        if not bool((table[rs, :prefix] == table[rs[0], :prefix]).all()):
             continue  # not one prompt after all: each row keeps its own
         for r in rs:
             share[r] = prefix
@@ -141,40 +140,64 @@ def pack_shared(
         else:
             lanes.append({key: [r]})
             room.append(width - lengths[r])
-    ids = torch.full((len(lanes), width), pad_id, dtype=torch.long)
-    positions = torch.zeros((len(lanes), width), dtype=torch.long)
-    # tokens attend within one segment (seg) and, past the prefix, within one branch (0: the prefix)
-    seg = torch.empty((len(lanes), width), dtype=torch.long)
-    branch = torch.ones((len(lanes), width), dtype=torch.long)
-    index = torch.zeros((count, width), dtype=torch.long)
-    label = 0
+    # Each placed run of tokens (a piece: a prefix copy, or a row's own tokens) is one entry here, and
+    # the token-level tensors are filled from them in a few vectorized steps (a loop of tensor writes
+    # per row cost about as much as the model's forward on the embedded default).  A piece: its source
+    # row and first column, its length, the flat index (into ids.view(-1)) of its first token, its
+    # segment and its branch (tokens attend within one segment and, past the prefix, within one
+    # branch; 0: the prefix).  ``reads``: where each row's tokens are read back, (row, first column,
+    # length, flat index of the first).
+    pieces: list[tuple[int, int, int, int, int, int]] = []
+    reads: list[tuple[int, int, int, int]] = []
+    segment = 0
     for lane, segments in enumerate(lanes):
-        offset = 0
-        flat = lane * width
+        offset = lane * width
         for rs in segments.values():
             prefix = share[rs[0]]
-            size = prefix + sum(lengths[r] - prefix for r in rs)
-            seg[lane, offset : offset + size] = label
-            label += 1
             if prefix:
-                ids[lane, offset : offset + prefix] = table[rs[0], :prefix]
-                positions[lane, offset : offset + prefix] = torch.arange(prefix)
-                branch[lane, offset : offset + prefix] = 0
-                index[rs, :prefix] = flat + offset + torch.arange(prefix)
+                pieces.append((rs[0], 0, prefix, offset, segment, 0))
+                reads.extend((r, 0, prefix, offset) for r in rs)
                 offset += prefix
             for b, r in enumerate(rs):
                 n = lengths[r] - prefix
-                ids[lane, offset : offset + n] = table[r, prefix : lengths[r]]
-                positions[lane, offset : offset + n] = torch.arange(prefix, lengths[r])
-                branch[lane, offset : offset + n] = b + 1 if prefix else 0
-                index[r, prefix : lengths[r]] = flat + offset + torch.arange(n)
+                pieces.append((r, prefix, n, offset, segment, b + 1 if prefix else 0))
+                reads.append((r, prefix, n, offset))
                 offset += n
-        tail = width - offset  # unused: each pad token a segment of its own (it attends to itself)
-        seg[lane, offset:] = torch.arange(label, label + tail)
-        label += tail
+            segment += 1
+    src_row, src_col, size, dest, label, branch_of = torch.tensor(pieces, dtype=torch.long).view(-1, 6).T
+    within = _within(size)
+    at = dest.repeat_interleave(size) + within
+    col = src_col.repeat_interleave(size) + within
+    cells = len(lanes) * width
+    ids = torch.full((cells,), pad_id, dtype=torch.long)
+    ids[at] = table[src_row.repeat_interleave(size), col]
+    positions = torch.zeros(cells, dtype=torch.long)
+    positions[at] = col  # a suffix's positions continue its prefix's
+    seg = -1 - torch.arange(cells)  # an unused cell: a pad token, a segment of its own (it sees itself)
+    seg[at] = label.repeat_interleave(size)
+    branch = torch.ones(cells, dtype=torch.long)
+    branch[at] = branch_of.repeat_interleave(size)
+    row, first, size, dest = torch.tensor(reads, dtype=torch.long).view(-1, 4).T
+    within = _within(size)
+    index = torch.zeros(count * width, dtype=torch.long)
+    index[(row * width + first).repeat_interleave(size) + within] = dest.repeat_interleave(size) + within
+    lanes_of = (len(lanes), width)
+    ids, positions, seg, branch = (
+        ids.view(lanes_of),
+        positions.view(lanes_of),
+        seg.view(lanes_of),
+        branch.view(lanes_of),
+    )
+    index = index.view(count, width)
     causal = torch.ones((width, width), dtype=torch.bool).tril()
     same = seg[:, :, None] == seg[:, None, :]
     kin = (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
     mask = (same & kin & causal)[:, None]
     device = rows.device
     return SharedPacked(ids.to(device), positions.to(device), mask.to(device), index.to(device))
+
+
+def _within(sizes: torch.Tensor) -> torch.Tensor:
+    """``0 .. sizes[i] - 1`` for each ``i``, concatenated."""
+    starts = sizes.cumsum(0) - sizes
+    return torch.arange(int(sizes.sum())) - starts.repeat_interleave(sizes)

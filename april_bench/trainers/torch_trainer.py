@@ -447,26 +447,48 @@ class TorchTrainer(Configurable):
                     for part, size in zip(rewards.split(sizes), sizes, strict=True)
                 ]
             )
-        width = max(s.prompt.length + s.response_len for s in samples)
-        size = (len(samples), width)
-        ids = torch.full(size, self.config.pad_token_id, dtype=torch.long)
-        attention = torch.zeros(size, dtype=torch.long)
-        mask = torch.zeros(len(samples), width - 1)
-        behaviour = torch.zeros(len(samples), width - 1)
-        versions = torch.full((len(samples), width - 1), -1, dtype=torch.long)
-        for row, s in enumerate(samples):
+        prompts = [s.prompt.length for s in samples]
+        if min(prompts) < 1:
+            raise ValueError("the torch trainer needs a prompt of at least one token before each response")
+        responses = [s.response_len for s in samples]
+        width = max(p + r for p, r in zip(prompts, responses, strict=True))
+        tokens: list[int] = []
+        targets: list[float] = []  # the loss mask of each response token
+        logprobs: list[float] = []
+        versions_of: list[int] = []
+        for s in samples:
             if s.prompt.token_ids is None:
                 raise ValueError(
                     "the torch trainer needs token ids; this sample came from a token-free engine"
                 )
-            prompt, response = s.prompt.length, s.response_len
-            ids[row, : prompt + response] = torch.tensor([*s.prompt.token_ids, *s.response_ids()])
-            attention[row, : prompt + response] = 1
-            span = slice(prompt - 1, prompt - 1 + response)  # targets are shifted by one
-            mask[row, span] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float)
-            if response:
-                behaviour[row, span] = torch.tensor(s.response_logprobs())
-                versions[row, span] = torch.tensor(s.token_versions())
+            tokens += s.prompt.token_ids
+            tokens += s.response_ids()
+            targets += [1.0] * s.response_len if s.loss_mask is None else s.loss_mask
+            if s.response_len:
+                logprobs += s.response_logprobs()
+                versions_of += s.token_versions()
+        # every row's tokens at once: row r's token j at r * width + j, its response's targets
+        # (shifted by one) at r * (width - 1) + prompt - 1 + j
+        count = len(samples)
+        length = torch.tensor([p + r for p, r in zip(prompts, responses, strict=True)])
+        response = torch.tensor(responses)
+        at = torch.arange(count).repeat_interleave(length) * width + _within(length)
+        span = (torch.arange(count) * (width - 1) + torch.tensor(prompts) - 1).repeat_interleave(
+            response
+        ) + _within(response)
+        ids = torch.full((count * width,), self.config.pad_token_id, dtype=torch.long)
+        ids[at] = torch.tensor(tokens, dtype=torch.long)
+        attention = torch.zeros(count * width, dtype=torch.long)
+        attention[at] = 1
+        mask = torch.zeros(count * (width - 1))
+        mask[span] = torch.tensor(targets, dtype=torch.float)
+        behaviour = torch.zeros(count * (width - 1))
+        behaviour[span] = torch.tensor(logprobs, dtype=torch.float)
+        versions = torch.full((count * (width - 1),), -1, dtype=torch.long)
+        versions[span] = torch.tensor(versions_of, dtype=torch.long)
+        ids, attention = ids.view(count, width), attention.view(count, width)
+        mask, behaviour = mask.view(count, width - 1), behaviour.view(count, width - 1)
+        versions = versions.view(count, width - 1)
         return _Rows(
             ids=ids.to(self.device),
             attention=attention.to(self.device),
@@ -474,10 +496,16 @@ class TorchTrainer(Configurable):
             behaviour=behaviour.to(self.device),
             versions=versions.to(self.device),
             advantages=advantages.to(self.device, torch.float32),
-            lengths=[s.prompt.length + s.response_len for s in samples],
-            prompts=[s.prompt.length for s in samples],
+            lengths=length.tolist(),
+            prompts=prompts,
             groups=[g for g, size in enumerate(sizes) for _ in range(size)],
         )
+
+
+def _within(sizes: torch.Tensor) -> torch.Tensor:
+    """``0 .. sizes[i] - 1`` for each ``i``, concatenated."""
+    starts = sizes.cumsum(0) - sizes
+    return torch.arange(int(sizes.sum())) - starts.repeat_interleave(sizes)
 
 
 def _as_float(value: torch.Tensor | float) -> float:
