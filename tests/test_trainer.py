@@ -248,3 +248,73 @@ def test_activation_checkpointing_and_bf16_keep_the_gradient() -> None:
         dim=0,
     )
     assert cosine > 0.9  # bf16 rounding moves the gradient, not its direction
+
+
+def _with_unanimous_groups() -> list[Group]:
+    """The mixed batch and two groups whose rewards are all equal (advantage 0 for every sample)."""
+    same = [[(1, [7, 8, 9][: 1 + i % 3])] for i in range(4)]
+    return [*_mixed_batch(), _group(3, same, [1.0] * 4), _group(4, same[::-1], [0.0] * 4)]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "off_policy", "micro"),
+    [
+        ("grpo", "as-is", None),
+        ("dapo", "as-is", None),
+        ("gspo", "as-is", None),
+        ("grpo", "mask", 14),
+        ("dapo", "tis", None),
+        ("dapo", "as-is", 14),
+    ],
+)
+def test_zero_advantage_rows_run_forward_only_with_the_same_gradient_and_metrics(
+    algorithm: str, off_policy: str, micro: int | None
+) -> None:
+    """Their loss is 0 times a ratio: skipping their backward leaves the gradient as it was (float
+    sums in another order), and their forward still counts in every metric."""
+    batch = _with_unanimous_groups()
+    settings = {
+        "algorithm": algorithm,
+        "off_policy": off_policy,
+        "grad_clip": 1e9,
+        "max_tokens_per_micro_batch": micro,
+    }
+    full, full_metrics = _gradients(_trainer(**settings, zero_advantage_forward_only=False), batch)
+    split_trainer = _trainer(**settings)
+    with_grad: list[tuple[list[float], bool]] = []
+    logprobs = split_trainer._logprobs
+
+    def spy(model: torch.nn.Module, rows, index: torch.Tensor, width: int):  # type: ignore[no-untyped-def]
+        with_grad.append((rows.advantages[index].tolist(), torch.is_grad_enabled()))
+        return logprobs(model, rows, index, width)
+
+    split_trainer._logprobs = spy  # type: ignore[method-assign]
+    split, split_metrics = _gradients(split_trainer, batch)
+    assert any(not grad for _, grad in with_grad)
+    for advantages, grad in with_grad:  # rows of advantage 0, and only they, ran without autograd
+        assert all((a == 0) != grad for a in advantages)
+    assert full.keys() == split.keys()
+    for name, grad in full.items():
+        torch.testing.assert_close(split[name], grad, rtol=1e-4, atol=1e-7)
+    assert split_metrics.keys() == full_metrics.keys()
+    for key, value in full_metrics.items():
+        assert split_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_a_mini_batch_of_zero_advantages_still_steps_the_optimizer() -> None:
+    """No row needs a backward: the gradients are zeros, as the backward would have left them, and
+    AdamW still moves the weights along its momentum."""
+    unanimous = _with_unanimous_groups()[3:]
+    weights = []
+    for forward_only in (False, True):
+        trainer = _trainer(zero_advantage_forward_only=forward_only)
+        asyncio.run(trainer.train(_mixed_batch(), step=0, policy_version=0))
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        metrics = asyncio.run(trainer.train(unanimous, step=1, policy_version=1)).metrics
+        assert metrics["grad_norm"] == 0.0
+        assert all(float(p.grad.abs().max()) == 0 for p in trainer.model.parameters() if p.grad is not None)
+        moved = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        assert any(not torch.equal(moved[n], before[n]) for n in moved)
+        weights.append(moved)
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=0, atol=0)

@@ -161,6 +161,8 @@ class FSDPTrainer(Configurable):
 class _RankTrainer(TorchTrainer):
     """The torch trainer on a disjoint share of every mini-batch, with FSDP-averaged gradients."""
 
+    _splits_rows = False  # every rank runs the same passes (collectives)
+
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(TorchTrainer.Config):
         """The torch trainer's options (a rank is built directly, with a ``TorchTrainer.Config``)."""

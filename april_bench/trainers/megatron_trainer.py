@@ -273,6 +273,8 @@ def pad_vocab(weights: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.T
 class _McoreRank(TorchTrainer):
     """The torch trainer on a megatron-core model: whole batch on every tensor-parallel rank."""
 
+    _splits_rows = False  # every rank runs the same passes (collectives)
+
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(TorchTrainer.Config):
         """The torch trainer's options (a rank is built directly, with a ``TorchTrainer.Config``)."""

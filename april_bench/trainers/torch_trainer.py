@@ -85,6 +85,10 @@ _SCALED_METRICS = ("loss", "pg_loss", "kl")
 class TorchTrainer(Configurable):
     """Updates its own copy of the policy; the engine gets the weights after every step."""
 
+    #: Whether ``zero_advantage_forward_only`` may split a micro-batch: not on a rank whose forward
+    #: and backward passes are collectives every rank must join in step (FSDP, megatron-core).
+    _splits_rows = True
+
     @dataclass(kw_only=True, slots=True, frozen=True)
     class Config(BaseConfig):
         algorithm: str = param("grpo", help="loss preset: grpo, dapo or gspo")
@@ -123,6 +127,11 @@ class TorchTrainer(Configurable):
             True,
             help="with pack: compute each group's prompt once per lane for all its samples (each "
             "response attends to it and to itself): the same log-probs and gradients for fewer tokens",
+        )
+        zero_advantage_forward_only: bool = param(
+            True,
+            help="rows of advantage 0 (no KL term) run forward only, without autograd: their loss has "
+            "no gradient, so the same gradients and metrics for less work",
         )
         bf16: bool = param(False, help="bf16 autocast of forward and backward (weights and AdamW stay fp32)")
         activation_checkpointing: bool = param(
@@ -246,11 +255,12 @@ class TorchTrainer(Configurable):
         totals: dict[str, float] = {}
         weights: dict[str, float] = {}
         scale = self._gradient_scale()
-        for micro in self._micro_batches(rows, self._local(part)):
+        backward = False
+        for micro, grad in self._with_gradient(rows, self._micro_batches(rows, self._local(part))):
             index = torch.tensor(micro, device=self.device)
             width = max(rows.lengths[i] for i in micro) - 1  # targets of the longest row
             mask = rows.mask[index, :width]
-            with self._autocast():
+            with self._autocast(), torch.set_grad_enabled(grad):
                 logp, entropy = self._logprobs(self.model, rows, index, width)
             if old is None:
                 current = logp.detach()
@@ -269,7 +279,9 @@ class TorchTrainer(Configurable):
             )
             # exact accumulation: this micro-batch's aggregate times its share of the units
             share = self._loss_units(rows, micro, policy_version) / max(units, 1)
-            (loss * (share * scale)).backward()
+            if grad:
+                (loss * (share * scale)).backward()
+                backward = True
             tokens = float((mask != 0).sum())
             kept = float((self._loss_mask(mask, rows.versions[index, :width], policy_version) != 0).sum())
             stats = {**stats, "loss": float(loss.detach())}
@@ -279,6 +291,10 @@ class TorchTrainer(Configurable):
                 weight = share if key in _SCALED_METRICS else (kept if key == "clipfrac" else tokens)
                 totals[key] = totals.get(key, 0.0) + value * weight
                 weights[key] = weights.get(key, 0.0) + weight
+        if not backward:  # every row forward only: the zero gradients a backward would have left
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         norm = self._clip_gradients()
         self.optimizer.step()
         totals, weights = self._reduce(totals, weights)
@@ -293,6 +309,32 @@ class TorchTrainer(Configurable):
         if not self.config.bf16:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def _with_gradient(
+        self, rows: _Rows, micro_batches: Iterator[list[int]]
+    ) -> Iterator[tuple[list[int], bool]]:
+        """Each micro-batch and whether it needs a backward pass.  With ``zero_advantage_forward_only``
+        (and no KL term), a micro-batch's rows of advantage 0 (a GRPO group whose rewards are all
+        equal) come as a micro-batch of their own, run without autograd: their loss terms are
+        ``0 * ratio`` and have no gradient, so the backward pass is skipped for them, while their
+        forward still gives the metrics (log-probs, entropy, the engine gap) as before."""
+        split = (
+            self.config.zero_advantage_forward_only
+            and self._splits_rows
+            and self.reference is None
+            and self.loss_config.kl_coef == 0
+        )
+        for micro in micro_batches:
+            if not split:
+                yield micro, True
+                continue
+            zero = (rows.advantages[torch.tensor(micro, device=self.device)] == 0).tolist()
+            live = [i for i, z in zip(micro, zero, strict=True) if not z]
+            idle = [i for i, z in zip(micro, zero, strict=True) if z]
+            if live:
+                yield live, True
+            if idle:
+                yield idle, False
 
     def _micro_batches(self, rows: _Rows, indices: list[int]) -> Iterator[list[int]]:
         """Micro-batches of ``indices`` (row numbers) within ``max_tokens_per_micro_batch``."""
