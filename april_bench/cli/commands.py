@@ -25,8 +25,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     """A new run into ``--out``, or ``--resume DIR``: one call into the runner, then the tables and a JSON
     line when it completed (the exit code says how it ended)."""
     from april_bench import runner
+    from april_bench.allocator import tune_allocator
     from april_bench.cli.args import check_resume_flags, config_from_args
 
+    tune_allocator()  # glibc keeps the steps' buffers mapped (APRIL_BENCH_MALLOC=default: not)
     if args.resume is not None:
         out = Path(args.resume).expanduser()
         check_resume_flags(args, lambda: runner.stored_config(out))  # a resume runs with its own config

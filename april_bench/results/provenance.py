@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from april_bench.allocator import allocator_state
 from april_bench.machine import detect_accelerators, installed_engines
 from april_bench.redact import is_secret_env, redact
 from april_bench.telemetry.gpu_facts import gpu_info
@@ -79,8 +80,21 @@ _ENV_NAMES = (
     "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA",
     "MKL_ENABLE_INSTRUCTIONS",
+    "APRIL_BENCH_MALLOC",
+    "GLIBC_TUNABLES",
 )
-_ENV_PREFIXES = ("CUDA_", "VLLM_", "SGLANG_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "KMP_", "RAY_")
+_ENV_PREFIXES = (
+    "MALLOC_",
+    "CUDA_",
+    "VLLM_",
+    "SGLANG_",
+    "NCCL_",
+    "TORCH_",
+    "PYTORCH_",
+    "CUBLAS_",
+    "KMP_",
+    "RAY_",
+)
 
 
 #: The simcheck validation log: one line appended per simcheck run (april_bench.simcheck).
@@ -303,6 +317,7 @@ def collect_provenance(
         },
         "command": redact([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "environment": result_environment(),
+        "allocator": allocator_state(),
         "metadata": dict(metadata or {}),
         "notes": notes or [],
     }
