@@ -9,7 +9,8 @@ Per rollout step (slime's recipe):
    unless the step is one optimizer step over one epoch, where the old policy
    *is* the current one: its log-probs are then taken, detached, from the
    training forward itself (the same numbers, a third less work);
-4. for each epoch and mini-batch: log-probs with grad, the algorithm's loss
+4. for each epoch and mini-batch: log-probs with grad (rows of advantage 0,
+   whose loss has no gradient, forward only: ``zero_advantage_forward_only``), the algorithm's loss
    (:func:`april_bench.algorithms.losses.policy_loss`) with the chosen
    off-policy treatment of tokens from older policies (``as-is`` as in the
    paper, ``mask``, or ``tis`` against the engine's behaviour log-probs),
