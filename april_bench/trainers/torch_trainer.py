@@ -315,15 +315,16 @@ class TorchTrainer(Configurable):
         self, rows: _Rows, micro_batches: Iterator[list[int]]
     ) -> Iterator[tuple[list[int], bool]]:
         """Each micro-batch and whether it needs a backward pass.  With ``zero_advantage_forward_only``
-        (and no KL term), a micro-batch's rows of advantage 0 (a GRPO group whose rewards are all
-        equal) come as a micro-batch of their own, run without autograd: their loss terms are
-        ``0 * ratio`` and have no gradient, so the backward pass is skipped for them, while their
-        forward still gives the metrics (log-probs, entropy, the engine gap) as before."""
+        (and no KL term or entropy bonus), a micro-batch's rows of advantage 0 (a GRPO group whose
+        rewards are all equal) come as a micro-batch of their own, run without autograd: their loss
+        terms are ``0 * ratio`` and have no gradient, so the backward pass is skipped for them, while
+        their forward still gives the metrics (log-probs, entropy, the engine gap) as before."""
         split = (
             self.config.zero_advantage_forward_only
             and self._splits_rows
             and self.reference is None
             and self.loss_config.kl_coef == 0
+            and self.loss_config.entropy_coef == 0  # an entropy bonus has a gradient at advantage 0
         )
         for micro in micro_batches:
             if not split:
