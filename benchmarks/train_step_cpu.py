@@ -1,7 +1,7 @@
-"""The embedded default's training step on this CPU: CPU time per train call and lane tokens, in three
+"""The embedded default's training step on this CPU: CPU time per train call and lane tokens, in four
 settings alternated in one process: each group's prompt packed with every sample (``share_prompts``
-off), shared, and shared with the rows of advantage 0 run forward only (``zero_advantage_forward_only``,
-the default).
+off), shared, and shared with the rows of advantage 0 run forward only or not computed
+(``zero_advantage=forward`` and ``skip``, the default; the first two settings train them).
 
 The batches are the synthetic task's own worked answers (16 groups x 8 samples, the embedded
 default's shape; each sample a worked answer to its group's prompt, a few tokens longer or shorter),
@@ -24,6 +24,7 @@ import os
 import random
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ def batch(
         group = Group.fresh(
             Prompt(uid=uid, source_id=f"p{uid}", length=len(prompt_ids), token_ids=prompt_ids), samples
         )
-        solve = 0.0 if rng.random() < unsolved else 0.3
+        solve = 0.0 if unsolved and rng.random() < unsolved else 0.3  # --unsolved 0: the batches of old
         for sample in group.samples:
             ids = tuple(answer[: max(1, len(answer) + rng.randint(-3, 3))])
             sample.append(
@@ -57,10 +58,11 @@ def batch(
 
 
 #: The settings compared: name -> the trainer's options.
-ARMS: dict[str, dict[str, bool]] = {
-    "share_prompts=false": {"share_prompts": False, "zero_advantage_forward_only": False},
-    "share_prompts=true": {"share_prompts": True, "zero_advantage_forward_only": False},
-    "+zero_advantage_forward_only": {"share_prompts": True, "zero_advantage_forward_only": True},
+ARMS: dict[str, dict[str, Any]] = {
+    "share_prompts=false": {"share_prompts": False, "zero_advantage": "train"},
+    "share_prompts=true": {"share_prompts": True, "zero_advantage": "train"},
+    "+zero_advantage=forward": {"share_prompts": True, "zero_advantage": "forward"},
+    "+zero_advantage=skip": {"share_prompts": True, "zero_advantage": "skip"},
 }
 
 
@@ -96,7 +98,7 @@ def main() -> None:
             keep = [
                 i
                 for i in range(len(rows.lengths))
-                if not options["zero_advantage_forward_only"] or float(rows.advantages[i]) != 0
+                if options["zero_advantage"] == "train" or float(rows.advantages[i]) != 0
             ]
             if not keep:
                 continue

@@ -256,22 +256,37 @@ def _with_unanimous_groups() -> list[Group]:
     return [*_mixed_batch(), _group(3, same, [1.0] * 4), _group(4, same[::-1], [0.0] * 4)]
 
 
-@pytest.mark.parametrize(
-    ("algorithm", "off_policy", "micro"),
-    [
-        ("grpo", "as-is", None),
-        ("dapo", "as-is", None),
-        ("gspo", "as-is", None),
-        ("grpo", "mask", 14),
-        ("dapo", "tis", None),
-        ("dapo", "as-is", 14),
-    ],
-)
-def test_zero_advantage_rows_run_forward_only_with_the_same_gradient_and_metrics(
-    algorithm: str, off_policy: str, micro: int | None
+_ZERO_CASES = [
+    ("grpo", "as-is", None),
+    ("dapo", "as-is", None),
+    ("gspo", "as-is", None),
+    ("grpo", "mask", 14),
+    ("dapo", "tis", None),
+    ("dapo", "as-is", 14),
+]
+
+
+def _spied(trainer: TorchTrainer) -> list[tuple[list[float], bool]]:
+    """The advantages of the rows of each forward the trainer runs, and whether autograd was on."""
+    calls: list[tuple[list[float], bool]] = []
+    logprobs = trainer._logprobs
+
+    def spy(model: torch.nn.Module, rows, index: torch.Tensor, width: int):  # type: ignore[no-untyped-def]
+        calls.append((rows.advantages[index].tolist(), torch.is_grad_enabled()))
+        return logprobs(model, rows, index, width)
+
+    trainer._logprobs = spy  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["forward", "skip"])
+@pytest.mark.parametrize(("algorithm", "off_policy", "micro"), _ZERO_CASES)
+def test_zero_advantage_rows_leave_the_gradient_as_it_was(
+    mode: str, algorithm: str, off_policy: str, micro: int | None
 ) -> None:
-    """Their loss is 0 times a ratio: skipping their backward leaves the gradient as it was (float
-    sums in another order), and their forward still counts in every metric."""
+    """Their loss is 0 times a ratio: computing them forward only, or not at all, leaves the gradient
+    as it was (float sums in another order).  Forward only, they still count in every metric;
+    skipped, the metrics cover the trained rows (the engine gap fewer tokens)."""
     batch = _with_unanimous_groups()
     settings = {
         "algorithm": algorithm,
@@ -279,42 +294,50 @@ def test_zero_advantage_rows_run_forward_only_with_the_same_gradient_and_metrics
         "grad_clip": 1e9,
         "max_tokens_per_micro_batch": micro,
     }
-    full, full_metrics = _gradients(_trainer(**settings, zero_advantage_forward_only=False), batch)
-    split_trainer = _trainer(**settings)
-    with_grad: list[tuple[list[float], bool]] = []
-    logprobs = split_trainer._logprobs
-
-    def spy(model: torch.nn.Module, rows, index: torch.Tensor, width: int):  # type: ignore[no-untyped-def]
-        with_grad.append((rows.advantages[index].tolist(), torch.is_grad_enabled()))
-        return logprobs(model, rows, index, width)
-
-    split_trainer._logprobs = spy  # type: ignore[method-assign]
-    split, split_metrics = _gradients(split_trainer, batch)
-    assert any(not grad for _, grad in with_grad)
-    for advantages, grad in with_grad:  # rows of advantage 0, and only they, ran without autograd
+    full, full_metrics = _gradients(_trainer(**settings, zero_advantage="train"), batch)
+    trainer = _trainer(**settings, zero_advantage=mode)
+    calls = _spied(trainer)
+    split, split_metrics = _gradients(trainer, batch)
+    assert any(a == 0 for advantages, _ in calls for a in advantages) == (mode == "forward")
+    for advantages, grad in calls:  # rows of advantage 0, and only they, ran without autograd
         assert all((a == 0) != grad for a in advantages)
     assert full.keys() == split.keys()
     for name, grad in full.items():
         torch.testing.assert_close(split[name], grad, rtol=1e-4, atol=1e-7)
     assert split_metrics.keys() == full_metrics.keys()
-    for key, value in full_metrics.items():
-        assert split_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    same = full_metrics.keys() if mode == "forward" else {"loss", "pg_loss", "kl", "grad_norm", "reward_mean"}
+    for key in same:
+        assert split_metrics[key] == pytest.approx(full_metrics[key], rel=1e-4, abs=1e-6), key
+    if mode == "skip":  # the unanimous groups' 8 rows: 1, 2, 3 and 1 tokens each of version 1, 14 fewer
+        assert split_metrics["engine_logprob_tokens"] == full_metrics["engine_logprob_tokens"] - 14
 
 
-def test_a_mini_batch_of_zero_advantages_still_steps_the_optimizer() -> None:
-    """No row needs a backward: the gradients are zeros, as the backward would have left them, and
-    AdamW still moves the weights along its momentum."""
+@pytest.mark.parametrize("mode", ["forward", "skip"])
+def test_a_mini_batch_of_zero_advantages_still_steps_the_optimizer(mode: str) -> None:
+    """No row has a gradient: they run forward only (so the step has its metrics), the gradients are
+    the zeros a backward would have left, and AdamW still moves the weights along its momentum."""
     unanimous = _with_unanimous_groups()[3:]
     weights = []
-    for forward_only in (False, True):
-        trainer = _trainer(zero_advantage_forward_only=forward_only)
+    metrics = []
+    for setting in ("train", mode):
+        trainer = _trainer(zero_advantage=setting)
         asyncio.run(trainer.train(_mixed_batch(), step=0, policy_version=0))
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        metrics = asyncio.run(trainer.train(unanimous, step=1, policy_version=1)).metrics
-        assert metrics["grad_norm"] == 0.0
+        calls = _spied(trainer)
+        metrics.append(asyncio.run(trainer.train(unanimous, step=1, policy_version=1)).metrics)
+        assert calls and all(grad == (setting == "train") for _, grad in calls)
+        assert metrics[-1]["grad_norm"] == 0.0
         assert all(float(p.grad.abs().max()) == 0 for p in trainer.model.parameters() if p.grad is not None)
         moved = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         assert any(not torch.equal(moved[n], before[n]) for n in moved)
         weights.append(moved)
     for name, value in weights[0].items():
         torch.testing.assert_close(weights[1][name], value, rtol=0, atol=0)
+    assert metrics[1] == pytest.approx(metrics[0], rel=1e-5, abs=1e-7)
+
+
+def test_zero_advantage_takes_one_of_its_modes() -> None:
+    from april_bench.config import ConfigError
+
+    with pytest.raises(ConfigError, match="skip, forward, train"):
+        TorchTrainer.Config(zero_advantage="drop")

@@ -10,7 +10,7 @@ Per rollout step (slime's recipe):
    *is* the current one: its log-probs are then taken, detached, from the
    training forward itself (the same numbers, a third less work);
 4. for each epoch and mini-batch: log-probs with grad (rows of advantage 0,
-   whose loss has no gradient, forward only: ``zero_advantage_forward_only``), the algorithm's loss
+   whose loss has no gradient, are not computed: ``zero_advantage``), the algorithm's loss
    (:func:`april_bench.algorithms.losses.policy_loss`) with the chosen
    off-policy treatment of tokens from older policies (``as-is`` as in the
    paper, ``mask``, or ``tis`` against the engine's behaviour log-probs),
@@ -77,6 +77,8 @@ class _Rows:
     groups: list[int]  # the group of each row (its index in the batch)
 
 
+#: What the trainer does with the rows of advantage 0 (``TorchTrainer.Config.zero_advantage``).
+ZERO_ADVANTAGE = ("skip", "forward", "train")
 #: Share of the device's memory the estimate may fill (the rest: CUDA context, fragmentation).
 USABLE_MEMORY_FRACTION = 0.9
 #: Metrics summed with each micro-batch's loss share; the others are averaged over its tokens.
@@ -86,8 +88,8 @@ _SCALED_METRICS = ("loss", "pg_loss", "kl")
 class TorchTrainer(Configurable):
     """Updates its own copy of the policy; the engine gets the weights after every step."""
 
-    #: Whether ``zero_advantage_forward_only`` may split a micro-batch: not on a rank whose forward
-    #: and backward passes are collectives every rank must join in step (FSDP, megatron-core).
+    #: Whether ``zero_advantage`` may take rows out of a micro-batch: not on a rank whose forward and
+    #: backward passes are collectives every rank must join in step (FSDP, megatron-core).
     _splits_rows = True
 
     @dataclass(kw_only=True, slots=True, frozen=True)
@@ -129,10 +131,11 @@ class TorchTrainer(Configurable):
             help="with pack: compute each group's prompt once per lane for all its samples (each "
             "response attends to it and to itself): the same log-probs and gradients for fewer tokens",
         )
-        zero_advantage_forward_only: bool = param(
-            True,
-            help="rows of advantage 0 (no KL term) run forward only, without autograd: their loss has "
-            "no gradient, so the same gradients and metrics for less work",
+        zero_advantage: str = param(
+            "skip",
+            help="rows of advantage 0, whose loss has no gradient (without a KL term or entropy bonus): "
+            "skip (not computed: the same gradients, the metrics over the trained rows), forward "
+            "(forward only, without autograd: the same gradients and metrics) or train (as any row)",
         )
         bf16: bool = param(False, help="bf16 autocast of forward and backward (weights and AdamW stay fp32)")
         activation_checkpointing: bool = param(
@@ -148,6 +151,10 @@ class TorchTrainer(Configurable):
                 raise ConfigError("mini_batches and epochs must be >= 1 and lr > 0")
             if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
                 raise ConfigError("max_tokens_per_micro_batch must be >= 1 (or unset: the whole mini-batch)")
+            if self.zero_advantage not in ZERO_ADVANTAGE:
+                raise ConfigError(
+                    f"zero_advantage must be one of {', '.join(ZERO_ADVANTAGE)}, got {self.zero_advantage!r}"
+                )
             if self.logprob_chunk_tokens < 1:
                 raise ConfigError("logprob_chunk_tokens must be >= 1")
             if self.memory_budget_gib is not None and self.memory_budget_gib < 0:
@@ -257,7 +264,7 @@ class TorchTrainer(Configurable):
         weights: dict[str, float] = {}
         scale = self._gradient_scale()
         backward = False
-        for micro, grad in self._with_gradient(rows, self._micro_batches(rows, self._local(part))):
+        for micro, grad in self._with_gradient(rows, self._micro_batches(rows, self._local(part)), part):
             index = torch.tensor(micro, device=self.device)
             width = max(rows.lengths[i] for i in micro) - 1  # targets of the longest row
             mask = rows.mask[index, :width]
@@ -292,7 +299,7 @@ class TorchTrainer(Configurable):
                 weight = share if key in _SCALED_METRICS else (kept if key == "clipfrac" else tokens)
                 totals[key] = totals.get(key, 0.0) + value * weight
                 weights[key] = weights.get(key, 0.0) + weight
-        if not backward:  # every row forward only: the zero gradients a backward would have left
+        if not backward:  # no row had a gradient: the zeros a backward would have left
             for p in self.model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
@@ -312,27 +319,43 @@ class TorchTrainer(Configurable):
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def _with_gradient(
-        self, rows: _Rows, micro_batches: Iterator[list[int]]
+        self, rows: _Rows, micro_batches: Iterator[list[int]], part: list[int]
     ) -> Iterator[tuple[list[int], bool]]:
-        """Each micro-batch and whether it needs a backward pass.  With ``zero_advantage_forward_only``
-        (and no KL term or entropy bonus), a micro-batch's rows of advantage 0 (a GRPO group whose
-        rewards are all equal) come as a micro-batch of their own, run without autograd: their loss
-        terms are ``0 * ratio`` and have no gradient, so the backward pass is skipped for them, while
-        their forward still gives the metrics (log-probs, entropy, the engine gap) as before."""
-        split = (
-            self.config.zero_advantage_forward_only
-            and self._splits_rows
-            and self.reference is None
-            and self.loss_config.kl_coef == 0
-            and self.loss_config.entropy_coef == 0  # an entropy bonus has a gradient at advantage 0
-        )
-        for micro in micro_batches:
-            if not split:
+        """Each micro-batch to compute and whether it needs a backward pass.  A row of advantage 0 (a
+        GRPO group whose rewards are all equal) has loss terms ``0 * ratio``, without gradient when
+        there is no KL term or entropy bonus; ``zero_advantage`` says what becomes of it: ``train``,
+        computed as any row; ``forward``, computed in a micro-batch of its own without autograd (no
+        backward pass; its forward still counts in every metric); ``skip``, not computed at all (it
+        still counts in the loss's denominator, so the gradient is the same; the metrics cover the
+        trained rows).  A mini-batch whose every row has advantage 0 runs them forward only, so its
+        metrics are there."""
+        mode = self.config.zero_advantage
+        if (
+            mode == "train"
+            or not self._splits_rows
+            or self.reference is not None
+            or self.loss_config.kl_coef != 0
+            or self.loss_config.entropy_coef != 0  # an entropy bonus has a gradient at advantage 0
+        ):
+            for micro in micro_batches:
                 yield micro, True
-                continue
-            zero = (rows.advantages[torch.tensor(micro, device=self.device)] == 0).tolist()
-            live = [i for i, z in zip(micro, zero, strict=True) if not z]
-            idle = [i for i, z in zip(micro, zero, strict=True) if z]
+            return
+        zero = set(
+            i
+            for i, a in zip(
+                part, rows.advantages[torch.tensor(part, device=self.device)].tolist(), strict=True
+            )
+            if a == 0
+        )
+        if mode == "skip" and len(zero) < len(part):
+            for micro in micro_batches:
+                live = [i for i in micro if i not in zero]
+                if live:
+                    yield live, True
+            return
+        for micro in micro_batches:
+            live = [i for i in micro if i not in zero]
+            idle = [i for i in micro if i in zero]
             if live:
                 yield live, True
             if idle:
