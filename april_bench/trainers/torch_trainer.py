@@ -340,13 +340,8 @@ class TorchTrainer(Configurable):
             for micro in micro_batches:
                 yield micro, True
             return
-        zero = set(
-            i
-            for i, a in zip(
-                part, rows.advantages[torch.tensor(part, device=self.device)].tolist(), strict=True
-            )
-            if a == 0
-        )
+        advantages = rows.advantages[torch.tensor(part, device=self.device)].tolist()
+        zero = {i for i, a in zip(part, advantages, strict=True) if a == 0}
         if mode == "skip" and len(zero) < len(part):
             for micro in micro_batches:
                 live = [i for i in micro if i not in zero]
