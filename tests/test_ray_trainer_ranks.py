@@ -35,7 +35,10 @@ def test_two_fsdp_rank_actors_on_two_nodes_match_the_one_process_trainer(
     from april_bench.trainers.ray_ranks import RayRanks
 
     start = _start()
-    single = TorchTrainer.Config(device="cpu", algorithm="grpo").build(module=_module(start))
+    # the ranks compute every row (zero_advantage=train: their passes are collectives), as does this one
+    single = TorchTrainer.Config(device="cpu", algorithm="grpo", zero_advantage="train").build(
+        module=_module(start)
+    )
     expected = _run(single, steps=2)
     launcher = RayRanks(num_cpus=1, placement="STRICT_SPREAD", timeout_s=300)
     fsdp = FSDPTrainer.Config(device="cpu", world_size=2, algorithm="grpo").build(
@@ -67,7 +70,9 @@ def test_two_megatron_rank_actors_on_two_nodes_match_the_one_process_trainer(ray
 
     start = _start()
     options: dict[str, Any] = {"algorithm": "dapo", "mini_batches": 2, "lr": 3e-3}
-    single = TorchTrainer.Config(device="cpu", **options).build(module=_module(start))
+    single = TorchTrainer.Config(device="cpu", zero_advantage="train", **options).build(  # type: ignore[arg-type]
+        module=_module(start)
+    )
     expected = _run(single, steps=2)
     launcher = RayRanks(num_cpus=1, placement="STRICT_SPREAD", timeout_s=300)
     megatron = MegatronTrainer.Config(device="cpu", tp=2, **options).build(
