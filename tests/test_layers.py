@@ -237,15 +237,15 @@ def _within(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-#: The helpers that sit with the facts: whole-file I/O, bounded reading, redaction, torch threads and
-#: hub model ids.
+#: The helpers that sit with the facts: whole-file I/O, bounded reading, redaction, torch threads, the
+#: C allocator's thresholds, hub model ids and the weight group.
 HELPERS: tuple[str, ...] = (
     "april_bench.fsio",
     "april_bench.bounded",
     "april_bench.redact",
     "april_bench.threads",
 )
-HELPERS += ("april_bench.hub", "april_bench.collective")
+HELPERS += ("april_bench.allocator", "april_bench.hub", "april_bench.collective")
 #: The protocols every layer above implements or calls.
 PROTOCOLS: tuple[str, ...] = (
     "april_bench.engines.protocol",
