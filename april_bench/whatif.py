@@ -325,7 +325,7 @@ def _workable_segment(
     from april_bench import runner
     from april_bench.zoo import draw_groups, fit_segments, segment_fit_rows
 
-    rollout = config.rollout_config()
+    rollout = components.rollout  # the loop's settings, resolved once with the components
     target, limit = rollout.rollout_batch_size, rollout.max_response_len
     cap = rollout.max_groups_per_step or 16 * rollout.over_sampling_batch_size
     draws = draw_groups(

@@ -388,11 +388,12 @@ def _workable_segments(
     from april_bench import runner
     from april_bench.zoo import draw_groups, fit_segments, segment_fit_rows
 
-    rollout = base.rollout_config()  # the filter as the algorithm sets it
+    components = runner.prepare(base.replace(strategies=("sync",), baseline=None))
+    rollout = components.rollout  # as every session gets it: the filter as the algorithm sets it
     target = rollout.rollout_batch_size
     cap = rollout.max_groups_per_step or 16 * rollout.over_sampling_batch_size
     draws = draw_groups(
-        runner.prepare(base.replace(strategies=("sync",), baseline=None)).workload,
+        components.workload,
         groups=cap,
         n_samples=rollout.n_samples_per_prompt,
         max_response_len=rollout.max_response_len,
