@@ -107,8 +107,6 @@ class Sample:
     abort_count: int = 0
     #: Aborts since the sample last (re)started from its prompt: what staleness caps look at.
     aborts_since_restart: int = 0
-    #: Per-response-token loss mask; ``None`` means every response token is trained.
-    loss_mask: list[int] | None = None
     #: Tokens generated for this sample and thrown away by a restart (never trained).
     discarded_tokens: int = 0
     response_len: int = 0
@@ -123,11 +121,8 @@ class Sample:
 
     def append(self, segment: Segment) -> None:
         """Add what one engine request (or, for an observation, the environment) returned and update
-        the status.  An observation's tokens get loss-mask 0, every generated token 1."""
-        if segment.observation or self.loss_mask is not None:
-            if self.loss_mask is None:
-                self.loss_mask = [1] * self.response_len
-            self.loss_mask += [0 if segment.observation else 1] * segment.num_tokens
+        the status.  An observation's tokens get loss-mask 0, every generated token 1
+        (:attr:`loss_mask`, derived from the segments when read)."""
         if segment.num_tokens or not self.segments or segment.observation:  # an observation marks a turn
             self.segments.append(segment)
         self.response_len += segment.num_tokens
@@ -144,11 +139,23 @@ class Sample:
         self.response_len = 0
         self.status = SampleStatus.PENDING
         self.reward = None
-        self.loss_mask = None
         self.start_step = None
         self.aborts_since_restart = 0
         self.env_state = None  # the episode starts over: the environment is reset at the next launch
         return dropped
+
+    @property
+    def loss_mask(self) -> list[int] | None:
+        """Per-response-token loss mask: 0 on an environment's tokens, 1 on generated ones; ``None``
+        when every response token is trained (no observation).  Derived from the segments (every
+        token of the response is in one), not kept: a simulated episode appends a turn per request,
+        and a list kept token by token cost more than the rest of the append."""
+        if not any(s.observation for s in self.segments):
+            return None
+        mask: list[int] = []
+        for s in self.segments:
+            mask += [0 if s.observation else 1] * s.num_tokens
+        return mask
 
     @property
     def has_tokens(self) -> bool:

@@ -25,11 +25,14 @@ from array import array
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from april_bench.quantiles import quantile
 from april_bench.results.episodes import EpisodeTotals
 from april_bench.results.faults import FAULT_KINDS, FaultCounts
+
+if TYPE_CHECKING:
+    from april_bench.results.records import RequestRecord
 
 __all__ = ["EXACT_LATENCIES", "WORK_FIELDS", "LatencyValues", "SummaryAccumulator"]
 
@@ -229,37 +232,83 @@ class SummaryAccumulator:
 
     # ----------------------------------------------------------------- rows
     def _request(self, r: Row) -> None:
-        arm = self._arm(r["arm"])
-        out = int(r.get("output_len", 0))  # hand-written rows may carry only what a test needs
-        prefix = int(r.get("prefix_len", 0))
+        self._request_values(
+            r["arm"],
+            int(r.get("output_len", 0)),  # hand-written rows may carry only what a test needs
+            int(r.get("prefix_len", 0)),
+            r.get("repeat", 0),
+            r.get("group_uid"),
+            r.get("sample_index"),
+            int(r.get("prompt_len", 0)),
+            r["finish_reason"],
+            r["step"],
+            r.get("t_submit"),
+            r.get("t_first_token"),
+            r["t_done"],
+        )
+
+    def add_request(self, r: RequestRecord) -> None:
+        """A request row given as its record: what :meth:`add` does with ``as_row(r)``, without
+        building the row (one per simulated request, where nothing writes it out)."""
+        self._request_values(
+            r.arm,
+            r.output_len,
+            r.prefix_len,
+            r.repeat,
+            r.group_uid,
+            r.sample_index,
+            r.prompt_len,
+            r.finish_reason,
+            r.step,
+            r.t_submit,
+            r.t_first_token,
+            r.t_done,
+        )
+
+    def _request_values(
+        self,
+        arm_name: str,
+        out: int,
+        prefix: int,
+        repeat: int,
+        group_uid: int | None,
+        sample_index: int | None,
+        prompt_len: int,
+        finish_reason: str,
+        step: int,
+        t_submit: float | None,
+        t_first_token: float | None,
+        t_done: float,
+    ) -> None:
+        arm = self._arm(arm_name)
         arm.generated += out
-        key = (r.get("repeat", 0), r.get("group_uid"), r.get("sample_index"))
+        key = (repeat, group_uid, sample_index)
         if prefix and key in arm.last_output:  # slime/APRIL's definition (see summary.py)
             arm.reference_off += arm.last_output[key]
         arm.last_output[key] = out
-        input_len = int(r.get("prompt_len", 0)) + prefix
+        input_len = prompt_len + prefix
         arm.prefilled += input_len
         if prefix > 0:
             arm.resumed += 1
             arm.reprefilled += input_len
             arm.reprefilled_partial += prefix
-        if r["finish_reason"] == "abort":
+        if finish_reason == "abort":
             return
-        step_key = (r.get("repeat", 0), r["step"])
+        step_key = (repeat, step)
         times = arm.open_steps.get(step_key)
         if times is None:
             times = arm.open_steps[step_key] = array("d")
-        times.append(r["t_done"])
-        if r.get("t_submit") is None:
+        times.append(t_done)
+        if t_submit is None:
             return
-        lat = self._latency.get(r["arm"])
+        lat = self._latency.get(arm_name)
         if lat is None:
-            lat = self._latency[r["arm"]] = {name: LatencyValues() for name in ("ttft_s", "tpot_s", "e2e_s")}
-        lat["e2e_s"].add(r["t_done"] - r["t_submit"])
-        if r.get("t_first_token") is not None:
-            lat["ttft_s"].add(r["t_first_token"] - r["t_submit"])
+            lat = self._latency[arm_name] = {name: LatencyValues() for name in ("ttft_s", "tpot_s", "e2e_s")}
+        lat["e2e_s"].add(t_done - t_submit)
+        if t_first_token is not None:
+            lat["ttft_s"].add(t_first_token - t_submit)
             if out > 1:
-                lat["tpot_s"].add((r["t_done"] - r["t_first_token"]) / (out - 1))
+                lat["tpot_s"].add((t_done - t_first_token) / (out - 1))
 
     def _sample(self, s: Row) -> None:
         arm = self._arm(s["arm"])

@@ -39,7 +39,7 @@ def _sample_to_dict(s: Sample) -> dict[str, Any]:
         "start_step": s.start_step,
         "abort_count": s.abort_count,
         "aborts_since_restart": s.aborts_since_restart,
-        "loss_mask": s.loss_mask,
+        "loss_mask": s.loss_mask,  # for readers of the file: a loaded sample derives it from its segments
         "discarded_tokens": s.discarded_tokens,
         "segments": [
             {
@@ -93,7 +93,6 @@ def _sample_from_dict(data: dict[str, Any], prompt: Prompt) -> Sample:
         start_step=data["start_step"],
         abort_count=data["abort_count"],
         aborts_since_restart=data["aborts_since_restart"],
-        loss_mask=data["loss_mask"],
         discarded_tokens=data["discarded_tokens"],
         response_len=sum(seg.num_tokens for seg in segments),
         env_state=data.get("env_state"),
