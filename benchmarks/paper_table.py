@@ -164,10 +164,10 @@ def simulate_agent(
     }
 
 
-Job = tuple[Callable[..., dict[str, Any]], tuple[Any, ...], dict[str, Any]]
+Job = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
-def _call(job: Job) -> dict[str, Any]:
+def _call(job: Job) -> Any:
     function, args, kwargs = job
     return function(*args, **kwargs)
 
@@ -181,7 +181,7 @@ def _weight(job: Job) -> float:
     return 1.0
 
 
-def _map(jobs: Sequence[Job], workers: int) -> list[dict[str, Any]]:
+def _map(jobs: Sequence[Job], workers: int) -> list[Any]:
     """Every job's result, in the jobs' order; a job equal to an earlier one is simulated once (the
     DAPO row on MI300X is a cell of the table and a sensitivity case).  ``workers`` > 1: in that many
     processes, the costliest jobs started first so that no process is left with a long one at the end;
@@ -836,17 +836,21 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    # Every cell of every section in one pool, so that the cores stay busy to the end; each section
-    # reads its results back in its own order.
+    # Every cell of every section in one pool, the two fits included, so that the cores stay busy to
+    # the end; each section reads its results back in its own order.
     ranges, cases = _open_range_cells(), _mechanism_cases()
+    fits: list[Job] = [(calibration, (), {}), (drift, (), {})]
     sections = [
         table_jobs(args.steps),
         _open_range_jobs(ranges, args.steps),
         _mechanism_jobs(cases, args.steps),
         agent_jobs(args.steps),
+        fits,
     ]
     results = iter(_map([job for section in sections for job in section], args.jobs))
-    rows, range_rows, case_rows, agent_rows = ([next(results) for _ in section] for section in sections)
+    rows, range_rows, case_rows, agent_rows, (calibrated, drifted) = (
+        [next(results) for _ in section] for section in sections
+    )
     evidence = MODEL_LENGTHS["qwen3-4b"]
     result = {
         "result_kind": "simulated",
@@ -872,8 +876,8 @@ def main() -> None:
         "mechanisms": _mechanism_rows(cases, case_rows),
         "agent_setting": asdict(AGENT_ROW) | {"sources": dict(AGENT_ROW.sources)},
         "agent_row": agent_rows,
-        "calibration": calibration(),
-        "drift": drift(),
+        "calibration": calibrated,
+        "drift": drifted,
     }
     text = render(result)
     args.out.mkdir(parents=True, exist_ok=True)
