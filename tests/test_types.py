@@ -83,3 +83,19 @@ def test_segment_and_prompt_validate_lengths() -> None:
         )
     with pytest.raises(ValueError):
         Prompt(uid=0, source_id="p", length=2, token_ids=(1, 2, 3))
+
+
+def test_loss_mask_masks_observations_across_empty_aborts_and_restarts() -> None:
+    sample = Sample(prompt=Prompt(uid=0, source_id="p", length=1), index=0)
+    sample.append(_seg(0, 3))
+    assert sample.loss_mask is None  # no observation: every response token is trained
+    observation = Segment("obs-1", 0, 2, FinishReason.STOP, 0, (7, 8), (0.0, 0.0), observation=True)
+    sample.append(observation)
+    sample.append(_seg(1, 0))  # an abort with no tokens: no segment, no mask entry
+    sample.append(_seg(1, 2, FinishReason.STOP))
+    assert sample.loss_mask == [1, 1, 1, 0, 0, 1, 1]
+    assert len(sample.loss_mask) == sample.response_len
+    sample.restart()
+    assert sample.loss_mask is None
+    sample.append(observation)
+    assert sample.loss_mask == [0, 0]
