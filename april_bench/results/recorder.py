@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from april_bench.results.accumulate import SummaryAccumulator
-from april_bench.results.records import TABLES, Fate, RequestRecord, SampleRecord, TraceRecord, as_row
+from april_bench.results.records import TABLES, Fate, SampleRecord, TraceRecord, as_row
 from april_bench.results.summary import summarize, summary_of
 from april_bench.types import Group, Sample, SampleStatus
 
@@ -48,7 +48,7 @@ class RunRecorder:
         table = _TABLE_OF[type(record)]
         if table in self.kept:
             self.tables[table].append(record)
-        if self.sink is None and table == "requests" and type(record) is RequestRecord:
+        if self.sink is None and table == "requests":  # the table says the type: a RequestRecord
             self._accumulator.add_request(record)  # no row to write: none built
             return
         row = as_row(record)
