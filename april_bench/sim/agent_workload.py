@@ -198,15 +198,23 @@ class ToolSandbox:
         )
 
     def replay_len(self, state: Mapping[str, Any]) -> int | None:
-        ends, turn = self._plan(state).turn_ends, int(state["turn"])
-        return int(state["done_len"]) + ends[turn] - (ends[turn - 1] if turn else 0)
+        return self._turn(state)[2]
+
+    def _turn(self, state: Mapping[str, Any]) -> tuple[EpisodePlan, int, int]:
+        """The episode's plan, the turn now, and the response's length once this turn is generated."""
+        plan, turn = self._plan(state), int(state["turn"])
+        ends = plan.turn_ends
+        return plan, turn, int(state["done_len"]) + ends[turn] - (ends[turn - 1] if turn else 0)
+
+    @staticmethod
+    def _final(state: Mapping[str, Any], turn: int, done_len: int) -> EnvStep:
+        """The answer turn's step: no call, the episode is done (graded by the length workload)."""
+        return EnvStep((), {**state, "turn": turn + 1, "done_len": done_len}, done=True)
 
     async def step(self, state: Mapping[str, Any], action: Sequence[int]) -> EnvStep:
-        plan, turn = self._plan(state), int(state["turn"])
-        generated = plan.turn_ends[turn] - (plan.turn_ends[turn - 1] if turn else 0)
-        done_len = int(state["done_len"]) + generated
-        if turn + 1 == len(plan.turn_ends):  # the answer: graded by the length workload
-            return EnvStep((), {**state, "turn": turn + 1, "done_len": done_len}, done=True)
+        plan, turn, done_len = self._turn(state)
+        if turn + 1 == len(plan.turn_ends):
+            return self._final(state, turn, done_len)
         async with self._slots_here():
             await asyncio.sleep(plan.latencies[turn])
         return self._observation(state, turn, plan, done_len)
@@ -221,11 +229,9 @@ class ToolSandbox:
         exception goes to ``then`` as the task's ``await`` would raise it.  The simulator's hot path
         (the rollout loop calls it for each tool call: :mod:`april_bench.rollout.episodes`)."""
         try:
-            plan, turn = self._plan(state), int(state["turn"])
-            generated = plan.turn_ends[turn] - (plan.turn_ends[turn - 1] if turn else 0)
-            done_len = int(state["done_len"]) + generated
+            plan, turn, done_len = self._turn(state)
             if turn + 1 == len(plan.turn_ends):
-                answer: Answer = EnvStep((), {**state, "turn": turn + 1, "done_len": done_len}, done=True)
+                answer: Answer = self._final(state, turn, done_len)
             else:
                 slots = self._slots_here()
                 slots.acquire_then(functools.partial(self._wait, slots, state, turn, plan, done_len, then))
