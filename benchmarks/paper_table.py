@@ -21,6 +21,9 @@ Every number is SIMULATED.  The simulator is deterministic, so the committed
 ``results/benchmarks/paper_table.json`` is reproduced exactly by
 
     python benchmarks/paper_table.py        # its cells in one process per usable core (--jobs N to change)
+
+``--timed`` prints the time it took; ``tox -e compiled`` runs it on the simulator's compiled core
+(about a quarter faster, the same bytes: docs/benchmarks.md, "The compiled core").
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ import argparse
 import copy
 import json
 import os
+import resource
+import sys
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
@@ -833,7 +839,14 @@ def main() -> None:
         default=_usable_cores(),
         help="simulate this many cells at once, in processes (same answer; default: the usable cores)",
     )
+    parser.add_argument(
+        "--timed",
+        action="store_true",
+        help="print the wall and CPU time the table took (its worker processes included), and whether "
+        "the simulator's core was compiled (april_bench/compiled.py), to stderr",
+    )
     args = parser.parse_args()
+    started = time.perf_counter()
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     # Every cell of every section in one pool, the two fits included, so that the cores stay busy to
@@ -884,6 +897,21 @@ def main() -> None:
     (args.out / "paper_table.json").write_text(json.dumps(result, indent=2, default=_json) + "\n")
     (args.out / "paper_table.md").write_text(text + "\n")
     print(text)
+    if args.timed:
+        print(_timing(time.perf_counter() - started, args.jobs), file=sys.stderr)
+
+
+def _timing(wall_s: float, jobs: int) -> str:
+    """The time the table took, for the ``--timed`` line (the pool's workers have exited: their CPU is
+    in this process's children's)."""
+    from april_bench.compiled import compiled_modules
+
+    cpu = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
+    core = "compiled" if all(compiled_modules().values()) else "pure Python"
+    return f"paper table: {wall_s:.1f} s wall, {cpu:.1f} s CPU, {jobs} processes, simulator core {core}"
 
 
 def _usable_cores() -> int:

@@ -38,12 +38,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "triton": None
         if importlib.util.find_spec("triton") and (has_gpu or os.environ.get("TRITON_INTERPRET") == "1")
         else "needs the triton package and a GPU, or TRITON_INTERPRET=1 (tox -e triton)",
+        "compiled": None
+        if os.environ.get("APRIL_BENCH_EXPECT_COMPILED") == "1" or _core_compiled()
+        else "needs the compiled core (tox -e compiled; april_bench/compiled.py)",
     }
     for item in items:
         for marker, reason in reasons.items():
             if reason and item.get_closest_marker(marker) is not None:  # not keywords: a checkout named
                 # "sglang" or "gpu" would put that word in every item's keywords
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _core_compiled() -> bool:
+    from april_bench.compiled import compiled_modules
+
+    return all(compiled_modules().values())
 
 
 @pytest.fixture(scope="session")

@@ -9,14 +9,14 @@ is given: a cancelled call then leaves the episode where it was.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from april_bench.types import Prompt
 from april_bench.workload import Workload
 
-__all__ = ["EnvStep", "Environment", "EpisodeWorkload"]
+__all__ = ["EnvStep", "Environment", "EpisodeWorkload", "ThenStep"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +59,13 @@ class EpisodeWorkload(Workload, Protocol):
     """A workload whose samples are episodes in ``environment``."""
 
     environment: Environment
+
+
+@runtime_checkable
+class ThenStep(Protocol):
+    """An environment that can answer through a continuation (``then(await step(...))`` in the same
+    loop passes, without a task): :meth:`~april_bench.sim.agent_workload.ToolSandbox.step_then`."""
+
+    def step_then(
+        self, state: Mapping[str, Any], action: Sequence[int], then: Callable[[EnvStep | Exception], None]
+    ) -> None: ...

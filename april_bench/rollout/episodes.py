@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from april_bench.envs.protocol import Environment, EnvStep
 from april_bench.rollout.step import InFlight, Pending, StepState
@@ -40,7 +40,6 @@ from april_bench.types import FinishReason, Sample, SampleStatus, Segment
 __all__ = [
     "EpisodeSettings",
     "Host",
-    "ThenStep",
     "awaits_answer",
     "begin",
     "call",
@@ -150,16 +149,6 @@ def _start(loop: Host, st: StepState, flight: InFlight, sample: Sample, key: str
     st.env_pending[key] = asyncio.ensure_future(_call(loop, st, flight, sample, key, priority))
 
 
-@runtime_checkable
-class ThenStep(Protocol):
-    """An environment that can answer through a continuation (``then(await step(...))`` in the same
-    loop passes, without a task): :meth:`~april_bench.sim.agent_workload.ToolSandbox.step_then`."""
-
-    def step_then(
-        self, state: Mapping[str, Any], action: Sequence[int], then: Callable[[EnvStep | Exception], None]
-    ) -> None: ...
-
-
 def _call_then(
     step_then: Callable[[Mapping[str, Any], Sequence[int], Callable[[EnvStep | Exception], None]], None],
     loop: Host,
@@ -170,7 +159,8 @@ def _call_then(
     priority: int,
     done: asyncio.Future[None],
 ) -> None:
-    """:func:`_call`'s first step, for an environment with ``step_then`` (:class:`ThenStep`)."""
+    """:func:`_call`'s first step, for an environment with ``step_then``
+    (:class:`~april_bench.envs.protocol.ThenStep`)."""
     assert sample.env_state is not None
     t0 = asyncio.get_running_loop().time()
     step_then(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from april_bench.algorithms.filters import keep_group
+from april_bench.compiled import mypyc_attr
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     ACCOUNTING,
@@ -75,6 +76,7 @@ __all__ = ["RolloutConfig", "RolloutLoop", "RolloutStalled", "StepOutcome"]
 MAX_REQUESTS_PER_WAVE = 1 << 20
 
 
+@mypyc_attr(native_class=False)  # compiled: its base is not (april_bench/compiled.py)
 class RolloutStalled(ConfigError):
     """A step cannot gather N groups (every group keeps failing the filter, or no group finishes).
 
@@ -89,6 +91,7 @@ class RolloutStalled(ConfigError):
         self.arm: str | None = None
 
 
+@mypyc_attr(native_class=False)  # compiled: its base is not (april_bench/compiled.py)
 @dataclass(kw_only=True, slots=True, frozen=True)
 class RolloutConfig(BaseConfig):
     rollout_batch_size: int = param(32, help="N: prompt groups trained per step")
@@ -159,6 +162,7 @@ class StepOutcome:
     record: StepRecord
 
 
+@mypyc_attr(native_class=False)  # compiled: its base is not (april_bench/compiled.py)
 class RolloutLoop(Configurable):
     """Runs rollout steps for one arm: one strategy, one engine, one workload."""
 

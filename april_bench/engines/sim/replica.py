@@ -446,7 +446,7 @@ class SimReplica:
         vllm = self.s.policy == "vllm"
         free: float
         if vllm:  # the running requests' decode takes a KV slot and a token of the step's budget each
-            free = self.kv_capacity - self.kv_used - len(self.running)
+            free = float(self.kv_capacity - self.kv_used - len(self.running))
             budget -= len(self.running)
         else:
             free = self.kv_capacity - self.kv_used - self._running_reserve()
