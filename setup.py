@@ -17,7 +17,8 @@ from setuptools import setup
 
 
 def _ext_modules() -> list:
-    if os.environ.get("APRIL_BENCH_COMPILE", "").strip().lower() not in ("1", "true", "yes"):
+    core = runpy.run_path(os.path.join("april_bench", "compiled.py"))
+    if not core["requested"](os.environ):
         return []
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
@@ -27,8 +28,7 @@ def _ext_modules() -> list:
         )
     from mypyc.build import mypycify
 
-    modules = runpy.run_path(os.path.join("april_bench", "compiled.py"))["MODULES"]
-    paths = [os.path.join(*path.split("/")) for path in modules]
+    paths = [os.path.join(*path.split("/")) for path in core["MODULES"]]
     # The build environment holds mypy alone: the third-party packages the modules reach (numpy,
     # torch) are not there (so the ignores their types need go unused), and these modules do not need them.
     return mypycify(["--ignore-missing-imports", "--no-warn-unused-ignores", *paths], opt_level="3")

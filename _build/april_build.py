@@ -4,6 +4,7 @@ for the compiled core (``setup.py``), so that a plain install downloads nothing 
 from __future__ import annotations
 
 import os
+import runpy
 from collections.abc import Callable
 from typing import Any
 
@@ -17,14 +18,14 @@ MYPYC = "mypy>=2.4,<3"
 def _requires(hook: Callable[[Any], list[str]], config_settings: Any) -> list[str]:
     """``hook``'s requirements, plus mypy when the compiled core is asked for.  setuptools' hook runs
     ``setup.py`` to collect them, before mypy is installed: it runs without the request."""
-    asked = os.environ.pop("APRIL_BENCH_COMPILE", None)
+    core = runpy.run_path(os.path.join("april_bench", "compiled.py"))
+    asked = os.environ.pop(core["VARIABLE"], None)
     try:
         requires = hook(config_settings)
     finally:
         if asked is not None:
-            os.environ["APRIL_BENCH_COMPILE"] = asked
-    wanted = (asked or "").strip().lower() in ("1", "true", "yes")
-    return [*requires, MYPYC] if wanted else requires
+            os.environ[core["VARIABLE"]] = asked
+    return [*requires, MYPYC] if core["requested"]({core["VARIABLE"]: asked or ""}) else requires
 
 
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:

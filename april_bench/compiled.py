@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+from collections.abc import Mapping
 from typing import Any
 
 try:  # mypy's own package (installed with mypy, so always where the core is compiled)
@@ -25,7 +26,11 @@ except ImportError:  # pure Python without mypy: the decorator marks nothing
         return lambda cls: cls
 
 
-__all__ = ["MODULES", "compiled_modules", "mypyc_attr"]
+__all__ = ["MODULES", "compiled_modules", "core_compiled", "mypyc_attr", "requested"]
+
+#: The environment variable that asks a build for the compiled core, and the values that mean yes.
+VARIABLE = "APRIL_BENCH_COMPILE"
+_YES = ("1", "true", "yes")
 
 #: The modules compiled, as paths from the repository's root (what mypyc takes).  A class whose base is
 #: not compiled (``Configurable``, ``ConfigError``) is marked ``@mypyc_attr(native_class=False)``: an
@@ -39,7 +44,16 @@ MODULES: tuple[str, ...] = (
     "april_bench/results/accumulate.py",
     "april_bench/types.py",
     "april_bench/rollout/loop.py",
+    "april_bench/rollout/step.py",
+    "april_bench/results/recorder.py",
+    "april_bench/engines/requests.py",
 )
+
+
+def requested(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` asks the build for the compiled core (``APRIL_BENCH_COMPILE=1``, ``true`` or
+    ``yes``): the one reading of the variable, shared by ``setup.py`` and the build backend."""
+    return environ.get(VARIABLE, "").strip().lower() in _YES
 
 
 def compiled_modules() -> dict[str, bool]:
@@ -48,3 +62,8 @@ def compiled_modules() -> dict[str, bool]:
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     names = [path.removesuffix(".py").replace("/", ".") for path in MODULES]
     return {name: str(importlib.import_module(name).__file__).endswith(suffixes) for name in names}
+
+
+def core_compiled() -> bool:
+    """Whether every module of the core was imported compiled (imports them)."""
+    return all(compiled_modules().values())

@@ -50,9 +50,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _core_compiled() -> bool:
-    from april_bench.compiled import compiled_modules
+    from april_bench.compiled import core_compiled
 
-    return all(compiled_modules().values())
+    return core_compiled()
 
 
 @pytest.fixture(scope="session")

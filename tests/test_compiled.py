@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from april_bench.compiled import MODULES, compiled_modules
+from april_bench.compiled import MODULES, VARIABLE, compiled_modules, core_compiled, requested
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,11 +47,30 @@ def test_every_listed_module_is_a_source_file_of_the_package() -> None:
 def test_the_core_is_compiled_whole_or_not_at_all() -> None:
     # a partial build (one module left pure by a failed compile) would run, but slower than claimed
     assert len(set(compiled_modules().values())) == 1, compiled_modules()
+    assert core_compiled() == all(compiled_modules().values())
+
+
+@pytest.mark.parametrize(
+    ("value", "asked"),
+    [("1", True), ("true", True), (" YES ", True), ("0", False), ("", False), ("no", False), (None, False)],
+)
+def test_what_asks_the_build_for_the_compiled_core(value: str | None, asked: bool) -> None:
+    # setup.py and the build backend (_build/april_build.py) both read the variable through requested()
+    environ = {} if value is None else {VARIABLE: value}
+    assert requested(environ) is asked
 
 
 @pytest.mark.compiled
 def test_the_core_is_compiled() -> None:
     assert all(compiled_modules().values()), compiled_modules()
+
+
+@pytest.mark.compiled
+def test_compiled_requests_and_completions_pickle_and_copy() -> None:
+    # compiled, a frozen dataclass is a native class: pickling it the default way fails
+    from test_requests import check_round_trips
+
+    check_round_trips()
 
 
 @pytest.mark.compiled

@@ -250,6 +250,7 @@ HELPERS += ("april_bench.allocator", "april_bench.hub", "april_bench.collective"
 #: The protocols every layer above implements or calls.
 PROTOCOLS: tuple[str, ...] = (
     "april_bench.engines.protocol",
+    "april_bench.engines.requests",  # the protocol's request and completion types (re-exported by it)
     "april_bench.trainers.protocol",
     "april_bench.workload",
 )

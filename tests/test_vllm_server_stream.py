@@ -12,8 +12,9 @@ import asyncio
 import json
 from typing import Any
 
-from april_bench.engines.protocol import FinishReason, GenerateRequest, SamplingParams
+from april_bench.engines.protocol import GenerateRequest, SamplingParams
 from april_bench.engines.vllm.server import VLLMServerEngine
+from april_bench.types import FinishReason
 
 
 class ScriptedServer:

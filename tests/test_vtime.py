@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from april_bench.vtime import SimulationDeadlock, run_virtual
+from april_bench.vtime import SimulationDeadlock, hops, run_virtual
 
 
 def test_virtual_clock_jumps_to_timers_in_order() -> None:
@@ -59,3 +60,40 @@ def test_an_interrupt_stays_an_interrupt_when_a_leftover_task_cannot_finish() ->
 
     with pytest.raises(KeyboardInterrupt):
         run_virtual(main())
+
+
+def _hop_order(run: Any) -> tuple[list[str], list[str]]:
+    """What ran in which order when hops and call_soon callbacks are mixed, and what the loop's
+    exception handler was given."""
+    order: list[str] = []
+    errors: list[str] = []
+
+    def broken() -> None:
+        raise ValueError("broken hop")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: errors.append(str(context["exception"])))
+        push = hops(loop)
+
+        def later(name: str) -> None:  # a callback that schedules more: they run in the next pass
+            order.append(name)
+            push((order.append, (name + "+hop",)))
+            loop.call_soon(order.append, name + "+soon")
+
+        push((later, ("a",)))
+        loop.call_soon(later, "b")
+        push((broken, ()))
+        push((later, ("c",)))
+        loop.call_later(0.01, push, (order.append, ("timer",)))
+        await asyncio.sleep(0.05)  # real seconds on the real loop
+
+    run(main())
+    return order, errors
+
+
+def test_a_hop_runs_where_call_soon_would_run_it_on_either_loop() -> None:
+    virtual = _hop_order(run_virtual)
+    real = _hop_order(asyncio.run)
+    expected = ["a", "b", "c", "a+hop", "a+soon", "b+hop", "b+soon", "c+hop", "c+soon", "timer"]
+    assert virtual == real == (expected, ["broken hop"])

@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable
 
 from april_bench.engines.protocol import Completion
+from april_bench.vtime import Hop, hops
 
 __all__ = ["CompletionStream"]
 
@@ -18,7 +19,7 @@ class CompletionStream:
     callback); the consumer iterates with ``async for``.
     """
 
-    __slots__ = ("_armed", "_consumer", "_error", "_expected", "_items", "_loop", "_waiter")
+    __slots__ = ("_armed", "_consumer", "_error", "_expected", "_hop", "_items", "_loop", "_waiter")
 
     def __init__(self, expected: int) -> None:
         self._expected = expected
@@ -31,6 +32,7 @@ class CompletionStream:
         ) = None
         self._armed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._hop: Callable[[Hop], None] | None = None  # consume(): the loop's hops()
 
     def fail(self, error: BaseException) -> None:
         """The engine broke: the consumer's next ``__anext__`` raises ``error``."""
@@ -44,8 +46,8 @@ class CompletionStream:
     def _wake(self) -> None:
         if self._armed:
             self._armed = False
-            assert self._loop is not None
-            self._loop.call_soon(self._step)  # where the waiter's set_result would wake the task
+            assert self._hop is not None
+            self._hop((self._step, ()))  # where the waiter's set_result would wake the task
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -60,9 +62,10 @@ class CompletionStream:
         once every expected completion was handed over, or at the error.  Use this or ``async for``,
         not both."""
         self._loop = asyncio.get_running_loop()
-        done = self._loop.create_future()
+        done: asyncio.Future[None] = asyncio.Future(loop=self._loop)  # loop.create_future(), a call less
         self._consumer = (on_item, on_error, done)
-        self._loop.call_soon(self._step)
+        self._hop = hops(self._loop)
+        self._hop((self._step, ()))
         return done
 
     def _step(self) -> None:

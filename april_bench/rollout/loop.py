@@ -52,8 +52,9 @@ from april_bench.results.recorder import RunRecorder
 from april_bench.results.records import Fate, RequestRecord, StepRecord
 from april_bench.rollout import episodes
 from april_bench.rollout.buffer import GroupBuffer
+from april_bench.rollout.progress import ProgressView
 from april_bench.rollout.state import group_from_dict, group_to_dict
-from april_bench.rollout.step import CarryOver, InFlight, Meter, Pending, ProgressView, StepState, step_record
+from april_bench.rollout.step import CarryOver, InFlight, Meter, Pending, StepState, step_record
 from april_bench.rollout.strategy import (
     BaseStrategy,
     Candidate,
@@ -243,7 +244,7 @@ class RolloutLoop(Configurable):
         if self.config.env_calls_at_stop == "cancel":
             episodes.cancel(st)  # calls out now, or started by a turn that ends during the abort
         abort_rounds = await self._stop(st) if st.pending else 0
-        await asyncio.gather(*st.pumps, *st.aborts)
+        await asyncio.gather(*_unsettled(st.pumps), *_unsettled(st.aborts))
         await episodes.drain(st)  # environment calls out at the stop finish or end cancelled (docs/agents.md)
         self._raise_if_failed(st)
         t_end = loop.time()
@@ -820,3 +821,9 @@ def _fresh_progress(prompt: Prompt, samples: int) -> GroupProgress:
         aborts=0,
         first_step=None,
     )
+
+
+def _unsettled(futures: list[Any]) -> list[Any]:
+    """The futures a gather still waits for or takes an error from: a step has a pump per request,
+    and most are done by the stop (a done one would add a callback, and nothing to wait for)."""
+    return [f for f in futures if not f.done() or f.cancelled() or f.exception() is not None]

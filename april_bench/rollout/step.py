@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from april_bench.engines.protocol import EngineWork, GenerateRequest
 from april_bench.results.records import StepRecord
-from april_bench.rollout.strategy import GroupProgress
 from april_bench.types import Group, Sample
 
-__all__ = ["CarryOver", "InFlight", "Pending", "ProgressView", "StepState", "step_record"]
+__all__ = ["CarryOver", "InFlight", "Meter", "Pending", "StepState", "step_record"]
 
 
 @dataclass(slots=True)
@@ -90,26 +88,6 @@ class StepState:
     env_cancelled: int = 0
     #: Set at the stop with ``env_calls_at_stop=cancel``: every call still out (or started later) ends.
     env_cancel: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class ProgressView(Mapping[int, GroupProgress]):
-    """In-flight groups' progress, computed only for the uids a strategy reads."""
-
-    __slots__ = ("_flights", "_now")
-
-    def __init__(self, flights: Mapping[int, InFlight], now: float) -> None:
-        self._flights = flights
-        self._now = now
-
-    def __getitem__(self, uid: int) -> GroupProgress:
-        flight = self._flights[uid]
-        return GroupProgress.of(flight.group, running_for_s=self._now - flight.t_launch)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(list(self._flights))
-
-    def __len__(self) -> int:
-        return len(self._flights)
 
 
 class Meter:

@@ -31,6 +31,7 @@ import numpy as np
 from april_bench.config import ConfigError
 from april_bench.envs.protocol import EnvStep
 from april_bench.types import Prompt, Sample
+from april_bench.vtime import hops
 from april_bench.workload import PromptStream
 
 __all__ = ["AGENT_ARGS", "AgentToolEpisodes", "EpisodePlan", "ToolSandbox", "ToolShape"]
@@ -141,7 +142,8 @@ class _Slots:
             self._value -= 1
             then()
             return
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        # the loop's create_future(), a call less (a call per tool call waits here)
+        fut: asyncio.Future[bool] = asyncio.Future(loop=asyncio.get_running_loop())
         self._waiters.append(fut)
         fut.add_done_callback(functools.partial(self._woken, then))
 
@@ -251,10 +253,11 @@ class ToolSandbox:
     ) -> None:
         resume = functools.partial(self._answered, slots, state, turn, plan, done_len, then)
         loop = asyncio.get_running_loop()
+        push = hops(loop)
         if plan.latencies[turn] <= 0:  # asyncio.sleep(0): the task yields for one pass
-            loop.call_soon(resume)
+            push((resume, ()))
         else:  # asyncio.sleep: a timer that sets a future, whose waiting task wakes in the next pass
-            loop.call_later(plan.latencies[turn], loop.call_soon, resume)
+            loop.call_later(plan.latencies[turn], push, (resume, ()))
 
     def _answered(
         self,

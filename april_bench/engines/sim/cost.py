@@ -112,6 +112,11 @@ class CostModel(DecodeCost):
     _mem_b: float = field(init=False, repr=False)
     _comp_per_seq: float = field(init=False, repr=False)
     _comp_b: float = field(init=False, repr=False)
+    #: The model's integers the prefill time reads (properties computed from its shape each time).
+    _weight_bytes: int = field(init=False, repr=False)
+    _kv_bytes: int = field(init=False, repr=False)
+    _token_flops: int = field(init=False, repr=False)
+    _pair_flops: int = field(init=False, repr=False)
     #: ``_linear_terms`` per batch size, computed once each (the terms depend on the batch alone).
     _terms: dict[int, tuple[float, float, float, float, float]] = field(
         init=False, repr=False, compare=False, default_factory=dict
@@ -131,6 +136,10 @@ class CostModel(DecodeCost):
         put(self, "_mem_b", m.kv_bytes_per_token / bw)
         put(self, "_comp_per_seq", m.flops_per_token / flops)
         put(self, "_comp_b", m.attention_flops_per_context_token / flops)
+        put(self, "_weight_bytes", m.decode_weight_bytes)
+        put(self, "_kv_bytes", m.kv_bytes_per_token)
+        put(self, "_token_flops", m.flops_per_token)
+        put(self, "_pair_flops", m.attention_flops_per_context_token)
 
     def _allreduce(self, tokens: int) -> float:
         if self.tp == 1:
@@ -184,7 +193,6 @@ class CostModel(DecodeCost):
     # -- prefill -------------------------------------------------------------
     def prefill_time(self, chunks: Iterable[tuple[int, int]]) -> float:
         """One extend batch; each chunk is (tokens already in the KV cache, new tokens)."""
-        m = self.model
         tokens = 0
         attn_pairs = 0.0
         kv_read = 0
@@ -194,8 +202,8 @@ class CostModel(DecodeCost):
             kv_read += offset + n
         if tokens == 0:
             return 0.0
-        mem = (m.decode_weight_bytes + kv_read * m.kv_bytes_per_token) / self._bw
-        comp = (m.flops_per_token * tokens + m.attention_flops_per_context_token * attn_pairs) / self._flops
+        mem = (self._weight_bytes + kv_read * self._kv_bytes) / self._bw
+        comp = (self._token_flops * tokens + self._pair_flops * attn_pairs) / self._flops
         hw = self.hardware
         work = max(mem, comp) if hw.overlap else mem + comp
         return hw.step_overhead_s + hw.eager_overhead_s + work + self._allreduce(tokens)

@@ -38,9 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from april_bench.engines.protocol import Completion, EngineError, GenerateRequest
 from april_bench.engines.sim.cost import CostModel, iterations_within
@@ -48,6 +51,7 @@ from april_bench.engines.sim.cost_curve import MeasuredCost
 from april_bench.engines.sim.speculative import SpeculativeCost
 from april_bench.engines.stream import CompletionStream
 from april_bench.types import FinishReason
+from april_bench.vtime import Hop, hops
 
 __all__ = ["ReplicaSettings", "SimReplica"]
 
@@ -157,7 +161,16 @@ class SimReplica:
         self._aborts: list[_Req] = []
         self._in_batch: list[_Req] = []  # the extend batch being computed right now
         self._kicked = False
-        self._waiter: asyncio.Future[bool] | None = None
+        #: The wait in progress: its continuation (None: not waiting for a kick), whether a kick or its
+        #: timer ended it already (the continuation is scheduled), and its timer.
+        self._then: Callable[[bool], bool] | None = None
+        self._resolved = False
+        self._timer: asyncio.TimerHandle | None = None
+        #: Set by :meth:`run`: the future its task awaits (cancelled with it), and the loop's methods.
+        self._stopped: asyncio.Future[None] | None = None
+        self._hop: Callable[[Hop], None] = _unstarted
+        self._call_at: Callable[..., Any] = _unstarted
+        self._clock: Callable[[], float] = _unstarted
         #: Set by :meth:`pause`: resolved when the replica stops; it waits on ``_resume`` then.
         self._at_pause: asyncio.Future[None] | None = None
         self._resume: asyncio.Future[None] | None = None
@@ -258,84 +271,161 @@ class SimReplica:
             self._resume.set_result(None)
 
     def kick(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(True)
+        """Something changed (a request, an abort, a pause): a scheduler waiting for a kick wakes in
+        the next pass; a busy one finds the kick at its next wait and does not wait."""
+        if self._then is not None and not self._resolved and not self._halted():
+            self._resolved = True
+            self._hop((self._woken, (True,)))
         else:
             self._kicked = True
 
     # ------------------------------------------------------------ scheduler
+    # The scheduler is a chain of callbacks, not a task: each part runs in the loop pass where a
+    # scheduler task's step would, so every result is the one a task gives.  A timer or a kick that
+    # ends a wait schedules the part after it for the next pass (as resolving the future a task awaits
+    # schedules its wake-up), and a wait that need not wait goes on at once (as awaiting a done future
+    # does).  Without the task there is no future, no wake-up and no coroutine resumed per wait: the
+    # scheduler waits about three times per request.
     async def run(self) -> None:
+        """The scheduler, until the task running it is cancelled.  When a pass raises, every live
+        request's stream fails with an :class:`EngineError` and this raises the error."""
+        loop = asyncio.get_running_loop()
+        self._hop, self._call_at = hops(loop), loop.call_at
+        self._clock = loop.time
+        stopped: asyncio.Future[None] = asyncio.Future(loop=loop)
+        self._stopped = stopped
+        self._go_on(self._pass)
         try:
-            await self._schedule()
+            await stopped  # cancelling the task cancels this future: every later part does nothing
+        finally:
+            self._then = None
+            if self._timer is not None:  # what the wait in progress does when its task is cancelled
+                self._timer.cancel()
+                self._timer = None
+
+    def _halted(self) -> bool:
+        """The task running the scheduler was cancelled (the replica failed, the engine closed), or a
+        pass raised: what is still scheduled does nothing, as a cancelled task's wake-up does."""
+        stopped = self._stopped
+        return stopped is None or stopped.done()
+
+    def _go_on(self, part: Callable[[], bool]) -> None:
+        """Run ``part`` and, unless it waits, the passes after it (the scheduler's loop)."""
+        stopped = self._stopped
+        if stopped is None or stopped.done():
+            return
+        try:
+            if part():
+                while self._pass():
+                    pass
         except Exception as exc:
             error = EngineError(f"simulated replica {self.index} failed: {exc}")
             for req in self._live():
                 req.stream.fail(error)
-            raise
+            if not stopped.done():
+                stopped.set_exception(exc)
 
-    async def _schedule(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            self._kicked = False
-            if self._resume is not None:  # a weight update: stopped between forward passes
-                assert self._at_pause is not None
-                if not self._at_pause.done():
-                    self._at_pause.set_result(None)
-                await self._resume
-                self._resume = self._at_pause = None
-                continue
-            if self._aborts:
-                self._apply_aborts(loop.time())
-            vllm = self.s.policy == "vllm"
-            if vllm and self.running:
-                self._retract_if_full()  # vLLM schedules the running requests' decode first
-            # nothing waits and nothing is half prefilled: no extend batch (most passes of a decode-bound
-            # replica), without building an empty one
-            batch = self._plan_prefill() if self.waiting or self.chunked is not None else _NO_BATCH
-            if batch.chunks:
-                self._in_batch = [req for req, _, _ in batch.chunks]
-                self.extends += 1
-                decoding = len(self.running) if vllm else 0  # vLLM: their decode rides in this forward
-                seconds = self._prefill_time(batch)
-                if decoding:
-                    seconds += self.cost.decode_run_time(decoding, self.ctx_base + decoding * self.D, 1)
-                await asyncio.sleep(seconds)
-                self._in_batch = []
-                if decoding:
-                    self.mixed += 1
-                    self._advance(1, loop.time(), counted=False)
-                firsts = self.first_tokens
-                self._complete_prefill(batch, loop.time())
-                if vllm and decoding + self.first_tokens - firsts:  # one vLLM step, as its stats see it
-                    sampled = decoding + self.first_tokens - firsts
-                    self.decode_batches[sampled] = self.decode_batches.get(sampled, 0) + 1
-                    self.decode_tokens += decoding
-            elif self.running:
-                self._retract_if_full()
-                await self._decode_run(loop)
-            else:
-                if not self.waiting and self.chunked is None:
-                    self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * self.s.schedule_conservativeness)
-                elif self.waiting:
-                    raise EngineError(f"replica {self.index}: requests wait but none can be admitted")
-                await self._sleep_until(None)
+    def _pass(self) -> bool:
+        """One pass of the scheduler; False when it waits (its continuation then goes on)."""
+        self._kicked = False
+        if self._resume is not None:  # a weight update: stopped between forward passes
+            assert self._at_pause is not None
+            if not self._at_pause.done():
+                self._at_pause.set_result(None)
+            if not self._resume.done():
+                self._resume.add_done_callback(self._resumed)
+                return False
+            self._resume = self._at_pause = None
+            return True
+        if self._aborts:
+            self._apply_aborts(self._clock())
+        vllm = self.s.policy == "vllm"
+        if vllm and self.running:
+            self._retract_if_full()  # vLLM schedules the running requests' decode first
+        # nothing waits and nothing is half prefilled: no extend batch (most passes of a decode-bound
+        # replica), without building an empty one
+        batch = self._plan_prefill() if self.waiting or self.chunked is not None else _NO_BATCH
+        if batch.chunks:
+            self._in_batch = [req for req, _, _ in batch.chunks]
+            self.extends += 1
+            decoding = len(self.running) if vllm else 0  # vLLM: their decode rides in this forward
+            seconds = self._prefill_time(batch)
+            if decoding:
+                seconds += self.cost.decode_run_time(decoding, self.ctx_base + decoding * self.D, 1)
+            self._sleep(seconds, functools.partial(self._prefilled, batch, decoding))
+            return False
+        if self.running:
+            self._retract_if_full()
+            return self._decode_run()
+        if not self.waiting and self.chunked is None:
+            self.ratio = min(1.0, INIT_NEW_TOKEN_RATIO * self.s.schedule_conservativeness)
+        elif self.waiting:
+            raise EngineError(f"replica {self.index}: requests wait but none can be admitted")
+        return self._wait(None, _next_pass)
 
-    async def _sleep_until(self, when: float | None) -> bool:
-        """Sleep until ``when`` (forever if None) or a kick; True if kicked."""
+    def _prefilled(self, batch: _Batch, decoding: int) -> bool:
+        """An extend batch's forward is over."""
+        now = self._clock()
+        self._in_batch = []
+        if decoding:
+            self.mixed += 1
+            self._advance(1, now, counted=False)
+        firsts = self.first_tokens
+        self._complete_prefill(batch, now)
+        # one vLLM step, as its stats see it
+        if self.s.policy == "vllm" and decoding + self.first_tokens - firsts:
+            sampled = decoding + self.first_tokens - firsts
+            self.decode_batches[sampled] = self.decode_batches.get(sampled, 0) + 1
+            self.decode_tokens += decoding
+        return True
+
+    def _resumed(self, _: asyncio.Future[None]) -> None:
+        self._go_on(self._after_pause)
+
+    def _after_pause(self) -> bool:
+        self._resume = self._at_pause = None
+        return True
+
+    # ------------------------------------------------------------- waiting
+    def _wait(self, when: float | None, then: Callable[[bool], bool]) -> bool:
+        """Wait until ``when`` (forever if None) or a kick, then ``then(kicked)``; True when a kick
+        came already (nothing waits: the caller goes on, as after ``then(True)``)."""
         if self._kicked:
             self._kicked = False
             return True
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool] = loop.create_future()
-        self._waiter = fut
-        handle = loop.call_at(when, _resolve, fut) if when is not None else None
-        try:
-            return await fut
-        finally:
-            self._waiter = None
-            if handle is not None:
-                handle.cancel()
+        self._then, self._resolved = then, False
+        self._timer = self._call_at(when, self._timed_out) if when is not None else None
+        return False
 
+    def _timed_out(self) -> None:
+        if self._then is not None and not self._resolved and not self._halted():
+            self._resolved = True
+            self._hop((self._woken, (False,)))
+
+    def _woken(self, kicked: bool) -> None:
+        """The pass after a kick or the timer ended the wait: the wait's continuation."""
+        if self._halted():
+            return
+        then, self._then = self._then, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        assert then is not None
+        self._go_on(functools.partial(then, kicked))
+
+    def _sleep(self, seconds: float, then: Callable[[], bool]) -> None:
+        """``await asyncio.sleep(seconds)`` (no kick wakes it), then ``then()``: the same timer
+        (``now + seconds``), and the pass after it fires."""
+        if seconds <= 0:  # asyncio.sleep(0) yields for one pass
+            self._hop((self._go_on, (then,)))
+            return
+        self._timer = self._call_at(self._clock() + seconds, self._slept, then)
+
+    def _slept(self, then: Callable[[], bool]) -> None:
+        if not self._halted():
+            self._hop((self._go_on, (then,)))
+
+    # -------------------------------------------------------------- decode
     def _prefill_time(self, batch: _Batch) -> float:
         """An extend batch's time: one forward per weight version its requests name."""
         chunks = [(req.request.policy_version, off, n) for req, off, n in batch.chunks]
@@ -361,29 +451,18 @@ class SimReplica:
             group[1] += r.request.input_len + r.g0 - r.d0 + self.D
         return [(b, c) for b, c in groups.values()]
 
-    async def _decode_versions(self, loop: asyncio.AbstractEventLoop, batches: list[tuple[int, int]]) -> None:
-        """A decode run over requests of several weight versions: each step is one forward per version."""
+    def _iterations(self) -> int:
+        """Decode iterations until the next event: the first finish, the pool full, or (a request
+        waiting) the replan interval."""
         batch = len(self.running)
         k = self._heap[0][0] - self.D
         k = min(k, (self.kv_capacity - self.kv_used) // batch)
         if self.waiting:
             k = min(k, self.s.replan_iterations)
-        k = max(k, 1)
+        return max(k, 1)
 
-        def run_time(iterations: int) -> float:
-            return sum(self.cost.decode_run_time(b, c, iterations) for b, c in batches)
-
-        start = loop.time()
-        end = start + run_time(k)
-        kicked = await self._sleep_until(end)
-        if kicked and loop.time() < end:
-            done = iterations_within(run_time, k, loop.time() - start)
-            k = min(done + 1, k)  # the iteration in progress completes
-            if start + run_time(k) > loop.time():
-                await asyncio.sleep(start + run_time(k) - loop.time())
-        self._advance(k, loop.time())
-
-    async def _decode_run(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _decode_run(self) -> bool:
+        """Start a decode run to the next event; True when it is over at once (a kick was waiting)."""
         batch = len(self.running)
         context_sum = self.ctx_base + batch * self.D
         heap = self._heap
@@ -391,28 +470,57 @@ class SimReplica:
             heap[0][2].state == _RUNNING and heap[0][2].d_finish == heap[0][0]
         ):  # _live_entry
             heapq.heappop(heap)  # stale: an abort moved the finish earlier, or the request left
-        k = heap[0][0] - self.D
-        k = min(k, (self.kv_capacity - self.kv_used) // batch)
-        if self.waiting:
-            k = min(k, self.s.replan_iterations)
-        k = max(k, 1)
+        k = self._iterations()
         if self.pinned:
             batches = self._version_batches()
             if len(batches) > 1:
-                await self._decode_versions(loop, batches)
-                return
-        start = loop.time()
+                return self._decode_versions(batches, k)
+        start = self._clock()
         end = start + self.cost.decode_run_time(batch, context_sum, k)
         self._run = (start, batch, context_sum, k)
-        kicked = await self._sleep_until(end)
+        then = functools.partial(self._decoded, start, batch, context_sum, k, end)
+        return self._wait(end, then) and then(True)
+
+    def _decoded(self, start: float, batch: int, context_sum: int, k: int, end: float, kicked: bool) -> bool:
+        """A decode run's wait ended: at its end, or a kick (the iteration in progress completes)."""
         self._run = None
-        if kicked and loop.time() < end:
-            done = self.cost.iterations_within(batch, context_sum, k, loop.time() - start)
+        now = self._clock()
+        if kicked and now < end:
+            done = self.cost.iterations_within(batch, context_sum, k, now - start)
             k = min(done + 1, k)  # the iteration in progress completes
             boundary = start + self.cost.decode_run_time(batch, context_sum, k)
-            if boundary > loop.time():
-                await asyncio.sleep(boundary - loop.time())
-        self._advance(k, loop.time())
+            if boundary > now:
+                self._sleep(boundary - now, functools.partial(self._decoded_to, k))
+                return False
+        self._advance(k, now)
+        return True
+
+    def _decoded_to(self, k: int) -> bool:
+        self._advance(k, self._clock())
+        return True
+
+    def _decode_versions(self, batches: list[tuple[int, int]], k: int) -> bool:
+        """A decode run over requests of several weight versions: each step is one forward per version."""
+        start = self._clock()
+        end = start + _versions_run_time(self.cost, batches, k)
+        then = functools.partial(self._decoded_versions, batches, start, k, end)
+        return self._wait(end, then) and then(True)
+
+    def _decoded_versions(
+        self, batches: list[tuple[int, int]], start: float, k: int, end: float, kicked: bool
+    ) -> bool:
+        now = self._clock()
+        if kicked and now < end:
+            cost = self.cost
+            done = iterations_within(lambda i: _versions_run_time(cost, batches, i), k, now - start)
+            k = min(done + 1, k)  # the iteration in progress completes
+            if start + _versions_run_time(cost, batches, k) > now:
+                self._sleep(
+                    start + _versions_run_time(cost, batches, k) - now, functools.partial(self._decoded_to, k)
+                )
+                return False
+        self._advance(k, now)
+        return True
 
     def _advance(self, k: int, now: float, *, counted: bool = True) -> None:
         batch = len(self.running)
@@ -642,6 +750,17 @@ def _live_entry(entry: tuple[int, int, _Req]) -> bool:
     return req.state == _RUNNING and req.d_finish == d
 
 
-def _resolve(fut: asyncio.Future[bool]) -> None:
-    if not fut.done():
-        fut.set_result(False)
+def _next_pass(kicked: bool) -> bool:
+    """An idle wait's continuation: the next pass."""
+    return True
+
+
+def _versions_run_time(
+    cost: CostModel | MeasuredCost | SpeculativeCost, batches: list[tuple[int, int]], k: int
+) -> float:
+    """``k`` decode iterations over requests of several weight versions: one forward per version."""
+    return sum(cost.decode_run_time(b, c, k) for b, c in batches)
+
+
+def _unstarted(*args: Any) -> Any:
+    raise RuntimeError("the replica's scheduler has not started: run() first")
