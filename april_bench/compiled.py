@@ -33,8 +33,8 @@ VARIABLE = "APRIL_BENCH_COMPILE"
 _YES = ("1", "true", "yes")
 
 #: The modules compiled, as paths from the repository's root (what mypyc takes).  A class whose base is
-#: not compiled (``Configurable``, ``ConfigError``) is marked ``@mypyc_attr(native_class=False)``: an
-#: ordinary Python class whose methods are compiled.
+#: not compiled (``Configurable``, ``ConfigError``, ``BaseConfig``) is marked
+#: ``@mypyc_attr(native_class=False)``: an ordinary Python class whose methods are compiled.
 MODULES: tuple[str, ...] = (
     "april_bench/engines/sim/cost.py",
     "april_bench/engines/sim/replica.py",
@@ -47,6 +47,7 @@ MODULES: tuple[str, ...] = (
     "april_bench/rollout/step.py",
     "april_bench/results/recorder.py",
     "april_bench/engines/requests.py",
+    "april_bench/engines/sim/engine.py",
 )
 
 

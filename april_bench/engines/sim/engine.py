@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from april_bench.compiled import mypyc_attr
 from april_bench.config import BaseConfig, ConfigError, Configurable, param
 from april_bench.engines.protocol import (
     FAULTS,
@@ -54,122 +55,126 @@ __all__ = ["SimEngine", "build"]
 RESUME_KV = ("recompute", "keep")
 
 
+@mypyc_attr(native_class=False)  # its base (BaseConfig) is not compiled
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SimEngineConfig(BaseConfig):
+    """The simulated engine's settings (``SimEngine.Config``; a module-level class: the compiled core
+    (``april_bench/compiled.py``) compiles this module, and mypyc takes no nested class)."""
+
+    hardware: str = param("h100", help="hardware profile (ls hardware)")
+    model: str = param("qwen3-4b", help="model profile (ls models)")
+    num_gpus: int | None = param(None, help="GPUs for rollout (default: one node of the hardware)")
+    tp_size: int | None = param(
+        None, help="GPUs per engine replica (default: 2 as in APRIL's scripts, capped at the GPU count)"
+    )
+    mem_fraction_static: float = param(0.6, help="device memory for weights + KV (APRIL scripts: 0.6)")
+    max_running_requests: int | None = param(None, help="per replica (default: SGLang's, from the KV pool)")
+    chunked_prefill_size: int | None = param(None, help="tokens per extend batch (default: SGLang's)")
+    cuda_graph_max_bs: int | None = param(None, help="largest CUDA-graph batch (default: SGLang's)")
+    schedule_conservativeness: float = param(1.0, help="scales SGLang's new-token reservation")
+    router_policy: str = param(
+        "cache_aware", help="cache_aware (a prompt's samples share a replica), round_robin or least_load"
+    )
+    replan_iterations: int = param(64, help="decode steps between admission checks while requests wait")
+    sync_s_per_billion_params: float = param(
+        2.5, help="weight update + colocate switch time per 1e9 parameters (Relax#152: ~11 s, 4B, H200)"
+    )
+    context_length: int = param(40960, help="model context length (Qwen3: 40,960), for SGLang defaults")
+    cost_curve: str | None = param(
+        None,
+        help="simulate a measured engine: its cost-curve JSON (simcheck writes one; "
+        "april_bench/engines/sim/cost_curve.py): one replica priced by its measured decode and "
+        "prefill costs",
+    )
+    resume_kv: str = param(
+        "recompute",
+        help="a resumed request's prompt + partial: recompute (re-prefill; weight updates flush the "
+        "cache) or keep (its KV stays cached on its replica across updates, free between steps: an upper "
+        "bound)",
+    )
+    speculative: str | None = param(
+        None,
+        help="decode speculatively with this draft model profile (e.g. qwen3-0.6b) where it is cheaper "
+        "(april_bench/engines/sim/speculative.py); default: no speculation",
+    )
+    speculative_tokens: int = param(4, help="speculative: draft tokens proposed per step (gamma)")
+    speculative_acceptance: float = param(
+        0.6, help="speculative: per-token acceptance rate alpha (an assumption: sweep it)"
+    )
+    speculative_max_batch: int | None = param(
+        None,
+        help="speculative: never speculate above this many running requests "
+        "(vLLM's speculative_disable_by_batch_size)",
+    )
+    failure_rate_per_hour: float = param(
+        0.0,
+        help="replica failures per replica-hour of virtual time (a seeded Poisson process; "
+        "april_bench/engines/sim/failures.py): each loses its requests' decode and re-prefills them "
+        "on survivors",
+    )
+    failure_at_s: tuple[float, ...] = param(
+        (), help="a failure trace: virtual seconds since the run started at which a replica fails"
+    )
+    failure_seed: int = param(0, help="seed of the failure times (with a rate) and of the replicas hit")
+    restart_s: float = param(
+        60.0, help="seconds a failed replica is down before it serves again (plus the weight sync time)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.hardware not in hardware_names():
+            raise ConfigError(
+                f"unknown hardware {self.hardware!r}; choose from {', '.join(hardware_names())}"
+            )
+        MODELS.get(self.model)  # raises with did-you-mean
+        if self.tp_size is not None and (
+            self.tp_size < 1 or (self.num_gpus is not None and self.num_gpus % self.tp_size)
+        ):
+            raise ConfigError(f"--num-gpus ({self.num_gpus}) must be a multiple of tp_size ({self.tp_size})")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ConfigError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ConfigError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}")
+        if self.replan_iterations < 1:
+            raise ConfigError("replan_iterations must be >= 1")
+        if self.speculative is not None:
+            MODELS.get(self.speculative)  # raises with did-you-mean
+            if self.cost_curve is not None:
+                raise ConfigError(
+                    "--engine-arg speculative prices the roofline profile; drop it or cost_curve"
+                )
+        if self.speculative_tokens < 1 or not 0.0 <= self.speculative_acceptance <= 1.0:
+            raise ConfigError(
+                "--engine-arg speculative_tokens must be >= 1 and speculative_acceptance in [0, 1]"
+            )
+        if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
+            raise ConfigError("--engine-arg speculative_max_batch must be >= 1 (or unset)")
+        if self.resume_kv not in RESUME_KV:
+            raise ConfigError(f"--engine-arg resume_kv must be one of {', '.join(RESUME_KV)}")
+        check_failure_options(self.failure_rate_per_hour, self.failure_at_s, self.restart_s)
+        for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(
+                    f"--engine-arg {name} must be >= 1 (or unset for SGLang's default), got {value}"
+                )
+        if (
+            self.context_length < 2
+            or self.sync_s_per_billion_params < 0
+            or self.schedule_conservativeness <= 0
+        ):
+            raise ConfigError(
+                "--engine-arg context_length must be >= 2, sync_s_per_billion_params >= 0 and "
+                "schedule_conservativeness > 0"
+            )
+
+
+@mypyc_attr(native_class=False)  # its base (Configurable) is not compiled
 class SimEngine(Configurable):
     """A simulated multi-replica SGLang deployment."""
 
-    @dataclass(kw_only=True, slots=True, frozen=True)
-    class Config(BaseConfig):
-        hardware: str = param("h100", help="hardware profile (ls hardware)")
-        model: str = param("qwen3-4b", help="model profile (ls models)")
-        num_gpus: int | None = param(None, help="GPUs for rollout (default: one node of the hardware)")
-        tp_size: int | None = param(
-            None, help="GPUs per engine replica (default: 2 as in APRIL's scripts, capped at the GPU count)"
-        )
-        mem_fraction_static: float = param(0.6, help="device memory for weights + KV (APRIL scripts: 0.6)")
-        max_running_requests: int | None = param(
-            None, help="per replica (default: SGLang's, from the KV pool)"
-        )
-        chunked_prefill_size: int | None = param(None, help="tokens per extend batch (default: SGLang's)")
-        cuda_graph_max_bs: int | None = param(None, help="largest CUDA-graph batch (default: SGLang's)")
-        schedule_conservativeness: float = param(1.0, help="scales SGLang's new-token reservation")
-        router_policy: str = param(
-            "cache_aware", help="cache_aware (a prompt's samples share a replica), round_robin or least_load"
-        )
-        replan_iterations: int = param(64, help="decode steps between admission checks while requests wait")
-        sync_s_per_billion_params: float = param(
-            2.5, help="weight update + colocate switch time per 1e9 parameters (Relax#152: ~11 s, 4B, H200)"
-        )
-        context_length: int = param(40960, help="model context length (Qwen3: 40,960), for SGLang defaults")
-        cost_curve: str | None = param(
-            None,
-            help="simulate a measured engine: its cost-curve JSON (simcheck writes one; "
-            "april_bench/engines/sim/cost_curve.py): one replica priced by its measured decode and "
-            "prefill costs",
-        )
-        resume_kv: str = param(
-            "recompute",
-            help="a resumed request's prompt + partial: recompute (re-prefill; weight updates flush the "
-            "cache) or keep (its KV stays cached on its replica across updates, free between steps: an upper "
-            "bound)",
-        )
-        speculative: str | None = param(
-            None,
-            help="decode speculatively with this draft model profile (e.g. qwen3-0.6b) where it is cheaper "
-            "(april_bench/engines/sim/speculative.py); default: no speculation",
-        )
-        speculative_tokens: int = param(4, help="speculative: draft tokens proposed per step (gamma)")
-        speculative_acceptance: float = param(
-            0.6, help="speculative: per-token acceptance rate alpha (an assumption: sweep it)"
-        )
-        speculative_max_batch: int | None = param(
-            None,
-            help="speculative: never speculate above this many running requests "
-            "(vLLM's speculative_disable_by_batch_size)",
-        )
-        failure_rate_per_hour: float = param(
-            0.0,
-            help="replica failures per replica-hour of virtual time (a seeded Poisson process; "
-            "april_bench/engines/sim/failures.py): each loses its requests' decode and re-prefills them "
-            "on survivors",
-        )
-        failure_at_s: tuple[float, ...] = param(
-            (), help="a failure trace: virtual seconds since the run started at which a replica fails"
-        )
-        failure_seed: int = param(0, help="seed of the failure times (with a rate) and of the replicas hit")
-        restart_s: float = param(
-            60.0, help="seconds a failed replica is down before it serves again (plus the weight sync time)"
-        )
+    Config = SimEngineConfig
 
-        def __post_init__(self) -> None:
-            if self.hardware not in hardware_names():
-                raise ConfigError(
-                    f"unknown hardware {self.hardware!r}; choose from {', '.join(hardware_names())}"
-                )
-            MODELS.get(self.model)  # raises with did-you-mean
-            if self.tp_size is not None and (
-                self.tp_size < 1 or (self.num_gpus is not None and self.num_gpus % self.tp_size)
-            ):
-                raise ConfigError(
-                    f"--num-gpus ({self.num_gpus}) must be a multiple of tp_size ({self.tp_size})"
-                )
-            if not 0 < self.mem_fraction_static < 1:
-                raise ConfigError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
-            if self.router_policy not in ROUTER_POLICIES:
-                raise ConfigError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}")
-            if self.replan_iterations < 1:
-                raise ConfigError("replan_iterations must be >= 1")
-            if self.speculative is not None:
-                MODELS.get(self.speculative)  # raises with did-you-mean
-                if self.cost_curve is not None:
-                    raise ConfigError(
-                        "--engine-arg speculative prices the roofline profile; drop it or cost_curve"
-                    )
-            if self.speculative_tokens < 1 or not 0.0 <= self.speculative_acceptance <= 1.0:
-                raise ConfigError(
-                    "--engine-arg speculative_tokens must be >= 1 and speculative_acceptance in [0, 1]"
-                )
-            if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
-                raise ConfigError("--engine-arg speculative_max_batch must be >= 1 (or unset)")
-            if self.resume_kv not in RESUME_KV:
-                raise ConfigError(f"--engine-arg resume_kv must be one of {', '.join(RESUME_KV)}")
-            check_failure_options(self.failure_rate_per_hour, self.failure_at_s, self.restart_s)
-            for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs"):
-                value = getattr(self, name)
-                if value is not None and value < 1:
-                    raise ConfigError(
-                        f"--engine-arg {name} must be >= 1 (or unset for SGLang's default), got {value}"
-                    )
-            if (
-                self.context_length < 2
-                or self.sync_s_per_billion_params < 0
-                or self.schedule_conservativeness <= 0
-            ):
-                raise ConfigError(
-                    "--engine-arg context_length must be >= 2, sync_s_per_billion_params >= 0 and "
-                    "schedule_conservativeness > 0"
-                )
-
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: SimEngineConfig) -> None:
         self.config = config
         self.hardware: HardwareProfile = hardware_profile(config.hardware)
         self.model: ModelProfile = MODELS.get(config.model)
@@ -303,7 +308,8 @@ class SimEngine(Configurable):
                 raise EngineError("a simulated replica crashed") from task.exception()
         for req in requests:  # validate the whole batch first: nothing is submitted if one is bad
             SimReplica.check(req, self.settings)
-            if req.policy_version is not None and req.policy_version not in (self._version[0], *self._held):
+            version = req.policy_version
+            if version is not None and version != self._version[0] and version not in self._held:
                 raise EngineError(
                     f"{req.request_id}: weight version {req.policy_version} is not held (current "
                     f"{self._version[0]}, old {sorted(self._held)}); retain_versions it before the update"
@@ -493,7 +499,7 @@ class SimEngine(Configurable):
         return self.num_replicas * self.cost.saturated_tokens_per_s(batch, mean_context)
 
 
-def build(config: SimEngine.Config, settings: EngineSettings) -> SimEngine:
+def build(config: SimEngineConfig, settings: EngineSettings) -> SimEngine:
     """The simulated deployment of ``config`` (``settings``' model on its hardware, SGLang's knobs
     from ``--engine-arg``), refused when the run's prompts and responses outgrow its context."""
     if settings.max_context_len > config.context_length:
